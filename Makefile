@@ -1,0 +1,43 @@
+# One venv, one source of truth: every target below runs inside .venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTO := proto/timeshare/v1/timeshare.proto
+STUBS := timeshare/v1/timeshare_pb2.py
+
+.PHONY: install proto demo test lint bench clean
+
+install: $(STAMP) $(STUBS)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
+	touch $(STAMP)
+
+proto: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m grpc_tools.protoc -Iproto \
+		--python_out=. --grpc_python_out=. \
+		--mypy_out=. --mypy_grpc_out=. $(PROTO)
+	touch timeshare/v1/__init__.py
+
+$(STUBS): $(PROTO) $(STAMP)
+	$(MAKE) proto
+
+demo: install
+	$(BIN)/timeshare demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/python -m bench.handoff --quick
+
+clean:
+	rm -rf $(VENV) timeshare/v1 .timeshare .pytest_cache .mypy_cache .ruff_cache

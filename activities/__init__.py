@@ -1,0 +1,1 @@
+"""Node-side actions: the switch activity and the snapshot backends it drives."""

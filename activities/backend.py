@@ -1,0 +1,76 @@
+"""The interface every snapshot backend implements, and how one is chosen.
+
+Backends are discovered through the entry-point group ``timeshare.backends``.
+Every action is idempotent: a backend reads the job's state first, so a
+retried checkpoint of a checkpointed job (or restore of a resident one) does
+nothing and reports ``noop``.
+"""
+
+from __future__ import annotations
+
+import abc
+from importlib.metadata import entry_points
+from typing import ClassVar
+
+from pydantic import BaseModel
+
+from timeshare.models import BackendAction
+
+BACKEND_ENTRY_POINT_GROUP = "timeshare.backends"
+
+
+class BackendConfig(BaseModel):
+    """Settings handed to a backend; each backend reads the fields it knows."""
+
+    node: str
+    sim_capacity_bytes: int = 141 * 2**30
+    sim_bandwidth_bytes_per_second: float = 20e9
+    sim_state_bytes: int = 2 * 2**30
+    # Where the sim backend appends its residency record (JSON lines).
+    sim_record_path: str | None = None
+
+
+class Backend(abc.ABC):
+    name: ClassVar[str]
+    simulated: ClassVar[bool] = False
+
+    @classmethod
+    @abc.abstractmethod
+    def create(cls, config: BackendConfig) -> Backend: ...
+
+    @abc.abstractmethod
+    async def checkpoint(self, job: str) -> BackendAction:
+        """Move the job's device state to host memory; no-op unless resident."""
+
+    @abc.abstractmethod
+    async def restore(self, job: str) -> BackendAction:
+        """Bring the job's state back to the device; no-op if already resident."""
+
+    @abc.abstractmethod
+    def resident_jobs(self) -> list[str]:
+        """Jobs whose state is in device memory on this node now."""
+
+    def gpus(self) -> list[str]:
+        return []
+
+    def describe(self) -> str:
+        return self.name
+
+
+class BackendNotFound(LookupError):
+    pass
+
+
+def available_backends() -> list[str]:
+    return sorted(ep.name for ep in entry_points(group=BACKEND_ENTRY_POINT_GROUP))
+
+
+def load_backend(name: str, config: BackendConfig) -> Backend:
+    matches = [ep for ep in entry_points(group=BACKEND_ENTRY_POINT_GROUP) if ep.name == name]
+    if not matches:
+        known = ", ".join(available_backends()) or "none installed"
+        raise BackendNotFound(f"unknown backend {name!r} (available: {known})")
+    backend_class = matches[0].load()
+    if not (isinstance(backend_class, type) and issubclass(backend_class, Backend)):
+        raise BackendNotFound(f"entry point {name!r} does not name a Backend class")
+    return backend_class.create(config)

@@ -1,0 +1,105 @@
+"""The ``sim`` backend: a SIMULATED GPU per node, for tests, demos and laptops.
+
+It holds no real device memory. Each job's state has a size; a checkpoint or
+restore takes size / bandwidth seconds. Every residency interval is recorded,
+and admitting a job while another job's state is on the simulated GPU raises
+SimOverlapError: the invariant "never two jobs' state on one GPU" is checked
+by the backend itself, not only by the scheduler that should uphold it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from activities.backend import Backend, BackendConfig
+from timeshare.models import BackendAction
+
+Location = Literal["device", "host"]
+
+
+class SimOverlapError(RuntimeError):
+    pass
+
+
+class SimBackend(Backend):
+    name = "sim"
+    simulated = True
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.node = config.node
+        self.capacity_bytes = config.sim_capacity_bytes
+        self.bandwidth = config.sim_bandwidth_bytes_per_second
+        self.state_bytes = config.sim_state_bytes
+        self.record_path = Path(config.sim_record_path) if config.sim_record_path else None
+        self.location: dict[str, Location] = {}
+        self.resident_since: dict[str, float] = {}
+        self.events: list[dict[str, Any]] = []
+        # One action at a time: a simulated GPU has one copy engine here.
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    def create(cls, config: BackendConfig) -> SimBackend:
+        return cls(config)
+
+    def describe(self) -> str:
+        return (
+            f"sim (SIMULATED GPU: {self.capacity_bytes / 2**30:.0f} GiB, "
+            f"{self.bandwidth / 1e9:g} GB/s, {self.state_bytes / 2**30:g} GiB per job)"
+        )
+
+    def gpus(self) -> list[str]:
+        return [f"sim-gpu-0 (simulated, {self.capacity_bytes / 2**30:.0f} GiB)"]
+
+    def resident_jobs(self) -> list[str]:
+        return sorted(job for job, where in self.location.items() if where == "device")
+
+    async def checkpoint(self, job: str) -> BackendAction:
+        async with self._lock:
+            if self.location.get(job) != "device":
+                return BackendAction(job=job, action="noop")
+            start = time.time()
+            await asyncio.sleep(self.state_bytes / self.bandwidth)
+            end = time.time()
+            self.location[job] = "host"
+            self._record(event="checkpoint", job=job, start=start, end=end, bytes=self.state_bytes)
+            self._record(event="resident", job=job, start=self.resident_since.pop(job), end=end)
+            return BackendAction(
+                job=job, action="checkpoint", bytes=self.state_bytes, seconds=end - start
+            )
+
+    async def restore(self, job: str) -> BackendAction:
+        async with self._lock:
+            if self.location.get(job) == "device":
+                return BackendAction(job=job, action="noop")
+            others = [j for j in self.resident_jobs() if j != job]
+            if others:
+                self._record(event="overlap", job=job, others=others, at=time.time())
+                raise SimOverlapError(
+                    f"simulated GPU on node {self.node}: cannot admit {job!r} while "
+                    f"{others} still resident"
+                )
+            if self.state_bytes > self.capacity_bytes:
+                raise SimOverlapError(
+                    f"job {job!r} needs {self.state_bytes} bytes; the simulated GPU has "
+                    f"{self.capacity_bytes}"
+                )
+            start = time.time()
+            self.resident_since[job] = start
+            # A job never checkpointed has no host copy to bring back.
+            moved = self.state_bytes if self.location.get(job) == "host" else 0
+            await asyncio.sleep(moved / self.bandwidth)
+            end = time.time()
+            self.location[job] = "device"
+            self._record(event="restore", job=job, start=start, end=end, bytes=moved)
+            return BackendAction(job=job, action="restore", bytes=moved, seconds=end - start)
+
+    def _record(self, **event: Any) -> None:
+        event["node"] = self.node
+        self.events.append(event)
+        if self.record_path is not None:
+            with self.record_path.open("a") as record:
+                record.write(json.dumps(event) + "\n")

@@ -1,0 +1,42 @@
+"""timeshare: cooperative GPU time-slicing for RL jobs.
+
+    import timeshare
+    job = timeshare.connect().join("grpo-pair", "job-a")
+    with job.turn():
+        trainer.step()
+
+This package is what RL jobs import; it needs only grpcio, protobuf and
+pydantic, never temporalio.
+"""
+
+from timeshare._protocol import Turn
+from timeshare.client import Client, Job, connect
+from timeshare.errors import (
+    Aborted,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    TimeshareError,
+    Unauthenticated,
+    Unavailable,
+)
+
+__all__ = [
+    "Aborted",
+    "Client",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "InvalidArgument",
+    "Job",
+    "NotFound",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "TimeshareError",
+    "Turn",
+    "Unauthenticated",
+    "Unavailable",
+    "connect",
+]

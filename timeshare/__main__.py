@@ -1,0 +1,3 @@
+from timeshare.cli import main
+
+main()

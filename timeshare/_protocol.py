@@ -1,0 +1,146 @@
+"""What the sync and asyncio clients share: defaults, request building and
+response parsing. Neither client holds any logic beyond sending."""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from dataclasses import dataclass
+
+from timeshare.errors import FailedPrecondition, InvalidArgument
+from timeshare.models import GroupStatus, JobStatus, NodeRecord
+from timeshare.names import check_name
+from timeshare.v1 import timeshare_pb2 as pb
+
+DEFAULT_ADDRESS = "localhost:50051"
+# Acquire calls are retried on UNAVAILABLE (a gateway restart) with the same
+# request id, so the job keeps its place in the queue.
+RETRY_PAUSE_SECONDS = 0.5
+
+
+def resolve_address(address: str | None) -> str:
+    return address or os.environ.get("TIMESHARE_ADDRESS") or DEFAULT_ADDRESS
+
+
+def resolve_nodes(nodes: list[str] | None) -> list[str]:
+    if nodes is None:
+        from_env = os.environ.get("TIMESHARE_NODES", "")
+        nodes = [n.strip() for n in from_env.split(",") if n.strip()]
+    return [valid("node", n) for n in nodes]
+
+
+def valid(kind: str, value: str) -> str:
+    try:
+        return check_name(kind, value)
+    except ValueError as error:
+        raise InvalidArgument(str(error)) from None
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A granted turn: the job holds its group's GPUs until it yields."""
+
+    epoch: int
+    ticket: int
+    waited_seconds: float
+    switch_seconds: float
+    granted_at: float
+
+
+@dataclass
+class JobRef:
+    group: str
+    job: str
+    token: str
+    nodes: list[str]
+    epoch: int | None = None
+
+    def acquire_request(self, timeout: float | None) -> pb.AcquireRequest:
+        if timeout is not None and (math.isnan(timeout) or timeout < 0):
+            raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout}")
+        if self.epoch is not None:
+            raise FailedPrecondition(
+                f"job {self.job!r} already holds the turn (epoch {self.epoch}); yield it first"
+            )
+        return pb.AcquireRequest(
+            group=self.group,
+            job=self.job,
+            job_token=self.token,
+            request_id=uuid.uuid4().hex,
+            timeout_seconds=timeout or 0.0,
+        )
+
+    def granted(self, response: pb.AcquireResponse) -> Turn:
+        self.epoch = response.epoch
+        return Turn(
+            epoch=response.epoch,
+            ticket=response.ticket,
+            waited_seconds=response.waited_seconds,
+            switch_seconds=response.switch_seconds,
+            granted_at=response.granted_at,
+        )
+
+    def yield_request(self) -> pb.YieldRequest:
+        if self.epoch is None:
+            raise FailedPrecondition(f"job {self.job!r} does not hold the turn; nothing to yield")
+        return pb.YieldRequest(
+            group=self.group, job=self.job, job_token=self.token, epoch=self.epoch
+        )
+
+    def yielded(self) -> None:
+        self.epoch = None
+
+    def heartbeat_request(self) -> pb.HeartbeatRequest:
+        return pb.HeartbeatRequest(group=self.group, job=self.job, job_token=self.token)
+
+    def leave_request(self) -> pb.LeaveRequest:
+        return pb.LeaveRequest(group=self.group, job=self.job, job_token=self.token)
+
+
+def join_request(group: str, job: str, nodes: list[str] | None) -> pb.JoinRequest:
+    return pb.JoinRequest(
+        group=valid("group", group), job=valid("job", job), nodes=resolve_nodes(nodes)
+    )
+
+
+def job_ref(request: pb.JoinRequest, response: pb.JoinResponse) -> JobRef:
+    return JobRef(
+        group=request.group, job=request.job, token=response.job_token, nodes=list(response.nodes)
+    )
+
+
+def group_status(message: pb.GroupStatus) -> GroupStatus:
+    return GroupStatus(
+        group=message.group,
+        state=message.state,  # type: ignore[arg-type]  # validated by pydantic
+        holder=message.holder,
+        epoch=message.epoch,
+        queue=list(message.queue),
+        jobs=[
+            JobStatus(
+                job=j.job,
+                nodes=list(j.nodes),
+                turns=j.turns,
+                waited_seconds=j.waited_seconds,
+                held_seconds=j.held_seconds,
+            )
+            for j in message.jobs
+        ],
+        resident={r.node: r.job for r in message.residency},
+        switches=message.switches,
+        grants=message.grants,
+        switch_seconds_total=message.switch_seconds_total,
+        degraded_cause=message.degraded_cause,
+    )
+
+
+def node_record(message: pb.NodeStatus) -> NodeRecord:
+    return NodeRecord(
+        node=message.node,
+        backend=message.backend,
+        simulated=message.simulated,
+        alive=message.alive,
+        last_seen=message.last_seen,
+        gpus=list(message.gpus),
+    )

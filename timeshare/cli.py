@@ -1,0 +1,232 @@
+"""The `timeshare` command. Server-side subcommands import their workers only
+when run, so the client library never pulls in temporalio."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from activities.backend import BackendConfig
+
+DEFAULT_TEMPORAL = "localhost:7233"
+DEFAULT_LISTEN = "127.0.0.1:50051"
+
+
+def default_node_name() -> str:
+    cleaned = re.sub(r"[^a-z0-9._-]+", "-", socket.gethostname().lower()).strip("-._")
+    return os.environ.get("TIMESHARE_NODE") or (cleaned[:63].rstrip("-._") or "node-0")
+
+
+def _temporal_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--temporal",
+        default=os.environ.get("TIMESHARE_TEMPORAL", DEFAULT_TEMPORAL),
+        help="Temporal frontend HOST:PORT (env TIMESHARE_TEMPORAL; default %(default)s)",
+    )
+    parser.add_argument(
+        "--namespace",
+        default=os.environ.get("TIMESHARE_NAMESPACE", "default"),
+        help="Temporal namespace (env TIMESHARE_NAMESPACE; default %(default)s)",
+    )
+
+
+def _sim_options(parser: argparse.ArgumentParser) -> None:
+    sim = parser.add_argument_group("sim backend (a SIMULATED GPU)")
+    sim.add_argument("--sim-capacity-gib", type=float, default=141.0)
+    sim.add_argument("--sim-bandwidth-gbps", type=float, default=20.0, help="GB/s host<->device")
+    sim.add_argument("--sim-state-gib", type=float, default=2.0, help="device state per job")
+    sim.add_argument("--sim-record", type=Path, help="append the residency record here (JSONL)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="timeshare", description="Cooperative GPU time-slicing for RL jobs, on Temporal."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    temporal = commands.add_parser("temporal", help="run the embedded Temporal dev server")
+    temporal.add_argument("--port", type=int, default=7233)
+    temporal.add_argument("--ui-port", type=int, default=8233)
+    temporal.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
+
+    scheduler = commands.add_parser("scheduler", help="run the scheduler worker")
+    _temporal_options(scheduler)
+
+    gateway = commands.add_parser("gateway", help="run the gRPC gateway")
+    _temporal_options(gateway)
+    gateway.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT (default %(default)s)")
+
+    agent = commands.add_parser("agent", help="run the node agent of this host")
+    _temporal_options(agent)
+    agent.add_argument("--node", default=default_node_name(), help="node name (env TIMESHARE_NODE)")
+    agent.add_argument("--backend", default="sim", help="snapshot backend (default %(default)s)")
+    _sim_options(agent)
+
+    up = commands.add_parser("up", help="run the whole stack on this machine")
+    up.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
+    up.add_argument("--port", type=int, default=7233, help="Temporal gRPC port")
+    up.add_argument("--ui-port", type=int, default=8233, help="Temporal Web UI port")
+    up.add_argument("--listen", default=DEFAULT_LISTEN, help="gateway HOST:PORT")
+    up.add_argument("--node", default=default_node_name(), help="this host's node name")
+    up.add_argument("--backend", default="sim")
+    _sim_options(up)
+
+    status = commands.add_parser("status", help="show groups, holders, queues and nodes")
+    status.add_argument("group", nargs="?")
+    status.add_argument("--address", help="gateway HOST:PORT (env TIMESHARE_ADDRESS)")
+
+    demo = commands.add_parser("demo", help="run two synthetic RL jobs through the stack")
+    demo.add_argument("--iterations", type=int, default=6)
+    demo.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
+
+    job = commands.add_parser("synthetic-job", help="run one synthetic RL job (demo, tests)")
+    job.add_argument("--group", required=True)
+    job.add_argument("--job", required=True)
+    job.add_argument("--address")
+    job.add_argument("--nodes", help="comma-separated node names")
+    job.add_argument("--iterations", type=int, default=5)
+    job.add_argument("--sample-seconds", type=float, default=0.8)
+    job.add_argument("--reward-seconds", type=float, default=1.8)
+    job.add_argument("--train-seconds", type=float, default=0.6)
+    job.add_argument("--start-delay-seconds", type=float, default=0.0)
+    job.add_argument("--report", type=Path, help="write the job's record here (JSON)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    args = build_parser().parse_args(argv)
+    handler = COMMANDS[args.command]
+    sys.exit(handler(args))
+
+
+def _fail(message: str) -> int:
+    print(f"timeshare: {message}", file=sys.stderr)
+    return 1
+
+
+def _cmd_temporal(args: argparse.Namespace) -> int:
+    from workers.service import run_service
+    from workers.temporal_server import serve_temporal
+
+    run_service(
+        "temporal", lambda stop: serve_temporal(stop, args.port, args.ui_port, args.data_dir)
+    )
+
+
+def _cmd_scheduler(args: argparse.Namespace) -> int:
+    from workers.scheduler import serve_scheduler
+    from workers.service import run_service
+
+    run_service("scheduler", lambda stop: serve_scheduler(stop, args.temporal, args.namespace))
+
+
+def _cmd_gateway(args: argparse.Namespace) -> int:
+    from workers.gateway import serve_gateway
+    from workers.service import run_service
+
+    run_service(
+        "gateway", lambda stop: serve_gateway(stop, args.temporal, args.namespace, args.listen)
+    )
+
+
+def backend_config(args: argparse.Namespace) -> BackendConfig:
+    from activities.backend import BackendConfig
+
+    return BackendConfig(
+        node=args.node,
+        sim_capacity_bytes=int(args.sim_capacity_gib * 2**30),
+        sim_bandwidth_bytes_per_second=args.sim_bandwidth_gbps * 1e9,
+        sim_state_bytes=int(args.sim_state_gib * 2**30),
+        sim_record_path=str(args.sim_record) if args.sim_record else None,
+    )
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    from timeshare.names import check_name
+    from workers.agent import serve_agent
+    from workers.service import run_service
+
+    try:
+        check_name("node", args.node)
+    except ValueError as error:
+        return _fail(f"--node: {error}")
+    config = backend_config(args)
+    run_service(
+        "agent",
+        lambda stop: serve_agent(stop, args.temporal, args.namespace, args.backend, config),
+    )
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from workers.service import run_service
+    from workers.up import StackOptions, serve_stack
+
+    options = StackOptions(
+        data_dir=args.data_dir,
+        port=args.port,
+        ui_port=args.ui_port,
+        listen=args.listen,
+        node=args.node,
+        backend=args.backend,
+        agent_args=[
+            f"--sim-capacity-gib={args.sim_capacity_gib}",
+            f"--sim-bandwidth-gbps={args.sim_bandwidth_gbps}",
+            f"--sim-state-gib={args.sim_state_gib}",
+            *([f"--sim-record={args.sim_record}"] if args.sim_record else []),
+        ],
+    )
+    run_service("up", lambda stop: serve_stack(stop, options))
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from timeshare.status import print_status
+
+    return print_status(args.address, args.group)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from workers.demo import run_demo
+
+    return run_demo(args.iterations, args.data_dir)
+
+
+def _cmd_synthetic_job(args: argparse.Namespace) -> int:
+    from timeshare.errors import TimeshareError
+    from timeshare.synthetic import SyntheticJobSpec, run_synthetic_job
+
+    spec = SyntheticJobSpec(
+        group=args.group,
+        job=args.job,
+        address=args.address,
+        nodes=args.nodes.split(",") if args.nodes else None,
+        iterations=args.iterations,
+        sample_seconds=args.sample_seconds,
+        reward_seconds=args.reward_seconds,
+        train_seconds=args.train_seconds,
+        start_delay_seconds=args.start_delay_seconds,
+    )
+    try:
+        run_synthetic_job(spec, args.report)
+    except TimeshareError as error:
+        return _fail(f"job {args.job}: {error}")
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+COMMANDS = {
+    "temporal": _cmd_temporal,
+    "scheduler": _cmd_scheduler,
+    "gateway": _cmd_gateway,
+    "agent": _cmd_agent,
+    "up": _cmd_up,
+    "status": _cmd_status,
+    "demo": _cmd_demo,
+    "synthetic-job": _cmd_synthetic_job,
+}

@@ -1,0 +1,87 @@
+"""Errors the client library raises: one class per gRPC status it can meet."""
+
+from __future__ import annotations
+
+import grpc
+
+
+class TimeshareError(Exception):
+    """A call to timeshare failed; ``code`` is the gRPC status name."""
+
+    code = "UNKNOWN"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class InvalidArgument(TimeshareError):
+    code = "INVALID_ARGUMENT"
+
+
+class NotFound(TimeshareError):
+    code = "NOT_FOUND"
+
+
+class Unauthenticated(TimeshareError):
+    code = "UNAUTHENTICATED"
+
+
+class PermissionDenied(TimeshareError):
+    code = "PERMISSION_DENIED"
+
+
+class FailedPrecondition(TimeshareError):
+    code = "FAILED_PRECONDITION"
+
+
+class DeadlineExceeded(TimeshareError):
+    code = "DEADLINE_EXCEEDED"
+
+
+class Aborted(TimeshareError):
+    """The job was evicted or its state could not be restored."""
+
+    code = "ABORTED"
+
+
+class ResourceExhausted(TimeshareError):
+    code = "RESOURCE_EXHAUSTED"
+
+
+class Unavailable(TimeshareError):
+    code = "UNAVAILABLE"
+
+
+_BY_CODE: dict[str, type[TimeshareError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        Unauthenticated,
+        PermissionDenied,
+        FailedPrecondition,
+        DeadlineExceeded,
+        Aborted,
+        ResourceExhausted,
+        Unavailable,
+    )
+}
+
+
+def from_rpc_error(error: grpc.RpcError, address: str) -> TimeshareError:
+    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+    details = (error.details() if isinstance(error, grpc.Call) else None) or str(error)
+    if code == grpc.StatusCode.UNAVAILABLE and "scheduler" not in details:
+        details = (
+            f"no timeshare gateway answers at {address} ({details}); start one with "
+            "`timeshare up`, or set TIMESHARE_ADDRESS"
+        )
+    error_class = _BY_CODE.get(code.name, TimeshareError)
+    result = error_class(details)
+    if error_class is TimeshareError:
+        result.code = code.name
+    return result

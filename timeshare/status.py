@@ -1,0 +1,75 @@
+"""`timeshare status`: groups, holders, queues, residency and nodes as tables."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+import timeshare
+from timeshare.errors import TimeshareError
+from timeshare.models import GroupStatus, NodeRecord
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=False)]
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def groups_table(groups: Sequence[GroupStatus]) -> str:
+    rows = [
+        [
+            g.group,
+            g.state + (f" ({g.degraded_cause})" if g.degraded_cause else ""),
+            g.holder or "-",
+            str(g.epoch),
+            ", ".join(g.queue) or "-",
+            ", ".join(f"{node}={job}" for node, job in g.resident.items()) or "-",
+            str(g.switches),
+        ]
+        for g in groups
+    ]
+    headers = ["group", "state", "holder", "epoch", "queue", "resident", "switches"]
+    return table(headers, rows)
+
+
+def jobs_table(group: GroupStatus) -> str:
+    rows = [
+        [j.job, ",".join(j.nodes), str(j.turns), f"{j.waited_seconds:.1f}", f"{j.held_seconds:.1f}"]
+        for j in group.jobs
+    ]
+    return table(["job", "nodes", "turns", "waited s", "held s"], rows)
+
+
+def nodes_table(nodes: Sequence[NodeRecord]) -> str:
+    now = time.time()
+    rows = [
+        [
+            n.node,
+            "alive" if n.alive else "DEAD",
+            n.backend + (" (simulated)" if n.simulated else ""),
+            f"{max(0.0, now - n.last_seen):.0f}s ago",
+            "; ".join(n.gpus) or "-",
+        ]
+        for n in nodes
+    ]
+    return table(["node", "state", "backend", "last seen", "gpus"], rows)
+
+
+def print_status(address: str | None, group: str | None) -> int:
+    try:
+        with timeshare.connect(address) as client:
+            groups = [client.get_group(group)] if group else client.list_groups()
+            nodes = client.list_nodes()
+    except TimeshareError as error:
+        print(f"timeshare status: {error}", file=sys.stderr)
+        return 1
+    print(groups_table(groups) if groups else "no groups yet")
+    if group:
+        print()
+        print(jobs_table(groups[0]))
+    print()
+    print(nodes_table(nodes) if nodes else "no node agents have announced themselves")
+    return 0

@@ -1,0 +1,121 @@
+"""A synthetic RL job: a sampler phase and a trainer phase on the GPU with a
+CPU-only reward phase between them, in a loop. It uses only the public client
+library, and writes what happened as JSON for the demo, tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+import timeshare
+
+
+class SyntheticJobSpec(BaseModel):
+    group: str
+    job: str
+    address: str | None = None
+    nodes: list[str] | None = None
+    iterations: int = 5
+    sample_seconds: float = 0.8
+    reward_seconds: float = 1.8
+    train_seconds: float = 0.6
+    start_delay_seconds: float = 0.0
+
+
+class TurnRecord(BaseModel):
+    phase: str
+    iteration: int
+    epoch: int
+    ticket: int
+    requested: float
+    granted: float
+    yielded: float
+    # The GPU work itself, inside the turn.
+    work_start: float
+    work_end: float
+    waited_seconds: float
+    switch_seconds: float
+
+
+class PhaseRecord(BaseModel):
+    phase: str
+    start: float
+    end: float
+
+
+class SyntheticJobReport(BaseModel):
+    spec: SyntheticJobSpec
+    turns: list[TurnRecord] = Field(default_factory=list)
+    phases: list[PhaseRecord] = Field(default_factory=list)
+    started: float = 0.0
+    finished: float = 0.0
+
+
+def run_synthetic_job(
+    spec: SyntheticJobSpec, report_path: Path | None = None
+) -> SyntheticJobReport:
+    report = SyntheticJobReport(spec=spec)
+    time.sleep(spec.start_delay_seconds)
+    with timeshare.connect(spec.address) as client:
+        job = client.join(spec.group, spec.job, spec.nodes)
+        # A restarted job process starts afresh: drop any turn a previous
+        # process of the same name left behind, then take a new place.
+        job.leave()
+        job = client.join(spec.group, spec.job, spec.nodes)
+        report.started = time.time()
+        try:
+            for iteration in range(spec.iterations):
+                _gpu_phase(job, report, "sample", iteration, spec.sample_seconds)
+                start = time.time()
+                time.sleep(spec.reward_seconds)
+                report.phases.append(PhaseRecord(phase="reward", start=start, end=time.time()))
+                _gpu_phase(job, report, "train", iteration, spec.train_seconds)
+                last = report.turns[-1]
+                print(
+                    f"{spec.job}: iteration {iteration + 1}/{spec.iterations} done "
+                    f"(last wait {last.waited_seconds:.2f} s, switch {last.switch_seconds:.2f} s)",
+                    flush=True,
+                )
+        finally:
+            job.leave()
+            report.finished = time.time()
+            if report_path is not None:
+                report_path.write_text(report.model_dump_json(indent=1))
+    return report
+
+
+def _gpu_phase(
+    job: timeshare.Job, report: SyntheticJobReport, phase: str, iteration: int, seconds: float
+) -> None:
+    requested = time.time()
+    turn = job.acquire()
+    granted = time.time()
+    work_start = time.time()
+    time.sleep(seconds)  # stands for the sampler's or trainer's GPU kernels
+    work_end = time.time()
+    job.yield_()
+    yielded = time.time()
+    report.phases.append(PhaseRecord(phase=phase, start=work_start, end=work_end))
+    report.turns.append(
+        TurnRecord(
+            phase=phase,
+            iteration=iteration,
+            epoch=turn.epoch,
+            ticket=turn.ticket,
+            requested=requested,
+            granted=granted,
+            yielded=yielded,
+            work_start=work_start,
+            work_end=work_end,
+            waited_seconds=turn.waited_seconds,
+            switch_seconds=turn.switch_seconds,
+        )
+    )
+
+
+def load_report(path: Path) -> SyntheticJobReport:
+    return SyntheticJobReport.model_validate(json.loads(path.read_text()))

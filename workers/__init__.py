@@ -1,0 +1,1 @@
+"""The processes: Temporal dev server, scheduler, gateway, node agent, and `up`."""

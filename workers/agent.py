@@ -1,0 +1,67 @@
+"""The node agent: runs the switch activity for its node through a backend,
+and announces the node to the registry while it lives."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.backend import BackendConfig, BackendNotFound, load_backend
+from activities.switch import SwitchActivities
+from timeshare.models import NodeInfo
+from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE, node_task_queue
+from workers.service import StartupError, connect_temporal, ready
+from workflows.registry import (
+    NODE_HEARTBEAT_SECONDS,
+    NodeDeparture,
+    NodeRegistryInput,
+    NodeRegistryWorkflow,
+)
+
+log = logging.getLogger("timeshare.agent")
+
+
+async def serve_agent(
+    stop: asyncio.Event, temporal: str, namespace: str, backend_name: str, config: BackendConfig
+) -> None:
+    try:
+        backend = load_backend(backend_name, config)
+    except BackendNotFound as error:
+        raise StartupError(str(error)) from None
+    client = await connect_temporal(temporal, namespace)
+    info = NodeInfo(
+        node=config.node, backend=backend.name, simulated=backend.simulated, gpus=backend.gpus()
+    )
+    activities = SwitchActivities(config.node, backend)
+    task_queue = node_task_queue(config.node)
+    worker = Worker(client, task_queue=task_queue, activities=[activities.switch])
+    async with worker:
+        await announce(client, info)
+        ready("agent", f"node {config.node}, backend {backend.describe()}, task queue {task_queue}")
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), NODE_HEARTBEAT_SECONDS)
+            if not stop.is_set():
+                await announce(client, info)
+        with contextlib.suppress(Exception):
+            handle = client.get_workflow_handle(NODE_REGISTRY_WORKFLOW_ID)
+            await handle.signal(NodeRegistryWorkflow.depart, NodeDeparture(node=config.node))
+
+
+async def announce(client: Client, info: NodeInfo) -> None:
+    """Tell the registry this node is alive (starting the registry if needed)."""
+    try:
+        await client.start_workflow(
+            NodeRegistryWorkflow.run,
+            NodeRegistryInput(),
+            id=NODE_REGISTRY_WORKFLOW_ID,
+            task_queue=SCHEDULER_TASK_QUEUE,
+            start_signal="announce",
+            start_signal_args=[info],
+        )
+    except Exception as error:  # a missed heartbeat is retried at the next beat
+        log.warning("could not announce node %s: %s", info.node, error)

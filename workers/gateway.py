@@ -1,0 +1,261 @@
+"""The gateway: the timeshare.v1.TimeSlicer gRPC service, translating each
+call into a message to the group's workflow. Stateless; run any number."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import secrets
+import uuid
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowHandle,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError, RPCStatusCode
+
+from timeshare.models import (
+    AcquireInput,
+    JobInput,
+    JoinInput,
+    NodeRecord,
+    YieldInput,
+)
+from timeshare.names import (
+    NODE_REGISTRY_WORKFLOW_ID,
+    SCHEDULER_TASK_QUEUE,
+    group_workflow_id,
+)
+from timeshare.v1 import timeshare_pb2 as pb
+from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
+from workers import gateway_convert as convert
+from workers.gateway_errors import InvalidRequest, rpc, within
+from workers.service import StartupError, connect_temporal, ready
+from workflows.group import CancelAcquireInput, GroupInput, GroupWorkflow
+from workflows.registry import NodeRegistryWorkflow
+
+Context = grpc.aio.ServicerContext[Any, Any]
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TimeSlicer"].full_name
+# Short messages (join, yield, status) must be answered by then, or the
+# scheduler worker is presumed down and the caller is told so.
+MESSAGE_SECONDS = 30.0
+MAX_MESSAGE_BYTES = 4 * 2**20
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TimeSlicerService(pb_grpc.TimeSlicerServicer):
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def _group(self, group: str) -> WorkflowHandle[GroupWorkflow, None]:
+        return self._client.get_workflow_handle_for(
+            GroupWorkflow.run, group_workflow_id(convert.name("group", group))
+        )
+
+    @rpc
+    async def Join(self, request: pb.JoinRequest, context: Context) -> pb.JoinResponse:
+        group = convert.name("group", request.group)
+        job = convert.name("job", request.job)
+        nodes = [convert.name("node", node) for node in request.nodes]
+        if not nodes:
+            nodes = await self._only_live_node()
+        token = secrets.token_urlsafe(32)
+        start = WithStartWorkflowOperation(
+            GroupWorkflow.run,
+            GroupInput(group=group),
+            id=group_workflow_id(group),
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            task_queue=SCHEDULER_TASK_QUEUE,
+        )
+        joined = await within(
+            MESSAGE_SECONDS,
+            self._client.execute_update_with_start_workflow(
+                GroupWorkflow.join,
+                JoinInput(job=job, nodes=nodes, token_hash=token_hash(token)),
+                start_workflow_operation=start,
+            ),
+        )
+        return pb.JoinResponse(job_token=token, nodes=joined.nodes, created=joined.created)
+
+    async def _only_live_node(self) -> list[str]:
+        live = [node.node for node in await self._nodes() if node.alive]
+        if len(live) != 1:
+            raise InvalidRequest(
+                f"nodes: none given and {len(live)} live nodes are registered "
+                f"({', '.join(live) or 'none'}); name the job's nodes "
+                "(nodes=[...] or TIMESHARE_NODES)"
+            )
+        return live
+
+    @rpc
+    async def Acquire(self, request: pb.AcquireRequest, context: Context) -> pb.AcquireResponse:
+        handle = self._group(request.group)
+        message = AcquireInput(
+            job=convert.name("job", request.job),
+            token_hash=token_hash(request.job_token),
+            request_id=request.request_id or uuid.uuid4().hex,
+            timeout_seconds=convert.acquire_timeout(
+                request.timeout_seconds, context.time_remaining()
+            ),
+        )
+        try:
+            grant = await handle.execute_update(
+                GroupWorkflow.acquire,
+                message,
+                id=f"acquire/{message.job}/{message.request_id}",
+            )
+        except asyncio.CancelledError:
+            # The caller went away: give its place in the queue back.
+            asyncio.get_running_loop().create_task(self._withdraw(handle, message))
+            raise
+        return pb.AcquireResponse(
+            epoch=grant.epoch,
+            ticket=grant.ticket,
+            waited_seconds=grant.waited_seconds,
+            switch_seconds=grant.switch_seconds,
+            granted_at=grant.granted_at,
+        )
+
+    async def _withdraw(
+        self, handle: WorkflowHandle[GroupWorkflow, None], message: AcquireInput
+    ) -> None:
+        withdrawal = CancelAcquireInput(
+            job=message.job, token_hash=message.token_hash, request_id=message.request_id
+        )
+        # Best effort: the lease of the self-healing scheduler is the backstop.
+        with contextlib.suppress(Exception):
+            await within(
+                MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.cancel_acquire, withdrawal)
+            )
+
+    @rpc
+    async def Yield(self, request: pb.YieldRequest, context: Context) -> pb.YieldResponse:
+        message = YieldInput(
+            job=convert.name("job", request.job),
+            token_hash=token_hash(request.job_token),
+            epoch=request.epoch,
+        )
+        handle = self._group(request.group)
+        result = await within(
+            MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.yield_turn, message)
+        )
+        return pb.YieldResponse(held_seconds=result.held_seconds)
+
+    @rpc
+    async def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: Context
+    ) -> pb.HeartbeatResponse:
+        handle = self._group(request.group)
+        beat = await within(
+            MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.heartbeat, self._job(request))
+        )
+        return pb.HeartbeatResponse(
+            holding=beat.holding,
+            epoch=beat.epoch,
+            waiting=beat.waiting,
+            should_yield=beat.should_yield,
+        )
+
+    @rpc
+    async def Leave(self, request: pb.LeaveRequest, context: Context) -> pb.LeaveResponse:
+        handle = self._group(request.group)
+        await within(
+            MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.leave, self._job(request))
+        )
+        return pb.LeaveResponse()
+
+    @staticmethod
+    def _job(request: pb.HeartbeatRequest | pb.LeaveRequest) -> JobInput:
+        return JobInput(
+            job=convert.name("job", request.job), token_hash=token_hash(request.job_token)
+        )
+
+    @rpc
+    async def GetGroup(self, request: pb.GetGroupRequest, context: Context) -> pb.GroupStatus:
+        status = await within(
+            MESSAGE_SECONDS, self._group(request.group).query(GroupWorkflow.status)
+        )
+        return convert.group_status(status)
+
+    @rpc
+    async def ListGroups(
+        self, request: pb.ListGroupsRequest, context: Context
+    ) -> pb.ListGroupsResponse:
+        query = "WorkflowType = 'GroupWorkflow' AND ExecutionStatus = 'Running'"
+        groups = []
+        async for execution in self._client.list_workflows(query):
+            handle = self._client.get_workflow_handle_for(GroupWorkflow.run, execution.id)
+            status = await within(MESSAGE_SECONDS, handle.query(GroupWorkflow.status))
+            groups.append(convert.group_status(status))
+        return pb.ListGroupsResponse(groups=sorted(groups, key=lambda g: g.group))
+
+    @rpc
+    async def ListNodes(
+        self, request: pb.ListNodesRequest, context: Context
+    ) -> pb.ListNodesResponse:
+        return pb.ListNodesResponse(nodes=[convert.node_status(n) for n in await self._nodes()])
+
+    async def _nodes(self) -> list[NodeRecord]:
+        handle = self._client.get_workflow_handle_for(
+            NodeRegistryWorkflow.run, NODE_REGISTRY_WORKFLOW_ID
+        )
+        try:
+            return await within(MESSAGE_SECONDS, handle.query(NodeRegistryWorkflow.nodes))
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                return []  # no agent has ever announced itself
+            raise
+
+    async def RegisterProcess(
+        self, request: pb.RegisterProcessRequest, context: Context
+    ) -> pb.RegisterProcessResponse:
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "RegisterProcess is served only on a node agent's Unix socket, "
+            "where the kernel vouches for the caller's process id",
+        )
+        raise AssertionError("unreachable")
+
+
+async def serve_gateway(stop: asyncio.Event, temporal: str, namespace: str, listen: str) -> None:
+    client = await connect_temporal(temporal, namespace)
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    pb_grpc.add_TimeSlicerServicer_to_server(TimeSlicerService(client), server)
+    health_service = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
+    reflection.enable_server_reflection(
+        [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME],
+        server,
+    )  # fmt: skip
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise StartupError(
+            f"cannot listen on {listen}: the address is in use or invalid; "
+            "stop the other gateway or pass --listen HOST:PORT"
+        )
+    await server.start()
+    await health_service.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health_service.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    ready("gateway", f"{listen} (gRPC {SERVICE_NAME}), Temporal {temporal}/{namespace}")
+    await stop.wait()
+    await health_service.enter_graceful_shutdown()
+    await server.stop(grace=5)

@@ -1,0 +1,97 @@
+"""How the gateway turns every failure into a gRPC status with a clear message."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from temporalio.client import WorkflowQueryFailedError, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+# Status codes a workflow refusal may carry (ApplicationError.type).
+REPORTABLE = {
+    code.name: code
+    for code in (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.ABORTED,
+    )
+}
+
+
+class InvalidRequest(ValueError):
+    """A request refused before it reaches Temporal."""
+
+
+class SchedulerTimeout(Exception):
+    """The scheduler did not answer a short message in time."""
+
+
+Servicer = TypeVar("Servicer")
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+Method = Callable[[Servicer, Request, grpc.aio.ServicerContext[Any, Any]], Awaitable[Response]]
+
+
+def status_for(error: BaseException, group: str) -> tuple[grpc.StatusCode, str] | None:
+    """The gRPC status for a failure, or None if it is not ours to translate."""
+    if isinstance(error, InvalidRequest):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, SchedulerTimeout):
+        return grpc.StatusCode.UNAVAILABLE, str(error)
+    if isinstance(error, WorkflowUpdateFailedError | WorkflowQueryFailedError):
+        cause = error.cause if isinstance(error, WorkflowUpdateFailedError) else None
+        if isinstance(cause, ApplicationError) and cause.type in REPORTABLE:
+            return REPORTABLE[cause.type], cause.message
+        return grpc.StatusCode.INTERNAL, f"the scheduler failed: {cause or error}"
+    if isinstance(error, RPCError):
+        if error.status == RPCStatusCode.NOT_FOUND:
+            return (
+                grpc.StatusCode.NOT_FOUND,
+                f"group {group!r} does not exist; Join creates it",
+            )
+        return (
+            grpc.StatusCode.UNAVAILABLE,
+            f"Temporal refused the call ({error.status.name}: {error.message}); retry, "
+            "and check the Temporal server and `timeshare scheduler` are running",
+        )
+    return None
+
+
+def rpc(method: Method[Servicer, Request, Response]) -> Method[Servicer, Request, Response]:
+    """Report every expected failure of a servicer method as a gRPC status."""
+
+    @functools.wraps(method)
+    async def wrapper(
+        self: Servicer, request: Request, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Response:
+        try:
+            return await method(self, request, context)
+        except (InvalidRequest, SchedulerTimeout, WorkflowUpdateFailedError,
+                WorkflowQueryFailedError, RPCError) as error:  # fmt: skip
+            status = status_for(error, getattr(request, "group", ""))
+            assert status is not None
+            await context.abort(*status)
+            raise  # unreachable: abort raises
+
+    return wrapper
+
+
+async def within(seconds: float, call: Awaitable[Response]) -> Response:
+    """Await a message to the scheduler that should answer promptly."""
+    try:
+        return await asyncio.wait_for(call, seconds)
+    except TimeoutError:
+        raise SchedulerTimeout(
+            f"the scheduler did not answer within {seconds:g} s: "
+            "check that `timeshare scheduler` is running"
+        ) from None

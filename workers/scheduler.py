@@ -1,0 +1,24 @@
+"""The scheduler worker: runs GroupWorkflow and the node registry. Stateless."""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio.worker import Worker
+
+from timeshare.names import SCHEDULER_TASK_QUEUE
+from workers.service import connect_temporal, ready
+from workflows.group import GroupWorkflow
+from workflows.registry import NodeRegistryWorkflow
+
+
+async def serve_scheduler(stop: asyncio.Event, temporal: str, namespace: str) -> None:
+    client = await connect_temporal(temporal, namespace)
+    worker = Worker(
+        client,
+        task_queue=SCHEDULER_TASK_QUEUE,
+        workflows=[GroupWorkflow, NodeRegistryWorkflow],
+    )
+    async with worker:
+        ready("scheduler", f"task queue {SCHEDULER_TASK_QUEUE} on {temporal}/{namespace}")
+        await stop.wait()

@@ -1,0 +1,62 @@
+"""What every timeshare process shares: connecting to Temporal, a stop signal,
+one clear line on a failed start, and an explicit exit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import NoReturn
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+
+class StartupError(Exception):
+    """The process cannot start; the message says why and what to do."""
+
+
+async def connect_temporal(address: str, namespace: str) -> Client:
+    try:
+        return await Client.connect(
+            address, namespace=namespace, data_converter=pydantic_data_converter
+        )
+    except Exception as error:
+        raise StartupError(
+            f"cannot reach Temporal at {address} (namespace {namespace}): {error}. "
+            "Start it with `timeshare temporal` (or `timeshare up`), "
+            "or point --temporal / TIMESHARE_TEMPORAL at a running server"
+        ) from None
+
+
+def run_service(name: str, serve: Callable[[asyncio.Event], Awaitable[None]]) -> NoReturn:
+    """Run ``serve(stop)`` until it returns; SIGINT or SIGTERM sets ``stop``.
+
+    The process ends with os._exit after flushing: the Temporal SDK's native
+    threads can abort a normal interpreter shutdown after all work is done.
+    """
+    code = 0
+    try:
+        asyncio.run(_serve_until_stopped(serve))
+    except StartupError as error:
+        print(f"timeshare {name}: {error}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+async def _serve_until_stopped(serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await serve(stop)
+
+
+def ready(name: str, message: str) -> None:
+    print(f"timeshare {name}: ready: {message}", flush=True)

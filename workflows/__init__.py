@@ -1,0 +1,1 @@
+"""The durable scheduler: GroupWorkflow, the node registry, and the pure lock queue."""
