@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -211,6 +212,8 @@ def _cmd_synthetic_job(args: argparse.Namespace) -> int:
         train_seconds=args.train_seconds,
         start_delay_seconds=args.start_delay_seconds,
     )
+    # SIGTERM unwinds like Ctrl-C, so the job leaves its group on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         run_synthetic_job(spec, args.report)
     except TimeshareError as error:

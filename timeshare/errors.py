@@ -73,8 +73,11 @@ _BY_CODE: dict[str, type[TimeshareError]] = {
 
 
 def from_rpc_error(error: grpc.RpcError, address: str) -> TimeshareError:
-    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
-    details = (error.details() if isinstance(error, grpc.Call) else None) or str(error)
+    # Both grpc.Call (sync) and grpc.aio.AioRpcError carry code() and details().
+    code_of = getattr(error, "code", None)
+    details_of = getattr(error, "details", None)
+    code = code_of() if callable(code_of) else grpc.StatusCode.UNKNOWN
+    details = (details_of() if callable(details_of) else None) or str(error)
     if code == grpc.StatusCode.UNAVAILABLE and "scheduler" not in details:
         details = (
             f"no timeshare gateway answers at {address} ({details}); start one with "

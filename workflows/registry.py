@@ -21,6 +21,7 @@ NODE_LIVENESS_SECONDS = 35.0
 
 class NodeRegistryInput(BaseModel):
     nodes: dict[str, NodeRecord] = Field(default_factory=dict)
+    liveness_seconds: float = NODE_LIVENESS_SECONDS
 
 
 class NodeDeparture(BaseModel):
@@ -32,6 +33,7 @@ class NodeRegistryWorkflow:
     @workflow.init
     def __init__(self, input: NodeRegistryInput) -> None:
         self._nodes = dict(input.nodes)
+        self._liveness = input.liveness_seconds
 
     @workflow.run
     async def run(self, input: NodeRegistryInput) -> None:
@@ -40,15 +42,17 @@ class NodeRegistryWorkflow:
             if not alive:
                 await workflow.wait_condition(lambda: any(n.alive for n in self._nodes.values()))
                 continue
-            expiry = min(n.last_seen for n in alive) + NODE_LIVENESS_SECONDS
+            expiry = min(n.last_seen for n in alive) + self._liveness
             wait = max(0.001, expiry - self._now())
             await workflow.sleep(timedelta(seconds=wait))
             now = self._now()
             for node in alive:
-                if now - node.last_seen >= NODE_LIVENESS_SECONDS:
+                if now - node.last_seen >= self._liveness:
                     node.alive = False
         await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(NodeRegistryInput(nodes=self._nodes))
+        workflow.continue_as_new(
+            NodeRegistryInput(nodes=self._nodes, liveness_seconds=self._liveness)
+        )
 
     def _now(self) -> float:
         return workflow.now().timestamp()

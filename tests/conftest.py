@@ -1,0 +1,141 @@
+"""Shared fixtures: a real Temporal dev server started from the installed
+`temporal` binary (through `timeshare temporal`), a client, and in-process
+scheduler and node-agent workers for workflow tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.backend import BackendConfig
+from activities.sim import SimBackend
+from activities.switch import SwitchActivities
+from tests.ports import free_port
+from timeshare.names import SCHEDULER_TASK_QUEUE, node_task_queue
+from workers.service import connect_temporal
+from workflows.group import GroupWorkflow
+from workflows.registry import NodeRegistryWorkflow
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_for_line(process: subprocess.Popen[str], needle: str, timeout: float) -> list[str]:
+    """Read the process's output until a line contains ``needle``."""
+    assert process.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            raise AssertionError(f"process exited before {needle!r}: {lines}")
+        lines.append(line)
+        if needle in line:
+            return lines
+    raise AssertionError(f"no {needle!r} within {timeout} s: {lines}")
+
+
+def timeshare_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "timeshare", *args]
+
+
+@pytest.fixture(scope="session")
+def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port, ui_port = free_port(), free_port()
+    data_dir = tmp_path_factory.mktemp("temporal")
+    process = subprocess.Popen(
+        timeshare_command(
+            "temporal", f"--port={port}", f"--ui-port={ui_port}", f"--data-dir={data_dir}"
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        wait_for_line(process, "timeshare temporal: ready", 90)
+        yield f"localhost:{port}"
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+@pytest.fixture(scope="session")
+async def client(temporal_address: str) -> Client:
+    return await connect_temporal(temporal_address, "default")
+
+
+@pytest.fixture(scope="session")
+async def scheduler(client: Client) -> AsyncIterator[Worker]:
+    worker = Worker(
+        client,
+        task_queue=SCHEDULER_TASK_QUEUE,
+        workflows=[GroupWorkflow, NodeRegistryWorkflow],
+    )
+    async with worker:
+        yield worker
+
+
+class SimNodes:
+    """In-process node agents with sim backends, one per node name."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.backends: dict[str, SimBackend] = {}
+        self.workers: list[Worker] = []
+
+    async def start(self, node: str, state_bytes: int = 2**26) -> SimBackend:
+        config = BackendConfig(
+            node=node, sim_state_bytes=state_bytes, sim_bandwidth_bytes_per_second=1e10
+        )
+        backend = SimBackend(config)
+        worker = Worker(
+            self.client,
+            task_queue=node_task_queue(node),
+            activities=[SwitchActivities(node, backend).switch],
+        )
+        await worker.__aenter__()
+        self.backends[node] = backend
+        self.workers.append(worker)
+        return backend
+
+    async def stop(self) -> None:
+        for worker in self.workers:
+            await worker.__aexit__(None, None, None)
+
+
+@pytest.fixture
+async def sim_nodes(client: Client, scheduler: Worker) -> AsyncIterator[SimNodes]:
+    nodes = SimNodes(client)
+    yield nodes
+    await nodes.stop()
+
+
+@pytest.fixture
+def unique() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+# The Temporal SDK's native threads can abort a normal interpreter shutdown
+# (see shared/TEMPORAL-NOTES.md); end the test process explicitly instead,
+# keeping pytest's exit status.
+_exit_status: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status.append(int(exitstatus))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _exit_status and os.environ.get("TIMESHARE_TESTS_NORMAL_EXIT") != "1":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status[0])

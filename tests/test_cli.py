@@ -1,0 +1,65 @@
+"""The processes' behaviour at the edges: one clear line and a non-zero exit
+when they cannot start, and a client library free of temporalio."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+from tests.conftest import REPO, timeshare_command
+from tests.ports import free_port
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        timeshare_command(*args), capture_output=True, text=True, cwd=REPO, timeout=timeout
+    )
+
+
+def assert_one_line_failure(result: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for word in words:
+        assert word in lines[0]
+
+
+def test_workers_say_when_temporal_is_unreachable() -> None:
+    closed = f"127.0.0.1:{free_port()}"
+    for command in (["scheduler"], ["gateway", f"--listen=127.0.0.1:{free_port()}"], ["agent"]):
+        result = run(*command, f"--temporal={closed}")
+        assert_one_line_failure(result, "cannot reach Temporal", closed, "timeshare temporal")
+
+
+def test_up_refuses_a_port_in_use(tmp_path: object) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run("up", f"--listen=127.0.0.1:{port}", f"--port={free_port()}",
+                     f"--ui-port={free_port()}", f"--data-dir={tmp_path}")  # fmt: skip
+    assert_one_line_failure(result, f"port {port}", "in use")
+
+
+def test_unknown_backend_names_the_known_ones() -> None:
+    result = run("agent", "--backend=nope", f"--temporal=127.0.0.1:{free_port()}")
+    assert_one_line_failure(result, "unknown backend 'nope'", "sim")
+
+
+def test_bad_node_name_is_refused() -> None:
+    result = run("agent", "--node=Not Valid")
+    assert_one_line_failure(result, "--node", "invalid")
+
+
+def test_status_without_a_gateway_says_what_to_do() -> None:
+    result = run("status", f"--address=127.0.0.1:{free_port()}")
+    assert_one_line_failure(result, "timeshare up")
+
+
+def test_client_library_imports_no_temporalio() -> None:
+    probe = (
+        "import sys, timeshare, timeshare.aio, timeshare.synthetic, timeshare.status;"
+        "sys.exit(1 if any(m.startswith('temporalio') for m in sys.modules) else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", probe], cwd=REPO).returncode == 0

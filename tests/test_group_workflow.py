@@ -1,0 +1,205 @@
+"""GroupWorkflow on a real Temporal dev server, with in-process scheduler and
+sim node-agent workers."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from pydantic import BaseModel
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Replayer
+
+from tests.conftest import SimNodes
+from timeshare.models import AcquireInput, Grant, JobInput, JoinInput, YieldInput
+from timeshare.names import SCHEDULER_TASK_QUEUE, group_workflow_id
+from workflows.group import GroupInput, GroupWorkflow
+from workflows.registry import NodeRegistryWorkflow
+
+Handle = WorkflowHandle[GroupWorkflow, None]
+
+
+async def join(client: Client, group: str, job: str, nodes: list[str]) -> Handle:
+    start = WithStartWorkflowOperation(
+        GroupWorkflow.run,
+        GroupInput(group=group),
+        id=group_workflow_id(group),
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        task_queue=SCHEDULER_TASK_QUEUE,
+    )
+    await client.execute_update_with_start_workflow(
+        GroupWorkflow.join,
+        JoinInput(job=job, nodes=nodes, token_hash=f"hash-{job}"),
+        start_workflow_operation=start,
+    )
+    return client.get_workflow_handle_for(GroupWorkflow.run, group_workflow_id(group))
+
+
+async def acquire(handle: Handle, job: str, timeout: float = 0.0) -> Grant:
+    return await handle.execute_update(
+        GroupWorkflow.acquire,
+        AcquireInput(
+            job=job, token_hash=f"hash-{job}", request_id=uuid.uuid4().hex, timeout_seconds=timeout
+        ),
+    )
+
+
+async def release(handle: Handle, job: str, epoch: int) -> None:
+    await handle.execute_update(
+        GroupWorkflow.yield_turn, YieldInput(job=job, token_hash=f"hash-{job}", epoch=epoch)
+    )
+
+
+def refusal_type(error: WorkflowUpdateFailedError) -> str | None:
+    assert isinstance(error.cause, ApplicationError)
+    return error.cause.type
+
+
+async def test_handover_checkpoints_before_it_grants(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    node = f"n-{unique}"
+    backend = await sim_nodes.start(node)
+    handle = await join(client, f"g-{unique}", "a", [node])
+    await join(client, f"g-{unique}", "b", [node])
+
+    first = await acquire(handle, "a")
+    waiting = asyncio.create_task(acquire(handle, "b"))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    await release(handle, "a", first.epoch)
+    second = await waiting
+
+    assert (first.epoch, second.epoch) == (1, 2)
+    assert second.switch_seconds > 0
+    checkpoint = next(e for e in backend.events if e["event"] == "checkpoint")
+    assert checkpoint["job"] == "a"
+    assert checkpoint["end"] <= second.granted_at + 0.05  # server and worker share a clock
+    assert backend.resident_jobs() == ["b"]
+    status = await handle.query(GroupWorkflow.status)
+    assert (status.holder, status.resident, status.switches) == ("b", {node: "b"}, 2)
+
+
+async def test_reacquire_with_nobody_waiting_touches_no_node(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    node = f"n-{unique}"
+    backend = await sim_nodes.start(node)
+    handle = await join(client, f"g-{unique}", "a", [node])
+    for _ in range(3):
+        grant = await acquire(handle, "a")
+        await release(handle, "a", grant.epoch)
+    actions = [e["event"] for e in backend.events]
+    assert actions == ["restore"]  # the first admission only
+    assert grant.epoch == 3 and grant.switch_seconds == 0.0
+
+
+async def test_more_waiters_than_temporal_default_update_limit(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    node = f"n-{unique}"
+    await sim_nodes.start(node, state_bytes=0)
+    group = f"g-{unique}"
+    jobs = [f"j{i}" for i in range(16)]
+    handles = [await join(client, group, job, [node]) for job in jobs]
+    holder = await acquire(handles[0], jobs[0])
+    waiters = [
+        asyncio.create_task(acquire(h, j)) for h, j in zip(handles[1:], jobs[1:], strict=True)
+    ]
+    await asyncio.sleep(1.0)
+    status = await handles[0].query(GroupWorkflow.status)
+    assert len(status.queue) == len(jobs) - 1
+    epoch, job = holder.epoch, jobs[0]
+    for _ in waiters:
+        await release(handles[0], job, epoch)
+        done, _ = await asyncio.wait(
+            [w for w in waiters if not w.done()], return_when=asyncio.FIRST_COMPLETED
+        )
+        grant = done.pop().result()
+        epoch, job = grant.epoch, grant.job
+    assert epoch == len(jobs)
+
+
+async def test_acquire_timeout_leaves_the_queue(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    node = f"n-{unique}"
+    await sim_nodes.start(node)
+    handle = await join(client, f"g-{unique}", "a", [node])
+    await join(client, f"g-{unique}", "b", [node])
+    await acquire(handle, "a")
+    with pytest.raises(WorkflowUpdateFailedError) as failed:
+        await acquire(handle, "b", timeout=0.5)
+    assert refusal_type(failed.value) == "DEADLINE_EXCEEDED"
+    status = await handle.query(GroupWorkflow.status)
+    assert status.queue == [] and status.holder == "a"
+
+
+async def test_refused_messages_leave_the_group_unchanged(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    node = f"n-{unique}"
+    await sim_nodes.start(node)
+    handle = await join(client, f"g-{unique}", "a", [node])
+    grant = await acquire(handle, "a")
+    before = await handle.query(GroupWorkflow.status)
+    wrong: list[tuple[str, BaseModel]] = [
+        ("yield", YieldInput(job="a", token_hash="hash-a", epoch=99)),
+        ("yield", YieldInput(job="a", token_hash="nope", epoch=grant.epoch)),
+        ("heartbeat", JobInput(job="ghost", token_hash="x")),
+        ("leave", JobInput(job="a", token_hash="nope")),
+    ]
+    codes = []
+    for update, message in wrong:
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(update, message)
+        codes.append(refusal_type(refused.value))
+    assert codes == ["FAILED_PRECONDITION", "UNAUTHENTICATED", "NOT_FOUND", "UNAUTHENTICATED"]
+    assert await handle.query(GroupWorkflow.status) == before
+
+
+async def test_history_replays_deterministically(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    node = f"n-{unique}"
+    await sim_nodes.start(node)
+    handle = await join(client, f"g-{unique}", "a", [node])
+    await join(client, f"g-{unique}", "b", [node])
+    for job in ("a", "b", "a"):
+        grant = await acquire(handle, job)
+        await release(handle, job, grant.epoch)
+    history = await handle.fetch_history()
+    replayer = Replayer(workflows=[GroupWorkflow], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(history)
+
+
+async def test_node_registry_notices_a_silent_node(client: Client, scheduler: object) -> None:
+    from timeshare.models import NodeInfo
+    from workflows.registry import NodeRegistryInput
+
+    handle = await client.start_workflow(
+        NodeRegistryWorkflow.run,
+        NodeRegistryInput(liveness_seconds=1.0),
+        id=f"registry-{uuid.uuid4().hex[:8]}",
+        task_queue=SCHEDULER_TASK_QUEUE,
+        start_signal="announce",
+        start_signal_args=[NodeInfo(node="n1", backend="sim", simulated=True)],
+    )
+    nodes = await handle.query(NodeRegistryWorkflow.nodes)
+    assert [(n.node, n.alive) for n in nodes] == [("n1", True)]
+    for _ in range(50):
+        await asyncio.sleep(0.2)
+        nodes = await handle.query(NodeRegistryWorkflow.nodes)
+        if not nodes[0].alive:
+            break
+    assert not nodes[0].alive
+    await handle.terminate()

@@ -1,0 +1,107 @@
+"""What synthetic jobs' records say: a timeline people can read, and the GPU
+busy fraction with and without sharing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel
+
+from timeshare.status import table
+from timeshare.synthetic import SyntheticJobReport
+
+GPU_PHASES = ("sample", "train")
+CHART_WIDTH = 72
+CHART_MARKS = {"sample": "S", "train": "T", "reward": "-", "wait": "."}
+
+
+class UtilisationFigures(BaseModel):
+    jobs: int
+    span_seconds: float
+    gpu_busy_seconds: float
+    # Every job alone on a GPU of its own, idle during its CPU phases.
+    dedicated_gpu_seconds: float
+    dedicated_utilisation: float
+    # All jobs taking turns on one GPU.
+    shared_gpu_seconds: float
+    shared_utilisation: float
+    switches: int
+    switch_seconds: float
+    wait_seconds: float
+
+
+def utilisation(reports: Sequence[SyntheticJobReport]) -> UtilisationFigures:
+    start = min(r.started for r in reports)
+    end = max(r.finished for r in reports)
+    busy = sum(p.end - p.start for r in reports for p in r.phases if p.phase in GPU_PHASES)
+    dedicated = sum(p.end - p.start for r in reports for p in r.phases)
+    turns = [t for r in reports for t in r.turns]
+    span = end - start
+    return UtilisationFigures(
+        jobs=len(reports),
+        span_seconds=span,
+        gpu_busy_seconds=busy,
+        dedicated_gpu_seconds=dedicated,
+        dedicated_utilisation=busy / dedicated if dedicated else 0.0,
+        shared_gpu_seconds=span,
+        shared_utilisation=busy / span if span else 0.0,
+        switches=sum(1 for t in turns if t.switch_seconds > 0),
+        switch_seconds=sum(t.switch_seconds for t in turns),
+        wait_seconds=sum(t.granted - t.requested for t in turns),
+    )
+
+
+def chart(reports: Sequence[SyntheticJobReport]) -> str:
+    """One row per job: S sampling, T training (on the GPU), - reward (CPU), . waiting."""
+    start = min(r.started for r in reports)
+    span = max(r.finished for r in reports) - start
+    scale = CHART_WIDTH / span if span else 1.0
+    width = max(len(r.spec.job) for r in reports)
+    rows = []
+    for report in reports:
+        cells = [" "] * CHART_WIDTH
+        intervals = [(t.requested, t.granted, "wait") for t in report.turns]
+        intervals += [(p.start, p.end, p.phase) for p in report.phases]
+        for begin, finish, kind in intervals:
+            first = int((begin - start) * scale)
+            last = max(first + 1, int((finish - start) * scale))
+            for column in range(first, min(last, CHART_WIDTH)):
+                cells[column] = CHART_MARKS[kind]
+        rows.append(f"{report.spec.job.rjust(width)} |{''.join(cells)}|")
+    axis = f"{'':>{width}} 0 s{'':>{CHART_WIDTH - 8}}{span:5.1f} s"
+    return "\n".join([*rows, axis])
+
+
+def turns_table(reports: Sequence[SyntheticJobReport]) -> str:
+    start = min(r.started for r in reports)
+    turns = sorted(
+        ((t, r.spec.job) for r in reports for t in r.turns), key=lambda pair: pair[0].epoch
+    )
+    rows = [
+        [
+            f"{t.granted - start:6.2f}",
+            job,
+            f"{t.phase} #{t.iteration + 1}",
+            str(t.epoch),
+            f"{t.granted - t.requested:.3f}",
+            f"{t.switch_seconds:.3f}",
+            f"{t.yielded - t.granted:.3f}",
+        ]
+        for t, job in turns
+    ]
+    headers = ["granted at s", "job", "phase", "epoch", "waited s", "switch s", "held s"]
+    return table(headers, rows)
+
+
+def summary(figures: UtilisationFigures) -> str:
+    return "\n".join(
+        [
+            f"GPU busy {figures.gpu_busy_seconds:.1f} s of work by {figures.jobs} jobs",
+            f"  without sharing: {figures.jobs} GPUs, {figures.dedicated_gpu_seconds:.1f} "
+            f"GPU-seconds, busy {figures.dedicated_utilisation:.0%}",
+            f"  with timeshare:  1 GPU,  {figures.shared_gpu_seconds:.1f} GPU-seconds, "
+            f"busy {figures.shared_utilisation:.0%}",
+            f"  {figures.switches} switches took {figures.switch_seconds:.2f} s in all; "
+            f"jobs waited {figures.wait_seconds:.1f} s for turns",
+        ]
+    )
