@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -47,22 +47,43 @@ def timeshare_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "timeshare", *args]
 
 
+def start_until_ready(
+    command: Callable[[], list[str]], needle: str, timeout: float = 120, attempts: int = 3
+) -> subprocess.Popen[str]:
+    """Start a server process on fresh free ports until it reports ready.
+
+    A port found free can be taken by someone else before the server binds it;
+    a new attempt draws new ports instead of failing the whole session.
+    """
+    failures = []
+    for _ in range(attempts):
+        process = subprocess.Popen(
+            command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
+        )
+        try:
+            wait_for_line(process, needle, timeout)
+            return process
+        except AssertionError as failure:
+            failures.append(str(failure))
+            process.kill()
+            process.wait()
+    raise AssertionError(f"{needle!r} never came: {failures}")
+
+
 @pytest.fixture(scope="session")
 def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port, ui_port = free_port(), free_port()
     data_dir = tmp_path_factory.mktemp("temporal")
-    process = subprocess.Popen(
-        timeshare_command(
-            "temporal", f"--port={port}", f"--ui-port={ui_port}", f"--data-dir={data_dir}"
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=REPO,
-    )
+    ports: list[int] = []
+
+    def command() -> list[str]:
+        ports[:] = [free_port(), free_port()]
+        return timeshare_command(
+            "temporal", f"--port={ports[0]}", f"--ui-port={ports[1]}", f"--data-dir={data_dir}"
+        )
+
+    process = start_until_ready(command, "timeshare temporal: ready")
     try:
-        wait_for_line(process, "timeshare temporal: ready", 90)
-        yield f"localhost:{port}"
+        yield f"localhost:{ports[0]}"
     finally:
         process.terminate()
         process.wait(30)

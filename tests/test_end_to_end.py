@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO, timeshare_command, wait_for_line
+from tests.conftest import REPO, start_until_ready, timeshare_command
 from tests.ports import free_port
 from timeshare.synthetic import SyntheticJobReport, TurnRecord, load_report
 from workers.temporal_server import temporal_binary
@@ -25,19 +25,20 @@ def read_record(path: Path) -> list[dict[str, Any]]:
 
 
 def test_three_jobs_take_turns_without_overlap(tmp_path: Path) -> None:
-    port, ui_port, gateway_port = free_port(), free_port(), free_port()
-    address = f"127.0.0.1:{gateway_port}"
     record_path = tmp_path / "residency.jsonl"
-    up = subprocess.Popen(
-        timeshare_command(
-            "up", f"--port={port}", f"--ui-port={ui_port}", f"--listen={address}",
+    ports: list[int] = []
+
+    def up_command() -> list[str]:
+        ports[:] = [free_port(), free_port(), free_port()]
+        return timeshare_command(
+            "up", f"--port={ports[0]}", f"--ui-port={ports[1]}", f"--listen=127.0.0.1:{ports[2]}",
             f"--data-dir={tmp_path / 'data'}", "--node=e2e-node", "--sim-state-gib=0.25",
             f"--sim-record={record_path}",
-        ),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-    )  # fmt: skip
+        )  # fmt: skip
+
+    up = start_until_ready(up_command, "timeshare up: ready")
+    port, address = ports[0], f"127.0.0.1:{ports[2]}"
     try:
-        wait_for_line(up, "timeshare up: ready", 120)
         jobs = [
             subprocess.Popen(
                 timeshare_command(
