@@ -11,6 +11,7 @@ STUBS := timeshare/v1/timeshare_pb2.py
 install: $(STAMP) $(STUBS)
 
 $(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "timeshare needs Python >= 3.11; run make PYTHON=python3.11 ...")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
