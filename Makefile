@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTO := proto/timeshare/v1/timeshare.proto
 STUBS := timeshare/v1/timeshare_pb2.py
 
-.PHONY: install proto demo test lint bench clean
+.PHONY: install proto demo test lint clean
 
 install: $(STAMP) $(STUBS)
 
@@ -36,9 +36,6 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-
-bench: install
-	$(BIN)/python -m bench.handoff --quick
 
 clean:
 	rm -rf $(VENV) timeshare/v1 .timeshare .pytest_cache .mypy_cache .ruff_cache
