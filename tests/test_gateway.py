@@ -44,6 +44,13 @@ async def eventually_listed(api: timeshare.aio.Client, group: str) -> bool:
     return False
 
 
+async def two_jobs(
+    api: timeshare.aio.Client, sim_nodes: SimNodes, group: str, node: str
+) -> tuple[timeshare.aio.Job, timeshare.aio.Job]:
+    await sim_nodes.start(node)
+    return await api.join(group, "a", [node]), await api.join(group, "b", [node])
+
+
 @pytest.fixture
 async def api(gateway: str) -> AsyncIterator[timeshare.aio.Client]:
     client = timeshare.aio.connect(gateway)
@@ -55,9 +62,7 @@ async def test_turns_through_the_gateway(
     api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str
 ) -> None:
     node = f"n-{unique}"
-    await sim_nodes.start(node)
-    a = await api.join(f"g-{unique}", "a", [node])
-    b = await api.join(f"g-{unique}", "b", [node])
+    a, b = await two_jobs(api, sim_nodes, f"g-{unique}", node)
     async with a.turn() as first:
         waiting = asyncio.create_task(b.acquire())
         await asyncio.sleep(0.2)
@@ -117,10 +122,7 @@ async def test_bad_requests_get_clear_status_codes(
 async def test_acquire_timeout_is_deadline_exceeded(
     api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str
 ) -> None:
-    node = f"n-{unique}"
-    await sim_nodes.start(node)
-    a = await api.join(f"g-{unique}", "a", [node])
-    b = await api.join(f"g-{unique}", "b", [node])
+    a, b = await two_jobs(api, sim_nodes, f"g-{unique}", f"n-{unique}")
     await a.acquire()
     with pytest.raises(errors.DeadlineExceeded):
         await b.acquire(timeout=0.5)

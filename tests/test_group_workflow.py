@@ -10,38 +10,38 @@ import pytest
 from pydantic import BaseModel
 from temporalio.client import (
     Client,
-    WithStartWorkflowOperation,
     WorkflowHandle,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer
 
+from activities.sim import SimBackend
 from tests.conftest import SimNodes
 from timeshare.models import AcquireInput, Grant, JobInput, JoinInput, YieldInput
 from timeshare.names import SCHEDULER_TASK_QUEUE, group_workflow_id
-from workflows.group import GroupInput, GroupWorkflow
+from workers.gateway import join_group
+from workflows.group import GroupWorkflow
 from workflows.registry import NodeRegistryWorkflow
 
 Handle = WorkflowHandle[GroupWorkflow, None]
 
 
 async def join(client: Client, group: str, job: str, nodes: list[str]) -> Handle:
-    start = WithStartWorkflowOperation(
-        GroupWorkflow.run,
-        GroupInput(group=group),
-        id=group_workflow_id(group),
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        task_queue=SCHEDULER_TASK_QUEUE,
-    )
-    await client.execute_update_with_start_workflow(
-        GroupWorkflow.join,
-        JoinInput(job=job, nodes=nodes, token_hash=f"hash-{job}"),
-        start_workflow_operation=start,
-    )
+    await join_group(client, group, JoinInput(job=job, nodes=nodes, token_hash=f"hash-{job}"))
     return client.get_workflow_handle_for(GroupWorkflow.run, group_workflow_id(group))
+
+
+async def group_on_one_node(
+    client: Client, sim_nodes: SimNodes, unique: str, jobs: tuple[str, ...] = ("a", "b")
+) -> tuple[Handle, SimBackend]:
+    """A new group whose jobs all use one new sim node (named n-<unique>)."""
+    node = f"n-{unique}"
+    backend = await sim_nodes.start(node)
+    for job in jobs:
+        handle = await join(client, f"g-{unique}", job, [node])
+    return handle, backend
 
 
 async def acquire(handle: Handle, job: str, timeout: float = 0.0) -> Grant:
@@ -67,11 +67,7 @@ def refusal_type(error: WorkflowUpdateFailedError) -> str | None:
 async def test_handover_checkpoints_before_it_grants(
     client: Client, sim_nodes: SimNodes, unique: str
 ) -> None:
-    node = f"n-{unique}"
-    backend = await sim_nodes.start(node)
-    handle = await join(client, f"g-{unique}", "a", [node])
-    await join(client, f"g-{unique}", "b", [node])
-
+    handle, backend = await group_on_one_node(client, sim_nodes, unique)
     first = await acquire(handle, "a")
     waiting = asyncio.create_task(acquire(handle, "b"))
     await asyncio.sleep(0.3)
@@ -86,15 +82,13 @@ async def test_handover_checkpoints_before_it_grants(
     assert checkpoint["end"] <= second.granted_at + 0.05  # server and worker share a clock
     assert backend.resident_jobs() == ["b"]
     status = await handle.query(GroupWorkflow.status)
-    assert (status.holder, status.resident, status.switches) == ("b", {node: "b"}, 2)
+    assert (status.holder, status.resident, status.switches) == ("b", {f"n-{unique}": "b"}, 2)
 
 
 async def test_reacquire_with_nobody_waiting_touches_no_node(
     client: Client, sim_nodes: SimNodes, unique: str
 ) -> None:
-    node = f"n-{unique}"
-    backend = await sim_nodes.start(node)
-    handle = await join(client, f"g-{unique}", "a", [node])
+    handle, backend = await group_on_one_node(client, sim_nodes, unique, jobs=("a",))
     for _ in range(3):
         grant = await acquire(handle, "a")
         await release(handle, "a", grant.epoch)
@@ -132,10 +126,7 @@ async def test_more_waiters_than_temporal_default_update_limit(
 async def test_acquire_timeout_leaves_the_queue(
     client: Client, sim_nodes: SimNodes, unique: str
 ) -> None:
-    node = f"n-{unique}"
-    await sim_nodes.start(node)
-    handle = await join(client, f"g-{unique}", "a", [node])
-    await join(client, f"g-{unique}", "b", [node])
+    handle, _ = await group_on_one_node(client, sim_nodes, unique)
     await acquire(handle, "a")
     with pytest.raises(WorkflowUpdateFailedError) as failed:
         await acquire(handle, "b", timeout=0.5)
@@ -147,9 +138,7 @@ async def test_acquire_timeout_leaves_the_queue(
 async def test_refused_messages_leave_the_group_unchanged(
     client: Client, sim_nodes: SimNodes, unique: str
 ) -> None:
-    node = f"n-{unique}"
-    await sim_nodes.start(node)
-    handle = await join(client, f"g-{unique}", "a", [node])
+    handle, _ = await group_on_one_node(client, sim_nodes, unique, jobs=("a",))
     grant = await acquire(handle, "a")
     before = await handle.query(GroupWorkflow.status)
     wrong: list[tuple[str, BaseModel]] = [
@@ -170,10 +159,7 @@ async def test_refused_messages_leave_the_group_unchanged(
 async def test_history_replays_deterministically(
     client: Client, sim_nodes: SimNodes, unique: str
 ) -> None:
-    node = f"n-{unique}"
-    await sim_nodes.start(node)
-    handle = await join(client, f"g-{unique}", "a", [node])
-    await join(client, f"g-{unique}", "b", [node])
+    handle, _ = await group_on_one_node(client, sim_nodes, unique)
     for job in ("a", "b", "a"):
         grant = await acquire(handle, job)
         await release(handle, job, grant.epoch)

@@ -8,7 +8,7 @@ import os
 import uuid
 from dataclasses import dataclass
 
-from timeshare.errors import FailedPrecondition, InvalidArgument
+from timeshare.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from timeshare.models import GroupStatus, JobStatus, NodeRecord
 from timeshare.names import check_name
 from timeshare.v1 import timeshare_pb2 as pb
@@ -17,6 +17,9 @@ DEFAULT_ADDRESS = "localhost:50051"
 # Acquire calls are retried on UNAVAILABLE (a gateway restart) with the same
 # request id, so the job keeps its place in the queue.
 RETRY_PAUSE_SECONDS = 0.5
+# The gateway answers DEADLINE_EXCEEDED itself; the call's own deadline is a
+# backstop a little later.
+RPC_GRACE_SECONDS = 5.0
 
 
 def resolve_address(address: str | None) -> str:
@@ -35,6 +38,20 @@ def valid(kind: str, value: str) -> str:
         return check_name(kind, value)
     except ValueError as error:
         raise InvalidArgument(str(error)) from None
+
+
+class AcquireDeadline:
+    """How long an acquire, with its retries, may go on."""
+
+    def __init__(self, timeout: float | None, now: float) -> None:
+        self.at = None if timeout is None else now + timeout
+
+    def rpc_timeout(self, now: float) -> float | None:
+        return None if self.at is None else max(0.0, self.at - now) + RPC_GRACE_SECONDS
+
+    def check_retry(self, job: str, now: float) -> None:
+        if self.at is not None and now >= self.at:
+            raise DeadlineExceeded(f"job {job!r} was not granted in time")
 
 
 @dataclass(frozen=True)
@@ -96,6 +113,24 @@ class JobRef:
 
     def leave_request(self) -> pb.LeaveRequest:
         return pb.LeaveRequest(group=self.group, job=self.job, job_token=self.token)
+
+
+class JobIdentity:
+    """What both job handles (blocking and asyncio) say about themselves."""
+
+    ref: JobRef
+
+    @property
+    def group(self) -> str:
+        return self.ref.group
+
+    @property
+    def name(self) -> str:
+        return self.ref.job
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.ref.nodes
 
 
 def join_request(group: str, job: str, nodes: list[str] | None) -> pb.JoinRequest:

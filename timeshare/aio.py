@@ -12,7 +12,7 @@ import grpc
 import grpc.aio
 
 from timeshare import _protocol as protocol
-from timeshare.errors import DeadlineExceeded, Unavailable, from_rpc_error
+from timeshare.errors import Unavailable, from_rpc_error
 from timeshare.models import GroupStatus, NodeRecord
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
@@ -65,36 +65,26 @@ class Client:
         await self.close()
 
 
-class Job:
+class Job(protocol.JobIdentity):
+    """One job's place in its group: acquire, yield, leave (awaited)."""
+
     def __init__(self, client: Client, ref: protocol.JobRef) -> None:
         self._client = client
         self._stub = client._stub
         self.ref = ref
 
-    @property
-    def group(self) -> str:
-        return self.ref.group
-
-    @property
-    def name(self) -> str:
-        return self.ref.job
-
     async def acquire(self, timeout: float | None = None) -> protocol.Turn:
         request = self.ref.acquire_request(timeout)
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
+        clock = asyncio.get_running_loop().time
+        deadline = protocol.AcquireDeadline(timeout, clock())
         while True:
-            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            rpc_timeout = deadline.rpc_timeout(clock())
             try:
-                response = await self._client._call(
-                    self._stub.Acquire,
-                    request,
-                    timeout=None if remaining is None else remaining + 5,
+                return self.ref.granted(
+                    await self._client._call(self._stub.Acquire, request, timeout=rpc_timeout)
                 )
-                return self.ref.granted(response)
             except Unavailable:
-                if remaining is not None and remaining <= 0:
-                    raise DeadlineExceeded(f"job {self.name!r} was not granted in time") from None
+                deadline.check_retry(self.name, clock())
                 await asyncio.sleep(protocol.RETRY_PAUSE_SECONDS)
 
     async def yield_(self) -> float:

@@ -11,7 +11,7 @@ from typing import TypeVar
 import grpc
 
 from timeshare import _protocol as protocol
-from timeshare.errors import DeadlineExceeded, Unavailable, from_rpc_error
+from timeshare.errors import Unavailable, from_rpc_error
 from timeshare.models import GroupStatus, NodeRecord
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
@@ -65,7 +65,7 @@ class Client:
         self.close()
 
 
-class Job:
+class Job(protocol.JobIdentity):
     """One job's place in its group: acquire, yield, leave."""
 
     def __init__(self, client: Client, ref: protocol.JobRef) -> None:
@@ -73,34 +73,18 @@ class Job:
         self._stub = client._stub
         self.ref = ref
 
-    @property
-    def group(self) -> str:
-        return self.ref.group
-
-    @property
-    def name(self) -> str:
-        return self.ref.job
-
-    @property
-    def nodes(self) -> list[str]:
-        return self.ref.nodes
-
     def acquire(self, timeout: float | None = None) -> protocol.Turn:
         """Block until this job holds the group's GPUs; its state is back on its nodes."""
         request = self.ref.acquire_request(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = protocol.AcquireDeadline(timeout, time.monotonic())
         while True:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            rpc_timeout = deadline.rpc_timeout(time.monotonic())
             try:
-                response = self._client._call(
-                    self._stub.Acquire,
-                    request,
-                    timeout=None if remaining is None else remaining + 5,
+                return self.ref.granted(
+                    self._client._call(self._stub.Acquire, request, timeout=rpc_timeout)
                 )
-                return self.ref.granted(response)
             except Unavailable:
-                if remaining is not None and remaining <= 0:
-                    raise DeadlineExceeded(f"job {self.name!r} was not granted in time") from None
+                deadline.check_retry(self.name, time.monotonic())
                 time.sleep(protocol.RETRY_PAUSE_SECONDS)
 
     def yield_(self) -> float:

@@ -25,6 +25,7 @@ from timeshare.models import (
     AcquireInput,
     JobInput,
     JoinInput,
+    JoinOutput,
     NodeRecord,
     YieldInput,
 )
@@ -53,6 +54,20 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+async def join_group(client: Client, group: str, message: JoinInput) -> JoinOutput:
+    """Join a job to its group's workflow, starting the workflow on first use."""
+    start = WithStartWorkflowOperation(
+        GroupWorkflow.run,
+        GroupInput(group=group),
+        id=group_workflow_id(group),
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        task_queue=SCHEDULER_TASK_QUEUE,
+    )
+    return await client.execute_update_with_start_workflow(
+        GroupWorkflow.join, message, start_workflow_operation=start
+    )
+
+
 class TimeSlicerService(pb_grpc.TimeSlicerServicer):
     def __init__(self, client: Client) -> None:
         self._client = client
@@ -70,21 +85,8 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         if not nodes:
             nodes = await self._only_live_node()
         token = secrets.token_urlsafe(32)
-        start = WithStartWorkflowOperation(
-            GroupWorkflow.run,
-            GroupInput(group=group),
-            id=group_workflow_id(group),
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            task_queue=SCHEDULER_TASK_QUEUE,
-        )
-        joined = await within(
-            MESSAGE_SECONDS,
-            self._client.execute_update_with_start_workflow(
-                GroupWorkflow.join,
-                JoinInput(job=job, nodes=nodes, token_hash=token_hash(token)),
-                start_workflow_operation=start,
-            ),
-        )
+        message = JoinInput(job=job, nodes=nodes, token_hash=token_hash(token))
+        joined = await within(MESSAGE_SECONDS, join_group(self._client, group, message))
         return pb.JoinResponse(job_token=token, nodes=joined.nodes, created=joined.created)
 
     async def _only_live_node(self) -> list[str]:
