@@ -1,6 +1,7 @@
 """The interface every snapshot backend implements, and how one is chosen.
 
 Backends are discovered through the entry-point group ``timeshare.backends``.
+A job is named by its group and its name: two groups may both have a "job-a".
 Every action is idempotent: a backend reads the job's state first, so a
 retried checkpoint of a checkpointed job (or restore of a resident one) does
 nothing and reports ``noop``.
@@ -30,6 +31,10 @@ class BackendConfig(BaseModel):
     sim_record_path: str | None = None
 
 
+class BackendError(Exception):
+    """A backend action failed; the message says what and why."""
+
+
 class Backend(abc.ABC):
     name: ClassVar[str]
     simulated: ClassVar[bool] = False
@@ -39,16 +44,16 @@ class Backend(abc.ABC):
     def create(cls, config: BackendConfig) -> Backend: ...
 
     @abc.abstractmethod
-    async def checkpoint(self, job: str) -> BackendAction:
+    async def checkpoint(self, group: str, job: str) -> BackendAction:
         """Move the job's device state to host memory; no-op unless resident."""
 
     @abc.abstractmethod
-    async def restore(self, job: str) -> BackendAction:
+    async def restore(self, group: str, job: str) -> BackendAction:
         """Bring the job's state back to the device; no-op if already resident."""
 
     @abc.abstractmethod
-    def resident_jobs(self) -> list[str]:
-        """Jobs whose state is in device memory on this node now."""
+    def resident_jobs(self, group: str) -> list[str]:
+        """Jobs of ``group`` whose state is in device memory on this node now."""
 
     def gpus(self) -> list[str]:
         return []

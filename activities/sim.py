@@ -12,16 +12,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
-from activities.backend import Backend, BackendConfig
+from activities.backend import Backend, BackendConfig, BackendError
 from timeshare.models import BackendAction
 
 Location = Literal["device", "host"]
+JobKey = tuple[str, str]  # (group, job)
 
 
-class SimOverlapError(RuntimeError):
+class SimOverlapError(BackendError):
     pass
 
 
@@ -35,9 +37,11 @@ class SimBackend(Backend):
         self.bandwidth = config.sim_bandwidth_bytes_per_second
         self.state_bytes = config.sim_state_bytes
         self.record_path = Path(config.sim_record_path) if config.sim_record_path else None
-        self.location: dict[str, Location] = {}
-        self.resident_since: dict[str, float] = {}
+        self.location: dict[JobKey, Location] = {}
+        self.resident_since: dict[JobKey, float] = {}
         self.events: list[dict[str, Any]] = []
+        # Failures to simulate, for tests: (action, job) -> how many more times.
+        self.failures: Counter[tuple[str, str]] = Counter()
         # One action at a time: a simulated GPU has one copy engine here.
         self._lock = asyncio.Lock()
 
@@ -54,47 +58,65 @@ class SimBackend(Backend):
     def gpus(self) -> list[str]:
         return [f"sim-gpu-0 (simulated, {self.capacity_bytes / 2**30:.0f} GiB)"]
 
-    def resident_jobs(self) -> list[str]:
-        return sorted(job for job, where in self.location.items() if where == "device")
+    def resident_jobs(self, group: str) -> list[str]:
+        return sorted(
+            j for (g, j), where in self.location.items() if where == "device" and g == group
+        )
 
-    async def checkpoint(self, job: str) -> BackendAction:
+    def inject_failure(
+        self, action: Literal["checkpoint", "restore"], job: str, times: int
+    ) -> None:
+        self.failures[(action, job)] += times
+
+    def _maybe_fail(self, action: str, job: str) -> None:
+        if self.failures[(action, job)] > 0:
+            self.failures[(action, job)] -= 1
+            raise BackendError(f"simulated {action} failure of {job!r} on node {self.node}")
+
+    async def checkpoint(self, group: str, job: str) -> BackendAction:
+        key = (group, job)
         async with self._lock:
-            if self.location.get(job) != "device":
+            if self.location.get(key) != "device":
                 return BackendAction(job=job, action="noop")
+            self._maybe_fail("checkpoint", job)
             start = time.time()
             await asyncio.sleep(self.state_bytes / self.bandwidth)
             end = time.time()
-            self.location[job] = "host"
-            self._record(event="checkpoint", job=job, start=start, end=end, bytes=self.state_bytes)
-            self._record(event="resident", job=job, start=self.resident_since.pop(job), end=end)
+            self.location[key] = "host"
+            since = self.resident_since.pop(key)
+            self._record(event="checkpoint", group=group, job=job, start=start, end=end,
+                         bytes=self.state_bytes)  # fmt: skip
+            self._record(event="resident", group=group, job=job, start=since, end=end)
             return BackendAction(
                 job=job, action="checkpoint", bytes=self.state_bytes, seconds=end - start
             )
 
-    async def restore(self, job: str) -> BackendAction:
+    async def restore(self, group: str, job: str) -> BackendAction:
+        key = (group, job)
         async with self._lock:
-            if self.location.get(job) == "device":
+            if self.location.get(key) == "device":
                 return BackendAction(job=job, action="noop")
-            others = [j for j in self.resident_jobs() if j != job]
+            self._maybe_fail("restore", job)
+            others = [f"{g}/{j}" for (g, j), w in self.location.items() if w == "device"]
             if others:
-                self._record(event="overlap", job=job, others=others, at=time.time())
+                self._record(event="overlap", group=group, job=job, others=others, at=time.time())
                 raise SimOverlapError(
-                    f"simulated GPU on node {self.node}: cannot admit {job!r} while "
+                    f"simulated GPU on node {self.node}: cannot admit {group}/{job} while "
                     f"{others} still resident"
                 )
             if self.state_bytes > self.capacity_bytes:
-                raise SimOverlapError(
+                raise BackendError(
                     f"job {job!r} needs {self.state_bytes} bytes; the simulated GPU has "
                     f"{self.capacity_bytes}"
                 )
             start = time.time()
-            self.resident_since[job] = start
+            self.resident_since[key] = start
             # A job never checkpointed has no host copy to bring back.
-            moved = self.state_bytes if self.location.get(job) == "host" else 0
+            moved = self.state_bytes if self.location.get(key) == "host" else 0
             await asyncio.sleep(moved / self.bandwidth)
             end = time.time()
-            self.location[job] = "device"
-            self._record(event="restore", job=job, start=start, end=end, bytes=moved)
+            self.location[key] = "device"
+            self._record(event="restore", group=group, job=job, start=start, end=end, bytes=moved)
             return BackendAction(job=job, action="restore", bytes=moved, seconds=end - start)
 
     def _record(self, **event: Any) -> None:

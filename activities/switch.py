@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Awaitable
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.backend import Backend
-from timeshare.models import SwitchInput, SwitchOutput
+from activities.backend import Backend, BackendError
+from timeshare.models import (
+    CHECKPOINT_FAILED,
+    RESTORE_FAILED,
+    BackendAction,
+    SwitchInput,
+    SwitchOutput,
+)
+
+HEARTBEAT_SECONDS = 1.0
 
 
 class SwitchActivities:
@@ -18,7 +29,7 @@ class SwitchActivities:
 
     @activity.defn(name="switch")
     async def switch(self, input: SwitchInput) -> SwitchOutput:
-        """Checkpoint every other job resident here, then restore the admitted one."""
+        """Checkpoint every other job of the group resident here, then restore the admitted one."""
         move = input.move
         if move.node != self.node:
             raise ApplicationError(
@@ -28,9 +39,16 @@ class SwitchActivities:
         started = time.monotonic()
         # Evict what the backend itself sees resident too, not only what the
         # scheduler believes: after an agent restart the two can differ.
-        evict = sorted((set(move.evict) | set(self.backend.resident_jobs())) - {move.admit})
-        actions = [await self.backend.checkpoint(job) for job in evict]
-        actions.append(await self.backend.restore(move.admit))
+        seen = self.backend.resident_jobs(input.group)
+        evict = sorted((set(move.evict) | set(seen)) - {move.admit})
+        async with _heartbeating():
+            actions = [
+                await _step(self.backend.checkpoint(input.group, job), CHECKPOINT_FAILED)
+                for job in evict
+            ]
+            actions.append(
+                await _step(self.backend.restore(input.group, move.admit), RESTORE_FAILED)
+            )
         activity.logger.info(
             "group %s epoch %d: node %s admitted %s (evicted %s)",
             input.group,
@@ -45,3 +63,29 @@ class SwitchActivities:
             actions=actions,
             seconds=time.monotonic() - started,
         )
+
+
+async def _step(action: Awaitable[BackendAction], failure_type: str) -> BackendAction:
+    try:
+        return await action
+    except BackendError as error:
+        raise ApplicationError(str(error), type=failure_type) from None
+
+
+@contextlib.asynccontextmanager
+async def _heartbeating() -> AsyncIterator[None]:
+    """Heartbeat while the backend works, so a dead agent is noticed within
+    the heartbeat timeout rather than the activity's whole time limit."""
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

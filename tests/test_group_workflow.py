@@ -21,7 +21,7 @@ from activities.sim import SimBackend
 from tests.conftest import SimNodes
 from timeshare.models import AcquireInput, Grant, JobInput, JoinInput, YieldInput
 from timeshare.names import SCHEDULER_TASK_QUEUE, group_workflow_id
-from workers.gateway import join_group
+from workers.group_client import acquire_turn, join_group
 from workflows.group import GroupWorkflow
 from workflows.registry import NodeRegistryWorkflow
 
@@ -45,8 +45,8 @@ async def group_on_one_node(
 
 
 async def acquire(handle: Handle, job: str, timeout: float = 0.0) -> Grant:
-    return await handle.execute_update(
-        GroupWorkflow.acquire,
+    return await acquire_turn(
+        handle,
         AcquireInput(
             job=job, token_hash=f"hash-{job}", request_id=uuid.uuid4().hex, timeout_seconds=timeout
         ),
@@ -80,7 +80,7 @@ async def test_handover_checkpoints_before_it_grants(
     checkpoint = next(e for e in backend.events if e["event"] == "checkpoint")
     assert checkpoint["job"] == "a"
     assert checkpoint["end"] <= second.granted_at + 0.05  # server and worker share a clock
-    assert backend.resident_jobs() == ["b"]
+    assert backend.resident_jobs(f"g-{unique}") == ["b"]
     status = await handle.query(GroupWorkflow.status)
     assert (status.holder, status.resident, status.switches) == ("b", {f"n-{unique}": "b"}, 2)
 

@@ -127,15 +127,18 @@ def test_leaving_holder_passes_the_turn_on() -> None:
     assert plan.moves[0].evict == ["a"]
 
 
-def test_cancel_withdraws_a_waiter_but_not_one_being_switched_in() -> None:
+def test_cancelling_the_waiter_being_switched_in_grants_nobody() -> None:
     queue = queue_with(("a", ["n"]), ("b", ["n"]), ("c", ["n"]))
     queue.request("a", "ra", now=0.0)
     queue.request("b", "rb", now=0.0)
     queue.request("c", "rc", now=0.0)
     queue.begin_switch(now=0.0)
-    assert not queue.cancel("a", "ra", now=0.0)
     assert queue.cancel("c", "rc", now=0.0)
-    assert [w.job for w in queue.state.queue] == ["a", "b"]
+    assert queue.cancel("a", "ra", now=0.0)
+    assert queue.finish_switch(now=1.0) is None
+    assert queue.state.turn is None and queue.state.resident == {"n": "a"}
+    assert queue.needs_switch()  # b is next, and a's state is on the node
+    assert queue.begin_switch(now=1.0).moves[0].evict == ["a"]
 
 
 class LockQueueMachine(RuleBasedStateMachine):

@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass
 
 from timeshare.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
-from timeshare.models import GroupStatus, JobStatus, NodeRecord
+from timeshare.models import GroupPolicy, GroupStatus, JobStatus, NodeRecord
 from timeshare.names import check_name
 from timeshare.v1 import timeshare_pb2 as pb
 
@@ -17,6 +17,8 @@ DEFAULT_ADDRESS = "localhost:50051"
 # Acquire calls are retried on UNAVAILABLE (a gateway restart) with the same
 # request id, so the job keeps its place in the queue.
 RETRY_PAUSE_SECONDS = 0.5
+# Yield and leave are idempotent on the server, so they are retried this often.
+IDEMPOTENT_ATTEMPTS = 5
 # The gateway answers DEADLINE_EXCEEDED itself; the call's own deadline is a
 # backstop a little later.
 RPC_GRACE_SECONDS = 5.0
@@ -71,7 +73,13 @@ class JobRef:
     job: str
     token: str
     nodes: list[str]
+    lease_seconds: float = 30.0
     epoch: int | None = None
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        # Three beats per lease: one lost beat never costs the job its place.
+        return max(0.2, self.lease_seconds / 3)
 
     def acquire_request(self, timeout: float | None) -> pb.AcquireRequest:
         if timeout is not None and (math.isnan(timeout) or timeout < 0):
@@ -133,16 +141,37 @@ class JobIdentity:
         return self.ref.nodes
 
 
-def join_request(group: str, job: str, nodes: list[str] | None) -> pb.JoinRequest:
+def join_request(
+    group: str, job: str, nodes: list[str] | None, policy: GroupPolicy | None
+) -> pb.JoinRequest:
     return pb.JoinRequest(
-        group=valid("group", group), job=valid("job", job), nodes=resolve_nodes(nodes)
+        group=valid("group", group),
+        job=valid("job", job),
+        nodes=resolve_nodes(nodes),
+        policy=pb.GroupPolicy(**policy.model_dump()) if policy is not None else None,
     )
 
 
 def job_ref(request: pb.JoinRequest, response: pb.JoinResponse) -> JobRef:
     return JobRef(
-        group=request.group, job=request.job, token=response.job_token, nodes=list(response.nodes)
+        group=request.group,
+        job=request.job,
+        token=response.job_token,
+        nodes=list(response.nodes),
+        lease_seconds=response.lease_seconds or 30.0,
     )
+
+
+def evict_request(group: str, job: str, reason: str) -> pb.EvictRequest:
+    return pb.EvictRequest(group=valid("group", group), job=valid("job", job), reason=reason)
+
+
+def pause_request(group: str, paused: bool) -> pb.PauseRequest:
+    return pb.PauseRequest(group=valid("group", group), paused=paused)
+
+
+def drain_request(node: str, drained: bool) -> pb.DrainRequest:
+    return pb.DrainRequest(node=valid("node", node), drained=drained)
 
 
 def group_status(message: pb.GroupStatus) -> GroupStatus:
@@ -159,6 +188,8 @@ def group_status(message: pb.GroupStatus) -> GroupStatus:
                 turns=j.turns,
                 waited_seconds=j.waited_seconds,
                 held_seconds=j.held_seconds,
+                preempted=j.preempted,
+                last_seen=j.last_seen,
             )
             for j in message.jobs
         ],
@@ -167,6 +198,13 @@ def group_status(message: pb.GroupStatus) -> GroupStatus:
         grants=message.grants,
         switch_seconds_total=message.switch_seconds_total,
         degraded_cause=message.degraded_cause,
+        paused=message.paused,
+        drained=list(message.drained),
+        policy=GroupPolicy(
+            **{f.name: v for f, v in message.policy.ListFields()},
+        ),
+        preemptions=message.preemptions,
+        evictions=message.evictions,
     )
 
 
@@ -178,4 +216,5 @@ def node_record(message: pb.NodeStatus) -> NodeRecord:
         alive=message.alive,
         last_seen=message.last_seen,
         gpus=list(message.gpus),
+        drained=message.drained,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -12,8 +13,8 @@ import grpc
 import grpc.aio
 
 from timeshare import _protocol as protocol
-from timeshare.errors import Unavailable, from_rpc_error
-from timeshare.models import GroupStatus, NodeRecord
+from timeshare.errors import Aborted, NotFound, TimeshareError, Unavailable, from_rpc_error
+from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 
@@ -25,6 +26,7 @@ class Client:
         self.address = protocol.resolve_address(address)
         self._channel = grpc.aio.insecure_channel(self.address)
         self._stub = pb_grpc.TimeSlicerStub(self._channel)
+        self._jobs: list[Job] = []
 
     async def _call(
         self, method: Callable[..., Awaitable[Response]], request: object, **kwargs: object
@@ -34,9 +36,28 @@ class Client:
         except grpc.RpcError as error:
             raise from_rpc_error(error, self.address) from None
 
-    async def join(self, group: str, job: str, nodes: list[str] | None = None) -> Job:
-        request = protocol.join_request(group, job, nodes)
-        return Job(self, protocol.job_ref(request, await self._call(self._stub.Join, request)))
+    async def _call_idempotent(
+        self, method: Callable[..., Awaitable[Response]], request: object
+    ) -> Response:
+        for _ in range(protocol.IDEMPOTENT_ATTEMPTS - 1):
+            try:
+                return await self._call(method, request)
+            except Unavailable:
+                await asyncio.sleep(protocol.RETRY_PAUSE_SECONDS)
+        return await self._call(method, request)
+
+    async def join(
+        self,
+        group: str,
+        job: str,
+        nodes: list[str] | None = None,
+        policy: GroupPolicy | None = None,
+    ) -> Job:
+        request = protocol.join_request(group, job, nodes, policy)
+        response = await self._call(self._stub.Join, request)
+        handle = Job(self, protocol.job_ref(request, response))
+        self._jobs.append(handle)
+        return handle
 
     async def get_group(self, group: str) -> GroupStatus:
         request = pb.GetGroupRequest(group=protocol.valid("group", group))
@@ -50,7 +71,21 @@ class Client:
         response = await self._call(self._stub.ListNodes, pb.ListNodesRequest())
         return [protocol.node_record(n) for n in response.nodes]
 
+    async def evict(self, group: str, job: str, reason: str = "") -> GroupStatus:
+        request = protocol.evict_request(group, job, reason)
+        return protocol.group_status(await self._call(self._stub.Evict, request))
+
+    async def pause(self, group: str, paused: bool = True) -> GroupStatus:
+        request = protocol.pause_request(group, paused)
+        return protocol.group_status(await self._call(self._stub.Pause, request))
+
+    async def drain(self, node: str, drained: bool = True) -> list[str]:
+        response = await self._call(self._stub.Drain, protocol.drain_request(node, drained))
+        return list(response.groups)
+
     async def close(self) -> None:
+        for job in self._jobs:
+            await job.stop_heartbeats()
         await self._channel.close()
 
     async def __aenter__(self) -> Client:
@@ -72,6 +107,22 @@ class Job(protocol.JobIdentity):
         self._client = client
         self._stub = client._stub
         self.ref = ref
+        self._heartbeats = asyncio.get_running_loop().create_task(self._beat())
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.ref.heartbeat_seconds)
+            try:
+                await self.heartbeat()
+            except (Aborted, NotFound):
+                return
+            except TimeshareError:
+                continue
+
+    async def stop_heartbeats(self) -> None:
+        self._heartbeats.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._heartbeats
 
     async def acquire(self, timeout: float | None = None) -> protocol.Turn:
         request = self.ref.acquire_request(timeout)
@@ -88,7 +139,13 @@ class Job(protocol.JobIdentity):
                 await asyncio.sleep(protocol.RETRY_PAUSE_SECONDS)
 
     async def yield_(self) -> float:
-        response = await self._client._call(self._stub.Yield, self.ref.yield_request())
+        try:
+            response = await self._client._call_idempotent(
+                self._stub.Yield, self.ref.yield_request()
+            )
+        except Aborted:
+            self.ref.yielded()
+            raise
         self.ref.yielded()
         return response.held_seconds
 
@@ -106,7 +163,8 @@ class Job(protocol.JobIdentity):
         return await self._client._call(self._stub.Heartbeat, self.ref.heartbeat_request())
 
     async def leave(self) -> None:
-        await self._client._call(self._stub.Leave, self.ref.leave_request())
+        await self.stop_heartbeats()
+        await self._client._call_idempotent(self._stub.Leave, self.ref.leave_request())
         self.ref.yielded()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -11,8 +12,8 @@ from typing import TypeVar
 import grpc
 
 from timeshare import _protocol as protocol
-from timeshare.errors import Unavailable, from_rpc_error
-from timeshare.models import GroupStatus, NodeRecord
+from timeshare.errors import Aborted, NotFound, TimeshareError, Unavailable, from_rpc_error
+from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 
@@ -26,6 +27,7 @@ class Client:
         self.address = protocol.resolve_address(address)
         self._channel = grpc.insecure_channel(self.address)
         self._stub = pb_grpc.TimeSlicerStub(self._channel)
+        self._jobs: list[Job] = []
 
     def _call(self, method: Callable[..., Response], request: object, **kwargs: object) -> Response:
         try:
@@ -33,10 +35,28 @@ class Client:
         except grpc.RpcError as error:
             raise from_rpc_error(error, self.address) from None
 
-    def join(self, group: str, job: str, nodes: list[str] | None = None) -> Job:
-        """Join ``group`` as ``job``; ``nodes`` defaults to TIMESHARE_NODES, else the only node."""
-        request = protocol.join_request(group, job, nodes)
-        return Job(self, protocol.job_ref(request, self._call(self._stub.Join, request)))
+    def _call_idempotent(self, method: Callable[..., Response], request: object) -> Response:
+        for _ in range(protocol.IDEMPOTENT_ATTEMPTS - 1):
+            try:
+                return self._call(method, request)
+            except Unavailable:
+                time.sleep(protocol.RETRY_PAUSE_SECONDS)
+        return self._call(method, request)
+
+    def join(
+        self,
+        group: str,
+        job: str,
+        nodes: list[str] | None = None,
+        policy: GroupPolicy | None = None,
+    ) -> Job:
+        """Join ``group`` as ``job``; ``nodes`` defaults to TIMESHARE_NODES, else the only
+        node. ``policy`` applies if this join creates the group. The handle keeps the job's
+        lease alive from a background thread until ``leave()`` or ``close()``."""
+        request = protocol.join_request(group, job, nodes, policy)
+        handle = Job(self, protocol.job_ref(request, self._call(self._stub.Join, request)))
+        self._jobs.append(handle)
+        return handle
 
     def get_group(self, group: str) -> GroupStatus:
         request = pb.GetGroupRequest(group=protocol.valid("group", group))
@@ -50,7 +70,22 @@ class Client:
         response = self._call(self._stub.ListNodes, pb.ListNodesRequest())
         return [protocol.node_record(n) for n in response.nodes]
 
+    def evict(self, group: str, job: str, reason: str = "") -> GroupStatus:
+        request = protocol.evict_request(group, job, reason)
+        return protocol.group_status(self._call(self._stub.Evict, request))
+
+    def pause(self, group: str, paused: bool = True) -> GroupStatus:
+        request = protocol.pause_request(group, paused)
+        return protocol.group_status(self._call(self._stub.Pause, request))
+
+    def drain(self, node: str, drained: bool = True) -> list[str]:
+        """Drain (or with ``drained=False`` restore) a node; returns the groups told."""
+        response = self._call(self._stub.Drain, protocol.drain_request(node, drained))
+        return list(response.groups)
+
     def close(self) -> None:
+        for job in self._jobs:
+            job.stop_heartbeats()
         self._channel.close()
 
     def __enter__(self) -> Client:
@@ -72,6 +107,23 @@ class Job(protocol.JobIdentity):
         self._client = client
         self._stub = client._stub
         self.ref = ref
+        self._stopped = threading.Event()
+        self._heartbeats = threading.Thread(
+            target=self._beat, name=f"timeshare-heartbeat-{ref.job}", daemon=True
+        )
+        self._heartbeats.start()
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(self.ref.heartbeat_seconds):
+            try:
+                self.heartbeat()
+            except (Aborted, NotFound):
+                return  # evicted or gone: the job's next call says why
+            except TimeshareError:
+                continue  # a missed beat; the lease allows for some
+
+    def stop_heartbeats(self) -> None:
+        self._stopped.set()
 
     def acquire(self, timeout: float | None = None) -> protocol.Turn:
         """Block until this job holds the group's GPUs; its state is back on its nodes."""
@@ -89,7 +141,11 @@ class Job(protocol.JobIdentity):
 
     def yield_(self) -> float:
         """Give the GPUs back; returns the seconds this turn was held."""
-        response = self._client._call(self._stub.Yield, self.ref.yield_request())
+        try:
+            response = self._client._call_idempotent(self._stub.Yield, self.ref.yield_request())
+        except Aborted:
+            self.ref.yielded()  # evicted: there is no turn left to give back
+            raise
         self.ref.yielded()
         return response.held_seconds
 
@@ -108,7 +164,8 @@ class Job(protocol.JobIdentity):
         return self._client._call(self._stub.Heartbeat, self.ref.heartbeat_request())
 
     def leave(self) -> None:
-        self._client._call(self._stub.Leave, self.ref.leave_request())
+        self.stop_heartbeats()
+        self._client._call_idempotent(self._stub.Leave, self.ref.leave_request())
         self.ref.yielded()
 
 

@@ -11,7 +11,22 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-GroupStateName = Literal["idle", "held", "switching", "degraded"]
+GroupStateName = Literal["idle", "held", "switching", "degraded", "paused"]
+
+
+class GroupPolicy(BaseModel):
+    """Per-group settings, fixed when the group is created by its first Join."""
+
+    # A job that sends nothing (heartbeats included) for this long is evicted.
+    lease_seconds: float = Field(default=30.0, ge=1.0, le=86400.0)
+    # With others waiting, a turn longer than this is asked to yield; 0 = no limit.
+    max_turn_seconds: float = Field(default=0.0, ge=0.0, le=7 * 86400.0)
+    # How long a holder asked to yield has before it is preempted.
+    preempt_grace_seconds: float = Field(default=10.0, ge=0.0, le=86400.0)
+    # How long a node agent may take to pick up a switch, or stay silent during one.
+    agent_timeout_seconds: float = Field(default=30.0, ge=1.0, le=3600.0)
+    # Continue as new after this many grants even if Temporal does not ask; 0 = only when asked.
+    continue_as_new_every: int = Field(default=0, ge=0)
 
 
 class JoinInput(BaseModel):
@@ -23,6 +38,7 @@ class JoinInput(BaseModel):
 class JoinOutput(BaseModel):
     created: bool
     nodes: list[str]
+    lease_seconds: float = 30.0
 
 
 class AcquireInput(BaseModel):
@@ -43,6 +59,15 @@ class Grant(BaseModel):
     granted_at: float
     waited_seconds: float
     switch_seconds: float
+    # A preempted turn resumed: the epoch the job was first granted (and yields with).
+    resumes_epoch: int = 0
+
+
+class AcquireResult(BaseModel):
+    """An acquire either granted, or still waiting and to be asked again: waits
+    are bounded so no update stays open across continue-as-new."""
+
+    grant: Grant | None = None
 
 
 class YieldInput(BaseModel):
@@ -67,6 +92,22 @@ class HeartbeatOutput(BaseModel):
     epoch: int
     waiting: int
     should_yield: bool = False
+    preempted: bool = False
+    lease_seconds: float = 30.0
+
+
+class EvictInput(BaseModel):
+    job: str
+    reason: str
+
+
+class PauseInput(BaseModel):
+    paused: bool
+
+
+class DrainInput(BaseModel):
+    node: str
+    drained: bool
 
 
 class JobStatus(BaseModel):
@@ -75,6 +116,8 @@ class JobStatus(BaseModel):
     turns: int
     waited_seconds: float
     held_seconds: float
+    preempted: bool = False
+    last_seen: float = 0.0
 
 
 class GroupStatus(BaseModel):
@@ -89,6 +132,11 @@ class GroupStatus(BaseModel):
     grants: int = 0
     switch_seconds_total: float = 0.0
     degraded_cause: str = ""
+    paused: bool = False
+    drained: list[str] = Field(default_factory=list)
+    policy: GroupPolicy = Field(default_factory=GroupPolicy)
+    preemptions: int = 0
+    evictions: int = 0
 
 
 class NodeMove(BaseModel):
@@ -103,6 +151,13 @@ class SwitchInput(BaseModel):
     group: str
     epoch: int
     move: NodeMove
+
+
+# Failure types of the switch activity. The workflow tells a failed restore
+# (this job cannot come back: abort its acquire) from a failed checkpoint
+# (another job's state is still there: stay degraded and try again).
+CHECKPOINT_FAILED = "CheckpointFailed"
+RESTORE_FAILED = "RestoreFailed"
 
 
 class BackendAction(BaseModel):
@@ -129,3 +184,4 @@ class NodeInfo(BaseModel):
 class NodeRecord(NodeInfo):
     alive: bool = True
     last_seen: float = 0.0
+    drained: bool = False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-NAME_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,61}[a-z0-9])?$")
+NAME_PATTERN = re.compile(r"[a-z0-9](?:[a-z0-9._-]{0,61}[a-z0-9])?")
 
 SCHEDULER_TASK_QUEUE = "timeshare.scheduler"
 NODE_REGISTRY_WORKFLOW_ID = "timeshare-nodes"
@@ -12,7 +12,7 @@ NODE_REGISTRY_WORKFLOW_ID = "timeshare-nodes"
 
 def check_name(kind: str, value: str) -> str:
     """Return ``value`` if it is a valid group, job or node name, else raise ValueError."""
-    if not NAME_PATTERN.match(value):
+    if not NAME_PATTERN.fullmatch(value):
         shown = value if len(value) <= 80 else value[:77] + "..."
         raise ValueError(
             f"{kind} name {shown!r} is invalid: use 1-63 characters of a-z 0-9 - _ . "

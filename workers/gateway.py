@@ -13,33 +13,27 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from temporalio.client import (
-    Client,
-    WithStartWorkflowOperation,
-    WorkflowHandle,
-)
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.client import Client, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
 from timeshare.models import (
     AcquireInput,
+    DrainInput,
+    EvictInput,
     JobInput,
     JoinInput,
-    JoinOutput,
     NodeRecord,
+    PauseInput,
     YieldInput,
 )
-from timeshare.names import (
-    NODE_REGISTRY_WORKFLOW_ID,
-    SCHEDULER_TASK_QUEUE,
-    group_workflow_id,
-)
+from timeshare.names import NODE_REGISTRY_WORKFLOW_ID
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from workers import gateway_convert as convert
 from workers.gateway_errors import InvalidRequest, rpc, within
+from workers.group_client import GroupHandle, acquire_turn, group_handle, join_group
 from workers.service import StartupError, connect_temporal, ready
-from workflows.group import CancelAcquireInput, GroupInput, GroupWorkflow
+from workflows.group import CancelAcquireInput, GroupWorkflow
 from workflows.registry import NodeRegistryWorkflow
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -48,46 +42,38 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TimeSlicer"].full_name
 # scheduler worker is presumed down and the caller is told so.
 MESSAGE_SECONDS = 30.0
 MAX_MESSAGE_BYTES = 4 * 2**20
+RUNNING_GROUPS = "WorkflowType = 'GroupWorkflow' AND ExecutionStatus = 'Running'"
 
 
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-async def join_group(client: Client, group: str, message: JoinInput) -> JoinOutput:
-    """Join a job to its group's workflow, starting the workflow on first use."""
-    start = WithStartWorkflowOperation(
-        GroupWorkflow.run,
-        GroupInput(group=group),
-        id=group_workflow_id(group),
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        task_queue=SCHEDULER_TASK_QUEUE,
-    )
-    return await client.execute_update_with_start_workflow(
-        GroupWorkflow.join, message, start_workflow_operation=start
-    )
-
-
 class TimeSlicerService(pb_grpc.TimeSlicerServicer):
     def __init__(self, client: Client) -> None:
         self._client = client
+        self._background: set[asyncio.Task[None]] = set()
 
-    def _group(self, group: str) -> WorkflowHandle[GroupWorkflow, None]:
-        return self._client.get_workflow_handle_for(
-            GroupWorkflow.run, group_workflow_id(convert.name("group", group))
-        )
+    def _group(self, group: str) -> GroupHandle:
+        return group_handle(self._client, convert.name("group", group))
+
+    # -- jobs -------------------------------------------------------------------
 
     @rpc
     async def Join(self, request: pb.JoinRequest, context: Context) -> pb.JoinResponse:
         group = convert.name("group", request.group)
         job = convert.name("job", request.job)
-        nodes = [convert.name("node", node) for node in request.nodes]
-        if not nodes:
-            nodes = await self._only_live_node()
+        nodes = convert.nodes(request.nodes) or await self._only_live_node()
+        policy = convert.policy(request.policy) if request.HasField("policy") else None
         token = secrets.token_urlsafe(32)
         message = JoinInput(job=job, nodes=nodes, token_hash=token_hash(token))
-        joined = await within(MESSAGE_SECONDS, join_group(self._client, group, message))
-        return pb.JoinResponse(job_token=token, nodes=joined.nodes, created=joined.created)
+        joined = await within(MESSAGE_SECONDS, join_group(self._client, group, message, policy))
+        return pb.JoinResponse(
+            job_token=token,
+            nodes=joined.nodes,
+            created=joined.created,
+            lease_seconds=joined.lease_seconds,
+        )
 
     async def _only_live_node(self) -> list[str]:
         live = [node.node for node in await self._nodes() if node.alive]
@@ -105,36 +91,32 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         message = AcquireInput(
             job=convert.name("job", request.job),
             token_hash=token_hash(request.job_token),
-            request_id=request.request_id or uuid.uuid4().hex,
+            request_id=convert.request_id(request.request_id) or uuid.uuid4().hex,
             timeout_seconds=convert.acquire_timeout(
                 request.timeout_seconds, context.time_remaining()
             ),
         )
         try:
-            grant = await handle.execute_update(
-                GroupWorkflow.acquire,
-                message,
-                id=f"acquire/{message.job}/{message.request_id}",
-            )
-        except asyncio.CancelledError:
+            grant = await acquire_turn(handle, message)
+        except (asyncio.CancelledError, WorkflowUpdateRPCTimeoutOrCancelledError):
             # The caller went away: give its place in the queue back.
-            asyncio.get_running_loop().create_task(self._withdraw(handle, message))
-            raise
+            withdrawal = asyncio.get_running_loop().create_task(self._withdraw(handle, message))
+            self._background.add(withdrawal)
+            withdrawal.add_done_callback(self._background.discard)
+            raise asyncio.CancelledError() from None
         return pb.AcquireResponse(
-            epoch=grant.epoch,
+            epoch=grant.resumes_epoch or grant.epoch,
             ticket=grant.ticket,
             waited_seconds=grant.waited_seconds,
             switch_seconds=grant.switch_seconds,
             granted_at=grant.granted_at,
         )
 
-    async def _withdraw(
-        self, handle: WorkflowHandle[GroupWorkflow, None], message: AcquireInput
-    ) -> None:
+    async def _withdraw(self, handle: GroupHandle, message: AcquireInput) -> None:
         withdrawal = CancelAcquireInput(
             job=message.job, token_hash=message.token_hash, request_id=message.request_id
         )
-        # Best effort: the lease of the self-healing scheduler is the backstop.
+        # Best effort: the job's lease is the backstop.
         with contextlib.suppress(Exception):
             await within(
                 MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.cancel_acquire, withdrawal)
@@ -166,6 +148,8 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
             epoch=beat.epoch,
             waiting=beat.waiting,
             should_yield=beat.should_yield,
+            preempted=beat.preempted,
+            lease_seconds=beat.lease_seconds,
         )
 
     @rpc
@@ -182,6 +166,8 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
             job=convert.name("job", request.job), token_hash=token_hash(request.job_token)
         )
 
+    # -- status -------------------------------------------------------------------
+
     @rpc
     async def GetGroup(self, request: pb.GetGroupRequest, context: Context) -> pb.GroupStatus:
         status = await within(
@@ -193,9 +179,8 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
     async def ListGroups(
         self, request: pb.ListGroupsRequest, context: Context
     ) -> pb.ListGroupsResponse:
-        query = "WorkflowType = 'GroupWorkflow' AND ExecutionStatus = 'Running'"
         groups = []
-        async for execution in self._client.list_workflows(query):
+        async for execution in self._client.list_workflows(RUNNING_GROUPS):
             handle = self._client.get_workflow_handle_for(GroupWorkflow.run, execution.id)
             status = await within(MESSAGE_SECONDS, handle.query(GroupWorkflow.status))
             groups.append(convert.group_status(status))
@@ -207,16 +192,21 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
     ) -> pb.ListNodesResponse:
         return pb.ListNodesResponse(nodes=[convert.node_status(n) for n in await self._nodes()])
 
-    async def _nodes(self) -> list[NodeRecord]:
-        handle = self._client.get_workflow_handle_for(
+    def _registry(self) -> Any:
+        return self._client.get_workflow_handle_for(
             NodeRegistryWorkflow.run, NODE_REGISTRY_WORKFLOW_ID
         )
+
+    async def _nodes(self) -> list[NodeRecord]:
         try:
-            return await within(MESSAGE_SECONDS, handle.query(NodeRegistryWorkflow.nodes))
+            nodes: list[NodeRecord] = await within(
+                MESSAGE_SECONDS, self._registry().query(NodeRegistryWorkflow.nodes)
+            )
         except RPCError as error:
             if error.status == RPCStatusCode.NOT_FOUND:
                 return []  # no agent has ever announced itself
             raise
+        return nodes
 
     async def RegisterProcess(
         self, request: pb.RegisterProcessRequest, context: Context
@@ -227,6 +217,41 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
             "where the kernel vouches for the caller's process id",
         )
         raise AssertionError("unreachable")
+
+    # -- operator controls ----------------------------------------------------------
+
+    @rpc
+    async def Evict(self, request: pb.EvictRequest, context: Context) -> pb.GroupStatus:
+        handle = self._group(request.group)
+        reason = convert.reason(request.reason) or "evicted by an operator"
+        message = EvictInput(job=convert.name("job", request.job), reason=reason)
+        await within(MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.evict, message))
+        return convert.group_status(
+            await within(MESSAGE_SECONDS, handle.query(GroupWorkflow.status))
+        )
+
+    @rpc
+    async def Pause(self, request: pb.PauseRequest, context: Context) -> pb.GroupStatus:
+        handle = self._group(request.group)
+        message = PauseInput(paused=request.paused)
+        status = await within(MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.pause, message))
+        return convert.group_status(status)
+
+    @rpc
+    async def Drain(self, request: pb.DrainRequest, context: Context) -> pb.DrainResponse:
+        message = DrainInput(node=convert.name("node", request.node), drained=request.drained)
+        told = []
+        async for execution in self._client.list_workflows(RUNNING_GROUPS):
+            handle = self._client.get_workflow_handle_for(GroupWorkflow.run, execution.id)
+            status = await within(
+                MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.drain, message)
+            )
+            told.append(status.group)
+        with contextlib.suppress(RPCError):  # no registry yet: nothing to mark
+            await within(
+                MESSAGE_SECONDS, self._registry().signal(NodeRegistryWorkflow.set_drained, message)
+            )
+        return pb.DrainResponse(groups=sorted(told))
 
 
 async def serve_gateway(stop: asyncio.Event, temporal: str, namespace: str, listen: str) -> None:

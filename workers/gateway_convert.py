@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
-from timeshare.models import GroupStatus, NodeRecord
+from pydantic import ValidationError
+
+from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
 from timeshare.names import check_name
 from timeshare.v1 import timeshare_pb2 as pb
 from workers.gateway_errors import InvalidRequest
 
 MAX_ACQUIRE_TIMEOUT_SECONDS = 7 * 24 * 3600.0
+MAX_NODES_PER_JOB = 256
+MAX_REQUEST_ID_CHARS = 128
+MAX_REASON_CHARS = 1024
 
 
 def name(kind: str, value: str) -> str:
@@ -17,6 +23,41 @@ def name(kind: str, value: str) -> str:
         return check_name(kind, value)
     except ValueError as error:
         raise InvalidRequest(str(error)) from None
+
+
+def nodes(values: Sequence[str]) -> list[str]:
+    if len(values) > MAX_NODES_PER_JOB:
+        raise InvalidRequest(f"nodes: at most {MAX_NODES_PER_JOB} per job, got {len(values)}")
+    checked = [name("node", node) for node in values]
+    if len(set(checked)) != len(checked):
+        raise InvalidRequest(f"nodes: {checked} names a node twice")
+    return checked
+
+
+def request_id(value: str) -> str:
+    if len(value) > MAX_REQUEST_ID_CHARS or not value.isprintable():
+        raise InvalidRequest(
+            f"request_id: at most {MAX_REQUEST_ID_CHARS} printable characters, "
+            f"got {len(value)} characters"
+        )
+    return value
+
+
+def reason(value: str) -> str:
+    if len(value) > MAX_REASON_CHARS or not value.isprintable():
+        raise InvalidRequest(f"reason: at most {MAX_REASON_CHARS} printable characters")
+    return value
+
+
+def policy(message: pb.GroupPolicy) -> GroupPolicy:
+    """A policy from the wire: fields left at 0 keep their defaults."""
+    given = {field.name: value for field, value in message.ListFields()}
+    try:
+        return GroupPolicy(**given)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        field = ".".join(str(part) for part in problem["loc"])
+        raise InvalidRequest(f"policy.{field}: {problem['msg']}") from None
 
 
 def acquire_timeout(requested: float, time_remaining: float | None) -> float:
@@ -47,6 +88,8 @@ def group_status(status: GroupStatus) -> pb.GroupStatus:
                 turns=job.turns,
                 waited_seconds=job.waited_seconds,
                 held_seconds=job.held_seconds,
+                preempted=job.preempted,
+                last_seen=job.last_seen,
             )
             for job in status.jobs
         ],
@@ -55,6 +98,11 @@ def group_status(status: GroupStatus) -> pb.GroupStatus:
         grants=status.grants,
         switch_seconds_total=status.switch_seconds_total,
         degraded_cause=status.degraded_cause,
+        paused=status.paused,
+        drained=status.drained,
+        policy=pb.GroupPolicy(**status.policy.model_dump()),
+        preemptions=status.preemptions,
+        evictions=status.evictions,
     )
 
 
@@ -66,4 +114,5 @@ def node_status(record: NodeRecord) -> pb.NodeStatus:
         alive=record.alive,
         last_seen=record.last_seen,
         gpus=record.gpus,
+        drained=record.drained,
     )

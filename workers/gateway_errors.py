@@ -8,7 +8,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from temporalio.client import WorkflowQueryFailedError, WorkflowUpdateFailedError
+from temporalio.client import (
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -54,6 +57,8 @@ def status_for(error: BaseException, group: str) -> tuple[grpc.StatusCode, str] 
             return REPORTABLE[cause.type], cause.message
         return grpc.StatusCode.INTERNAL, f"the scheduler failed: {cause or error}"
     if isinstance(error, RPCError):
+        if error.status in (RPCStatusCode.INVALID_ARGUMENT, RPCStatusCode.RESOURCE_EXHAUSTED):
+            return REPORTABLE[error.status.name], f"Temporal refused the call: {error.message}"
         if error.status == RPCStatusCode.NOT_FOUND:
             return (
                 grpc.StatusCode.NOT_FOUND,

@@ -1,13 +1,15 @@
 """GroupWorkflow: one durable lock queue per group of jobs sharing GPUs.
 
 A thin shell around workflows.lockqueue: handlers feed it messages stamped
-with workflow time, the main loop carries out the switches it plans as one
-``switch`` activity per node, in parallel, on each node's task queue.
+with workflow time, a durable timer feeds it lease and turn-limit deadlines,
+and the main loop carries out the switches it plans as one ``switch``
+activity per node, in parallel, on each node's task queue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -16,17 +18,23 @@ from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from timeshare.models import (
+        RESTORE_FAILED,
         AcquireInput,
-        Grant,
+        AcquireResult,
+        DrainInput,
+        EvictInput,
+        GroupPolicy,
         GroupStatus,
         HeartbeatOutput,
         JobInput,
         JoinInput,
         JoinOutput,
         NodeMove,
+        PauseInput,
         SwitchInput,
         SwitchOutput,
         YieldInput,
@@ -35,21 +43,20 @@ with workflow.unsafe.imports_passed_through():
     from timeshare.names import node_task_queue
     from workflows.lockqueue import GroupState, LockQueue, QueueError, SwitchPlan
 
-# A node agent that does not pick a switch up within this time is treated as
-# down: the group turns degraded and the switch is tried again later.
-SWITCH_SCHEDULE_TO_START = timedelta(seconds=30)
-SWITCH_START_TO_CLOSE = timedelta(minutes=5)
-SWITCH_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=500),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=3,
-)
-SWITCH_RETRY_PAUSE_MAX_SECONDS = 60.0
+# An acquire waits inside one update at most this long, then returns "still
+# waiting" and the gateway asks again: no update stays open for long, so the
+# workflow can continue as new while jobs wait.
+ACQUIRE_WAIT_SLICE_SECONDS = 60.0
+SWITCH_RETRY_PAUSE_MAX_SECONDS = 30.0
+# A switch activity is retried by Temporal this often before the workflow
+# sees the failure, marks the group degraded and decides what to do.
+SWITCH_ATTEMPTS = 3
 
 
 class GroupInput(BaseModel):
     group: str
+    # Applied when the group is created; a running group keeps its own.
+    policy: GroupPolicy | None = None
     # Set when the workflow continues as new; a new group starts empty.
     state: GroupState | None = None
 
@@ -58,6 +65,12 @@ class CancelAcquireInput(BaseModel):
     job: str
     token_hash: str
     request_id: str
+
+
+class MoveFailure(BaseModel):
+    node: str
+    cause: str
+    restore_failed: bool
 
 
 @contextmanager
@@ -73,69 +86,109 @@ def _refusals() -> Iterator[None]:
 class GroupWorkflow:
     @workflow.init
     def __init__(self, input: GroupInput) -> None:
-        self._queue = LockQueue(input.state or GroupState(group=input.group))
+        state = input.state or GroupState(group=input.group, policy=input.policy or GroupPolicy())
+        self._queue = LockQueue(state)
+        self._grants_at_start = state.grants
+        # Set by every message: the main loop re-reads deadlines and duties.
+        self._changed = False
+        # Set just before continuing as new: waiting acquires return "ask again".
+        self._closing = False
 
     @workflow.run
     async def run(self, input: GroupInput) -> None:
         while True:
-            await workflow.wait_condition(
-                lambda: self._queue.needs_switch() or self._continue_as_new_due()
-            )
+            deadline = self._queue.next_deadline()
+            timeout = None
+            if deadline is not None:
+                timeout = timedelta(seconds=max(0.001, deadline - self._now()))
+            self._changed = False
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: self._changed or self._duty_due(), timeout=timeout
+                )
+            for event in self._queue.expire(self._now()):
+                workflow.logger.info("group %s: %s", input.group, event)
             if self._queue.needs_switch():
                 await self._switch()
-                continue
-            workflow.continue_as_new(GroupInput(group=input.group, state=self._queue.state))
+            elif self._continue_as_new_due():
+                await self._continue_as_new(input.group)
+
+    def _duty_due(self) -> bool:
+        return self._queue.needs_switch() or self._continue_as_new_due()
 
     def _continue_as_new_due(self) -> bool:
-        # Only when nobody waits: a waiting acquire lives in an update handler,
-        # and continuing as new would fail it.
-        return (
-            workflow.info().is_continue_as_new_suggested()
-            and not self._queue.state.queue
-            and self._queue.state.switching is None
-            and workflow.all_handlers_finished()
+        if self._queue.state.switching is not None:
+            return False
+        every = self._queue.state.policy.continue_as_new_every
+        grants_this_run = self._queue.state.grants - self._grants_at_start
+        return workflow.info().is_continue_as_new_suggested() or (
+            every > 0 and grants_this_run >= every
         )
+
+    async def _continue_as_new(self, group: str) -> None:
+        self._closing = True
+        # Waiting acquires return "ask again" and the gateway re-sends them to
+        # the new run, where their place in the queue is carried over.
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(GroupInput(group=group, state=self._queue.state))
 
     def _now(self) -> float:
         return workflow.now().timestamp()
 
-    # -- messages -------------------------------------------------------------
+    def _mark_changed(self) -> None:
+        self._changed = True
+
+    # -- messages from jobs -----------------------------------------------------
 
     @workflow.update
     def join(self, input: JoinInput) -> JoinOutput:
         with _refusals():
             created = self._queue.join(input.job, input.nodes, input.token_hash, self._now())
-        return JoinOutput(created=created, nodes=input.nodes)
+        self._mark_changed()
+        return JoinOutput(
+            created=created,
+            nodes=input.nodes,
+            lease_seconds=self._queue.state.policy.lease_seconds,
+        )
+
+    @join.validator
+    def _check_join(self, input: JoinInput) -> None:
+        with _refusals():
+            self._queue.check_join(input.job, input.nodes)
 
     @workflow.update
-    async def acquire(self, input: AcquireInput) -> Grant:
+    async def acquire(self, input: AcquireInput) -> AcquireResult:
         job, request_id = input.job, input.request_id
         with _refusals():
             grant = self._queue.request(job, request_id, self._now())
+        self._mark_changed()
         if grant is not None:
-            return grant
-        timeout = timedelta(seconds=input.timeout_seconds) if input.timeout_seconds > 0 else None
+            return AcquireResult(grant=grant)
+        final = 0 < input.timeout_seconds <= ACQUIRE_WAIT_SLICE_SECONDS
+        wait = input.timeout_seconds if final else ACQUIRE_WAIT_SLICE_SECONDS
         try:
             await workflow.wait_condition(
-                lambda: not self._queue.is_waiting(job, request_id), timeout=timeout
+                lambda: self._closing or not self._queue.is_waiting(job, request_id),
+                timeout=timedelta(seconds=wait),
             )
         except TimeoutError:
-            if self._queue.cancel(job, request_id, self._now()):
+            if final and self._queue.cancel(job, request_id, self._now()):
+                self._mark_changed()
                 raise ApplicationError(
-                    f"job {job!r} was not granted within {input.timeout_seconds:g} s",
+                    f"job {job!r} was not granted within its timeout",
                     type="DEADLINE_EXCEEDED",
                     non_retryable=True,
                 ) from None
-            # Its switch is already under way: the grant is moments away.
-            await workflow.wait_condition(lambda: not self._queue.is_waiting(job, request_id))
         grant = self._queue.grant_for(job, request_id)
-        if grant is None:
-            raise ApplicationError(
-                f"job {job!r} left the group before its turn came",
-                type="ABORTED",
-                non_retryable=True,
-            )
-        return grant
+        if grant is not None:
+            return AcquireResult(grant=grant)
+        if self._queue.is_waiting(job, request_id):
+            return AcquireResult(grant=None)
+        with _refusals():
+            self._queue.raise_if_aborted(request_id)
+        raise ApplicationError(
+            f"job {job!r} left the group before its turn came", type="ABORTED", non_retryable=True
+        )
 
     @acquire.validator
     def _check_acquire(self, input: AcquireInput) -> None:
@@ -145,6 +198,7 @@ class GroupWorkflow:
 
     @workflow.update
     def cancel_acquire(self, input: CancelAcquireInput) -> bool:
+        self._mark_changed()
         return self._queue.cancel(input.job, input.request_id, self._now())
 
     @cancel_acquire.validator
@@ -156,6 +210,7 @@ class GroupWorkflow:
     def yield_turn(self, input: YieldInput) -> YieldOutput:
         with _refusals():
             held = self._queue.release(input.job, input.epoch, self._now())
+        self._mark_changed()
         return YieldOutput(held_seconds=held)
 
     @yield_turn.validator
@@ -166,6 +221,8 @@ class GroupWorkflow:
 
     @workflow.update
     def heartbeat(self, input: JobInput) -> HeartbeatOutput:
+        # A heartbeat moves the lease deadline later, never earlier: the main
+        # loop's timer need not be reset for it.
         return self._queue.heartbeat(input.job, self._now())
 
     @heartbeat.validator
@@ -176,11 +233,34 @@ class GroupWorkflow:
     @workflow.update
     def leave(self, input: JobInput) -> None:
         self._queue.leave(input.job, self._now())
+        self._mark_changed()
 
     @leave.validator
     def _check_leave(self, input: JobInput) -> None:
-        with _refusals():
-            self._queue.authenticate(input.job, input.token_hash)
+        # Leaving is idempotent: a job already gone (left or evicted) is fine.
+        if input.job in self._queue.state.jobs:
+            with _refusals():
+                self._queue.authenticate(input.job, input.token_hash)
+
+    # -- operator controls --------------------------------------------------------
+
+    @workflow.update
+    def evict(self, input: EvictInput) -> bool:
+        evicted = self._queue.evict(input.job, input.reason, self._now())
+        self._mark_changed()
+        return evicted
+
+    @workflow.update
+    def pause(self, input: PauseInput) -> GroupStatus:
+        self._queue.pause(input.paused, self._now())
+        self._mark_changed()
+        return self._queue.status()
+
+    @workflow.update
+    def drain(self, input: DrainInput) -> GroupStatus:
+        self._queue.drain(input.node, input.drained, self._now())
+        self._mark_changed()
+        return self._queue.status()
 
     @workflow.query
     def status(self) -> GroupStatus:
@@ -190,32 +270,64 @@ class GroupWorkflow:
 
     async def _switch(self) -> None:
         plan = self._queue.begin_switch(self._now())
-        attempt = 0
         while True:
-            causes = await asyncio.gather(*(self._move(plan, move) for move in plan.moves))
-            failed = [cause for cause in causes if cause]
-            if not failed:
-                break
-            # The backends are idempotent, so the whole switch is simply tried
-            # again; no grant is made while any node may still hold other state.
-            self._queue.switch_failed("; ".join(failed))
-            attempt += 1
-            await workflow.sleep(min(SWITCH_RETRY_PAUSE_MAX_SECONDS, 2.0**attempt))
-        self._queue.finish_switch(self._now())
+            results = await asyncio.gather(*(self._move(plan, move) for move in plan.moves))
+            failures = [r for r in results if isinstance(r, MoveFailure)]
+            if not failures:
+                self._queue.finish_switch(self._now())
+                return
+            cause = "; ".join(f"node {f.node}: {f.cause}" for f in failures)
+            workflow.logger.warning("group %s: switch failed: %s", plan.waiter.job, cause)
+            self._queue.switch_failed(
+                cause,
+                done=[m.node for m, r in zip(plan.moves, results, strict=True) if r is None],
+                failed=[f.node for f in failures],
+            )
+            if all(f.restore_failed for f in failures):
+                # Every other job's state is off these nodes, but this job's
+                # state could not come back: it cannot have its turn.
+                self._queue.abort_switch(f"its state could not be restored: {cause}", self._now())
+                return
+            if not self._queue.switch_target_waits():
+                # Nobody waits for this switch any more; the next plan starts
+                # from what each node reported.
+                self._queue.abort_switch("", self._now())
+                return
+            pause = min(SWITCH_RETRY_PAUSE_MAX_SECONDS, 2.0**plan.attempts)
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: not self._queue.switch_target_waits(),
+                    timeout=timedelta(seconds=pause),
+                )
+            # Leases run out during a long outage too: a waiter that is gone
+            # should not keep the switch going.
+            self._queue.expire(self._now())
 
-    async def _move(self, plan: SwitchPlan, move: NodeMove) -> str:
-        """Run one node's part of a switch; return why it failed, or ''."""
+    async def _move(self, plan: SwitchPlan, move: NodeMove) -> MoveFailure | None:
+        """Run one node's part of a switch; say why it failed, if it did."""
+        agent_timeout = timedelta(seconds=self._queue.state.policy.agent_timeout_seconds)
         try:
             await workflow.execute_activity(
                 "switch",
                 SwitchInput(group=self._queue.state.group, epoch=plan.epoch, move=move),
                 result_type=SwitchOutput,
                 task_queue=node_task_queue(move.node),
-                schedule_to_start_timeout=SWITCH_SCHEDULE_TO_START,
-                start_to_close_timeout=SWITCH_START_TO_CLOSE,
-                retry_policy=SWITCH_RETRY,
+                schedule_to_start_timeout=agent_timeout,
+                start_to_close_timeout=timedelta(minutes=10),
+                heartbeat_timeout=agent_timeout,
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(milliseconds=500),
+                    backoff_coefficient=2.0,
+                    maximum_interval=timedelta(seconds=5),
+                    maximum_attempts=SWITCH_ATTEMPTS,
+                ),
             )
         except ActivityError as failure:
-            reason = failure.cause if failure.cause is not None else failure
-            return f"node {move.node}: {reason}"
-        return ""
+            cause = failure.cause
+            if isinstance(cause, ActivityTimeoutError):
+                reason = f"the node agent did not answer within {agent_timeout.seconds} s"
+            else:
+                reason = str(cause or failure)
+            restore_failed = isinstance(cause, ApplicationError) and cause.type == RESTORE_FAILED
+            return MoveFailure(node=move.node, cause=reason, restore_failed=restore_failed)
+        return None

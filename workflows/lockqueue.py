@@ -1,17 +1,25 @@
 """The lock queue of one group: plain data in, decisions out.
 
 This module imports nothing from Temporal and does no I/O; time is always
-passed in. GroupWorkflow feeds it every message and carries out the switches
-it plans, so every scheduling rule lives here and is tested here.
+passed in. GroupWorkflow feeds it every message and timer and carries out the
+switches it plans, so every scheduling rule lives here and is tested here.
 
 Rules:
 - at most one job holds the turn; the turn is named by a growing epoch;
-- grants follow arrival order (tickets), head of the queue first;
+- grants follow arrival order (tickets), with two documented exceptions: a
+  waiter that needs a drained node is passed over (it keeps its place), and a
+  paused group grants nothing;
 - a job is granted only after every other job's state has left every node it
   needs: the planned switch evicts the resident job and admits the next one,
   and the grant happens only when every node has reported;
 - when the next job is already resident everywhere it runs, the grant is
-  immediate and no node is touched (the lazy, "deferred snapshot" path).
+  immediate and no node is touched (the lazy, "deferred snapshot" path);
+- every joined job holds a lease renewed by its messages; a job whose lease
+  runs out is evicted, its turn (if any) passes on, and its next call is told
+  why;
+- with a turn limit, a holder that others wait for is asked to yield, and
+  after a grace period is preempted: its state is checkpointed (the job does
+  not notice) and it waits at the back of the queue to resume its turn.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from pydantic import BaseModel, Field
 
 from timeshare.models import (
     Grant,
+    GroupPolicy,
     GroupStateName,
     GroupStatus,
     HeartbeatOutput,
@@ -36,10 +45,17 @@ ErrorCode = Literal[
     "UNAUTHENTICATED",
     "FAILED_PRECONDITION",
     "RESOURCE_EXHAUSTED",
+    "ABORTED",
 ]
 
 MAX_JOBS_PER_GROUP = 64
 MAX_NODES_PER_JOB = 256
+# Reasons kept for requests and jobs that were ended by the scheduler, so the
+# caller's next message can be told why; the oldest are forgotten first.
+MAX_REMEMBERED_REASONS = 256
+# Marks a node whose state a failed switch left uncertain: any job needs a
+# switch there before it may be granted.
+UNKNOWN_RESIDENT = "?"
 
 
 class QueueError(Exception):
@@ -59,6 +75,8 @@ class JobEntry(BaseModel):
     turns: int = 0
     waited_seconds: float = 0.0
     held_seconds: float = 0.0
+    # Preempted by the turn limit: its turn is suspended and it waits to resume.
+    preempted: bool = False
 
 
 class Waiter(BaseModel):
@@ -66,6 +84,8 @@ class Waiter(BaseModel):
     request_id: str
     ticket: int
     since: float
+    # Set for a preempted turn waiting to resume: the epoch the job holds.
+    resumes_epoch: int = 0
 
 
 class SwitchPlan(BaseModel):
@@ -73,12 +93,14 @@ class SwitchPlan(BaseModel):
     epoch: int
     moves: list[NodeMove]
     started_at: float
+    attempts: int = 0
 
 
 class GroupState(BaseModel):
     """Everything the scheduler knows about a group; carried across continue-as-new."""
 
     group: str
+    policy: GroupPolicy = Field(default_factory=GroupPolicy)
     jobs: dict[str, JobEntry] = Field(default_factory=dict)
     queue: list[Waiter] = Field(default_factory=list)
     turn: Grant | None = None
@@ -87,9 +109,24 @@ class GroupState(BaseModel):
     resident: dict[str, str] = Field(default_factory=dict)
     switching: SwitchPlan | None = None
     degraded_cause: str = ""
+    paused: bool = False
+    drained: list[str] = Field(default_factory=list)
+    # Why a request or a job was ended by the scheduler (eviction, lease, failed restore).
+    aborted_requests: dict[str, str] = Field(default_factory=dict)
+    evicted_jobs: dict[str, str] = Field(default_factory=dict)
+    # The epoch each job last yielded, so a retried yield is answered again.
+    released: dict[str, int] = Field(default_factory=dict)
     grants: int = 0
     switches: int = 0
     switch_seconds_total: float = 0.0
+    preemptions: int = 0
+    evictions: int = 0
+
+
+def _remember(reasons: dict[str, str], key: str, reason: str) -> None:
+    reasons[key] = reason
+    while len(reasons) > MAX_REMEMBERED_REASONS:
+        del reasons[next(iter(reasons))]
 
 
 class LockQueue:
@@ -101,8 +138,7 @@ class LockQueue:
 
     # -- membership -------------------------------------------------------
 
-    def join(self, job: str, nodes: list[str], token_hash: str, now: float) -> bool:
-        """Add or refresh a job; returns True when the job is new."""
+    def check_join(self, job: str, nodes: list[str]) -> None:
         if not nodes:
             raise QueueError("INVALID_ARGUMENT", f"job {job!r} names no nodes")
         if len(nodes) > MAX_NODES_PER_JOB:
@@ -112,21 +148,27 @@ class LockQueue:
         if len(set(nodes)) != len(nodes):
             raise QueueError("INVALID_ARGUMENT", f"nodes: {nodes} names a node twice")
         entry = self.state.jobs.get(job)
-        if entry is None:
-            if len(self.state.jobs) >= MAX_JOBS_PER_GROUP:
-                raise QueueError(
-                    "RESOURCE_EXHAUSTED",
-                    f"group {self.state.group!r} already has {MAX_JOBS_PER_GROUP} jobs",
-                )
-            self.state.jobs[job] = JobEntry(
-                nodes=list(nodes), token_hash=token_hash, joined_at=now, last_seen=now
+        if entry is None and len(self.state.jobs) >= MAX_JOBS_PER_GROUP:
+            raise QueueError(
+                "RESOURCE_EXHAUSTED",
+                f"group {self.state.group!r} already has {MAX_JOBS_PER_GROUP} jobs",
             )
-            return True
-        if sorted(entry.nodes) != sorted(nodes) and self._is_active(job):
+        if entry is not None and sorted(entry.nodes) != sorted(nodes) and self._is_active(job):
             raise QueueError(
                 "FAILED_PRECONDITION",
                 f"job {job!r} holds or waits for the turn; yield before changing its nodes",
             )
+
+    def join(self, job: str, nodes: list[str], token_hash: str, now: float) -> bool:
+        """Add or refresh a job; returns True when the job is new."""
+        self.check_join(job, nodes)
+        self.state.evicted_jobs.pop(job, None)
+        entry = self.state.jobs.get(job)
+        if entry is None:
+            self.state.jobs[job] = JobEntry(
+                nodes=list(nodes), token_hash=token_hash, joined_at=now, last_seen=now
+            )
+            return True
         entry.nodes = list(nodes)
         entry.token_hash = token_hash
         entry.last_seen = now
@@ -135,6 +177,9 @@ class LockQueue:
     def authenticate(self, job: str, token_hash: str) -> JobEntry:
         entry = self.state.jobs.get(job)
         if entry is None:
+            reason = self.state.evicted_jobs.get(job)
+            if reason is not None:
+                raise QueueError("ABORTED", f"job {job!r} was evicted: {reason}; join again")
             raise QueueError(
                 "NOT_FOUND", f"job {job!r} is not in group {self.state.group!r}; Join first"
             )
@@ -142,24 +187,35 @@ class LockQueue:
             raise QueueError("UNAUTHENTICATED", f"wrong job token for job {job!r}")
         return entry
 
+    def touch(self, job: str, now: float) -> None:
+        """Any message from a job renews its lease."""
+        entry = self.state.jobs.get(job)
+        if entry is not None:
+            entry.last_seen = max(entry.last_seen, now)
+
     def leave(self, job: str, now: float) -> None:
+        self._remove(job, now, reason="")
+
+    def evict(self, job: str, reason: str, now: float) -> bool:
+        """Take a job out of its group; its waiting requests are told ``reason``."""
         if job not in self.state.jobs:
-            return
-        turn = self.state.turn
-        if turn is not None and turn.job == job:
-            self.release(job, turn.epoch, now)
-        self.state.queue = [w for w in self.state.queue if w.job != job]
-        del self.state.jobs[job]
-        self._grant_ready(now)
+            return False
+        self._remove(job, now, reason)
+        self.state.evictions += 1
+        return True
 
     def heartbeat(self, job: str, now: float) -> HeartbeatOutput:
-        self.state.jobs[job].last_seen = now
+        self.touch(job, now)
         turn = self.state.turn
-        holding = turn is not None and turn.job == job
+        entry = self.state.jobs[job]
+        holding = (turn is not None and turn.job == job) or entry.preempted
         return HeartbeatOutput(
             holding=holding,
-            epoch=turn.epoch if turn is not None and holding else 0,
+            epoch=self._epoch_known_to(job),
             waiting=len(self.state.queue),
+            should_yield=self._turn_limit_reached(now),
+            preempted=entry.preempted,
+            lease_seconds=self.state.policy.lease_seconds,
         )
 
     # -- acquire ------------------------------------------------------------
@@ -168,6 +224,8 @@ class LockQueue:
         """Refuse an acquire that cannot be served, without changing anything."""
         if not request_id:
             raise QueueError("INVALID_ARGUMENT", "request_id must not be empty")
+        if request_id in self.state.aborted_requests:
+            return  # answered with its reason by request()
         turn = self.state.turn
         if turn is not None and turn.job == job and turn.request_id != request_id:
             raise QueueError(
@@ -176,14 +234,17 @@ class LockQueue:
             )
         for waiter in self.state.queue:
             if waiter.job == job and waiter.request_id != request_id:
+                what = "its preempted turn resumes" if waiter.resumes_epoch else "its request"
                 raise QueueError(
                     "FAILED_PRECONDITION",
-                    f"job {job!r} already waits with request {waiter.request_id!r}",
+                    f"job {job!r} already waits ({what}: {waiter.request_id!r})",
                 )
 
     def request(self, job: str, request_id: str, now: float) -> Grant | None:
         """Queue an acquire (once per request_id); return its grant if it is granted now."""
         self.check_acquire(job, request_id)
+        self.raise_if_aborted(request_id)
+        self.touch(job, now)
         if self.grant_for(job, request_id) is None and not self.is_waiting(job, request_id):
             self.state.queue.append(
                 Waiter(job=job, request_id=request_id, ticket=self.state.next_ticket, since=now)
@@ -191,6 +252,11 @@ class LockQueue:
             self.state.next_ticket += 1
             self._grant_ready(now)
         return self.grant_for(job, request_id)
+
+    def raise_if_aborted(self, request_id: str) -> None:
+        reason = self.state.aborted_requests.get(request_id)
+        if reason is not None:
+            raise QueueError("ABORTED", reason)
 
     def grant_for(self, job: str, request_id: str) -> Grant | None:
         turn = self.state.turn
@@ -202,10 +268,7 @@ class LockQueue:
         return any(w.job == job and w.request_id == request_id for w in self.state.queue)
 
     def cancel(self, job: str, request_id: str, now: float) -> bool:
-        """Withdraw a waiting request; False if it is granted or being switched in."""
-        switching = self.state.switching
-        if switching is not None and switching.waiter.request_id == request_id:
-            return False
+        """Withdraw a waiting request (even one being switched in)."""
         before = len(self.state.queue)
         self.state.queue = [
             w for w in self.state.queue if not (w.job == job and w.request_id == request_id)
@@ -217,7 +280,12 @@ class LockQueue:
 
     # -- yield --------------------------------------------------------------
 
-    def check_release(self, job: str, epoch: int) -> Grant:
+    def check_release(self, job: str, epoch: int) -> None:
+        if self.state.released.get(job) == epoch:
+            return  # a retried yield: answered again, changes nothing
+        entry = self.state.jobs.get(job)
+        if entry is not None and entry.preempted and self._epoch_known_to(job) == epoch:
+            return
         turn = self.state.turn
         if turn is None or turn.job != job:
             holder = turn.job if turn is not None else "nobody"
@@ -226,51 +294,134 @@ class LockQueue:
                 f"job {job!r} does not hold the turn of group {self.state.group!r} "
                 f"(held by {holder})",
             )
-        if turn.epoch != epoch:
+        if epoch not in (turn.epoch, turn.resumes_epoch):
             raise QueueError(
                 "FAILED_PRECONDITION",
-                f"stale epoch {epoch}: job {job!r} holds epoch {turn.epoch}",
+                f"stale epoch {epoch}: job {job!r} holds epoch {self._epoch_known_to(job)}",
             )
-        return turn
 
     def release(self, job: str, epoch: int, now: float) -> float:
         """Record a yield; nothing moves on the nodes. Returns seconds held."""
-        turn = self.check_release(job, epoch)
-        held = max(0.0, now - turn.granted_at)
+        self.check_release(job, epoch)
+        self.touch(job, now)
         entry = self.state.jobs.get(job)
+        if self.state.released.get(job) == epoch:
+            return 0.0
+        self.state.released[job] = epoch
+        turn = self.state.turn
+        if entry is not None and entry.preempted:
+            # The job finished while preempted: its waiting resumption goes.
+            entry.preempted = False
+            self.state.queue = [w for w in self.state.queue if w.job != job]
+            self._grant_ready(now)
+            return 0.0
+        assert turn is not None
+        held = max(0.0, now - turn.granted_at)
         if entry is not None:
             entry.held_seconds += held
         self.state.turn = None
         self._grant_ready(now)
         return held
 
+    # -- timers ---------------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        """When expire() next has something to do, if nothing else happens first."""
+        policy = self.state.policy
+        deadlines = [e.last_seen + policy.lease_seconds for e in self.state.jobs.values()]
+        turn = self.state.turn
+        if turn is not None and policy.max_turn_seconds > 0 and self._next_waiter() is not None:
+            deadlines.append(
+                turn.granted_at + policy.max_turn_seconds + policy.preempt_grace_seconds
+            )
+        return min(deadlines) if deadlines else None
+
+    def expire(self, now: float) -> list[str]:
+        """Evict jobs whose lease ran out and preempt an over-long turn; say what was done."""
+        done = []
+        lease = self.state.policy.lease_seconds
+        for job, entry in list(self.state.jobs.items()):
+            if now - entry.last_seen >= lease:
+                self.evict(job, f"its lease expired (no heartbeat for {lease:g} s)", now)
+                done.append(f"evicted {job}: lease expired")
+        turn = self.state.turn
+        policy = self.state.policy
+        if (
+            turn is not None
+            and self._turn_limit_reached(now)
+            and now - turn.granted_at >= policy.max_turn_seconds + policy.preempt_grace_seconds
+        ):
+            self._preempt(turn, now)
+            done.append(f"preempted {turn.job} after {now - turn.granted_at:.0f} s")
+        return done
+
+    # -- operator controls ------------------------------------------------------
+
+    def pause(self, paused: bool, now: float) -> None:
+        self.state.paused = paused
+        self._grant_ready(now)
+
+    def drain(self, node: str, drained: bool, now: float) -> None:
+        nodes = set(self.state.drained)
+        nodes.add(node) if drained else nodes.discard(node)
+        self.state.drained = sorted(nodes)
+        self._grant_ready(now)
+
     # -- switches -----------------------------------------------------------
 
     def needs_switch(self) -> bool:
-        """True when the head of the queue may go next but nodes must move first."""
-        return self.state.turn is None and self.state.switching is None and bool(self.state.queue)
+        """True when a waiter may go next but nodes must move first."""
+        return (
+            self.state.turn is None
+            and self.state.switching is None
+            and self._next_waiter() is not None
+        )
 
     def begin_switch(self, now: float) -> SwitchPlan:
-        if not self.needs_switch():
+        waiter = self._next_waiter()
+        if not self.needs_switch() or waiter is None:
             raise QueueError("FAILED_PRECONDITION", "no switch is due")
-        head = self.state.queue[0]
         plan = SwitchPlan(
-            waiter=head,
+            waiter=waiter,
             epoch=self.state.epoch + 1,
-            moves=self.moves_for(head.job),
+            moves=self.moves_for(waiter.job),
             started_at=now,
         )
         self.state.switching = plan
         return plan
 
-    def switch_failed(self, cause: str) -> None:
+    def switch_target_waits(self) -> bool:
+        plan = self.state.switching
+        return plan is not None and any(w.ticket == plan.waiter.ticket for w in self.state.queue)
+
+    def switch_failed(self, cause: str, done: list[str], failed: list[str]) -> None:
+        """Record an attempt that some nodes could not complete: the nodes that
+        finished hold the admitted job now; the others are uncertain."""
+        plan = self._plan()
+        plan.attempts += 1
+        for move in plan.moves:
+            if move.node in done:
+                self.state.resident[move.node] = move.admit
+            elif move.node in failed:
+                self.state.resident[move.node] = UNKNOWN_RESIDENT
         self.state.degraded_cause = cause
 
+    def abort_switch(self, reason: str, now: float) -> None:
+        """Give up on the switch: its waiter (if still there) is told ``reason``."""
+        plan = self._plan()
+        self.state.switching = None
+        self.state.degraded_cause = ""
+        if self.switch_target_waits_for(plan):
+            self.state.queue = [w for w in self.state.queue if w.ticket != plan.waiter.ticket]
+            _remember(self.state.aborted_requests, plan.waiter.request_id, reason)
+        self._grant_ready(now)
+
+    def switch_target_waits_for(self, plan: SwitchPlan) -> bool:
+        return any(w.ticket == plan.waiter.ticket for w in self.state.queue)
+
     def finish_switch(self, now: float) -> Grant | None:
-        """Every node reported: record the new residency and grant the head."""
-        plan = self.state.switching
-        if plan is None:
-            raise QueueError("FAILED_PRECONDITION", "no switch is under way")
+        """Every node reported: record the new residency and grant the waiter."""
+        plan = self._plan()
         for move in plan.moves:
             self.state.resident[move.node] = move.admit
         self.state.switching = None
@@ -278,18 +429,17 @@ class LockQueue:
         self.state.switches += 1
         seconds = max(0.0, now - plan.started_at)
         self.state.switch_seconds_total += seconds
-        grant = None
-        if self.state.queue and self.state.queue[0].request_id == plan.waiter.request_id:
-            grant = self._grant_head(now, seconds)
-        self._grant_ready(now)
-        return grant
+        self._grant_ready(now, switched=(plan.waiter.ticket, seconds))
+        turn = self.state.turn
+        return turn if turn is not None and turn.ticket == plan.waiter.ticket else None
 
     def moves_for(self, job: str) -> list[NodeMove]:
         moves = []
         for node in self.state.jobs[job].nodes:
-            resident = self.state.resident.get(node)
+            resident = self.state.resident.get(node, UNKNOWN_RESIDENT)
             if resident != job:
-                moves.append(NodeMove(node=node, admit=job, evict=[resident] if resident else []))
+                evict = [] if resident == UNKNOWN_RESIDENT else [resident]
+                moves.append(NodeMove(node=node, admit=job, evict=evict))
         return moves
 
     # -- status ---------------------------------------------------------------
@@ -303,6 +453,8 @@ class LockQueue:
             state = "switching"
         elif s.turn is not None:
             state = "held"
+        elif s.paused:
+            state = "paused"
         return GroupStatus(
             group=s.group,
             state=state,
@@ -316,6 +468,8 @@ class LockQueue:
                     turns=entry.turns,
                     waited_seconds=entry.waited_seconds,
                     held_seconds=entry.held_seconds,
+                    preempted=entry.preempted,
+                    last_seen=entry.last_seen,
                 )
                 for name, entry in sorted(s.jobs.items())
             ],
@@ -324,35 +478,111 @@ class LockQueue:
             grants=s.grants,
             switch_seconds_total=s.switch_seconds_total,
             degraded_cause=s.degraded_cause,
+            paused=s.paused,
+            drained=list(s.drained),
+            policy=s.policy,
+            preemptions=s.preemptions,
+            evictions=s.evictions,
         )
 
     # -- internals ------------------------------------------------------------
+
+    def _plan(self) -> SwitchPlan:
+        if self.state.switching is None:
+            raise QueueError("FAILED_PRECONDITION", "no switch is under way")
+        return self.state.switching
 
     def _is_active(self, job: str) -> bool:
         turn = self.state.turn
         return (turn is not None and turn.job == job) or any(w.job == job for w in self.state.queue)
 
-    def _grant_ready(self, now: float) -> None:
-        """Grant the head at once when it needs no node to move."""
-        if self.needs_switch() and not self.moves_for(self.state.queue[0].job):
-            self._grant_head(now, 0.0)
+    def _epoch_known_to(self, job: str) -> int:
+        """The epoch the job itself was told: a resumed turn keeps its first epoch."""
+        turn = self.state.turn
+        if turn is not None and turn.job == job:
+            return turn.resumes_epoch or turn.epoch
+        for waiter in self.state.queue:
+            if waiter.job == job and waiter.resumes_epoch:
+                return waiter.resumes_epoch
+        return 0
 
-    def _grant_head(self, now: float, switch_seconds: float) -> Grant:
-        head = self.state.queue.pop(0)
+    def _next_waiter(self) -> Waiter | None:
+        """The waiter that goes next: the first one whose nodes are not drained."""
+        if self.state.paused:
+            return None
+        drained = set(self.state.drained)
+        for waiter in self.state.queue:
+            if not drained.intersection(self.state.jobs[waiter.job].nodes):
+                return waiter
+        return None
+
+    def _turn_limit_reached(self, now: float) -> bool:
+        turn = self.state.turn
+        limit = self.state.policy.max_turn_seconds
+        return (
+            turn is not None
+            and limit > 0
+            and now - turn.granted_at >= limit
+            and self._next_waiter() is not None
+        )
+
+    def _preempt(self, turn: Grant, now: float) -> None:
+        held = max(0.0, now - turn.granted_at)
+        entry = self.state.jobs[turn.job]
+        entry.held_seconds += held
+        entry.preempted = True
+        self.state.turn = None
+        self.state.preemptions += 1
+        self.state.queue.append(
+            Waiter(
+                job=turn.job,
+                request_id=f"{turn.request_id}/resume-{turn.epoch}",
+                ticket=self.state.next_ticket,
+                since=now,
+                resumes_epoch=turn.resumes_epoch or turn.epoch,
+            )
+        )
+        self.state.next_ticket += 1
+        self._grant_ready(now)
+
+    def _remove(self, job: str, now: float, reason: str) -> None:
+        if job not in self.state.jobs:
+            return
+        turn = self.state.turn
+        if turn is not None and turn.job == job:
+            self.state.jobs[job].held_seconds += max(0.0, now - turn.granted_at)
+            self.state.turn = None
+        if reason:
+            for waiter in self.state.queue:
+                if waiter.job == job:
+                    _remember(self.state.aborted_requests, waiter.request_id, reason)
+            _remember(self.state.evicted_jobs, job, reason)
+        self.state.queue = [w for w in self.state.queue if w.job != job]
+        self.state.released.pop(job, None)
+        del self.state.jobs[job]
+        self._grant_ready(now)
+
+    def _grant_ready(self, now: float, switched: tuple[int, float] | None = None) -> None:
+        """Grant the next waiter at once when it needs no node to move."""
+        waiter = self._next_waiter()
+        if not self.needs_switch() or waiter is None or self.moves_for(waiter.job):
+            return
+        self.state.queue.remove(waiter)
         self.state.epoch += 1
         self.state.grants += 1
-        waited = max(0.0, now - head.since)
-        grant = Grant(
-            job=head.job,
-            request_id=head.request_id,
+        waited = max(0.0, now - waiter.since)
+        entry = self.state.jobs[waiter.job]
+        entry.turns += 1
+        entry.waited_seconds += waited
+        entry.preempted = False
+        switch_seconds = switched[1] if switched and switched[0] == waiter.ticket else 0.0
+        self.state.turn = Grant(
+            job=waiter.job,
+            request_id=waiter.request_id,
             epoch=self.state.epoch,
-            ticket=head.ticket,
+            ticket=waiter.ticket,
             granted_at=now,
             waited_seconds=waited,
             switch_seconds=switch_seconds,
+            resumes_epoch=waiter.resumes_epoch,
         )
-        self.state.turn = grant
-        entry = self.state.jobs[head.job]
-        entry.turns += 1
-        entry.waited_seconds += waited
-        return grant

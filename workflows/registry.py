@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from timeshare.models import NodeInfo, NodeRecord
+    from timeshare.models import DrainInput, NodeInfo, NodeRecord
 
 NODE_HEARTBEAT_SECONDS = 10.0
 NODE_LIVENESS_SECONDS = 35.0
@@ -66,6 +66,12 @@ class NodeRegistryWorkflow:
         record = self._nodes.get(departure.node)
         if record is not None:
             record.alive = False
+
+    @workflow.signal
+    def set_drained(self, drain: DrainInput) -> None:
+        record = self._nodes.get(drain.node)
+        if record is not None:
+            record.drained = drain.drained
 
     @workflow.query
     def nodes(self) -> list[NodeRecord]:
