@@ -10,58 +10,17 @@ import pytest
 from pydantic import BaseModel
 from temporalio.client import (
     Client,
-    WorkflowHandle,
     WorkflowUpdateFailedError,
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer
 
-from activities.sim import SimBackend
 from tests.conftest import SimNodes
-from timeshare.models import AcquireInput, Grant, JobInput, JoinInput, YieldInput
-from timeshare.names import SCHEDULER_TASK_QUEUE, group_workflow_id
-from workers.group_client import acquire_turn, join_group
+from tests.groups import acquire, group_on_one_node, join, refusal_type, release
+from timeshare.models import JobInput, YieldInput
+from timeshare.names import SCHEDULER_TASK_QUEUE
 from workflows.group import GroupWorkflow
 from workflows.registry import NodeRegistryWorkflow
-
-Handle = WorkflowHandle[GroupWorkflow, None]
-
-
-async def join(client: Client, group: str, job: str, nodes: list[str]) -> Handle:
-    await join_group(client, group, JoinInput(job=job, nodes=nodes, token_hash=f"hash-{job}"))
-    return client.get_workflow_handle_for(GroupWorkflow.run, group_workflow_id(group))
-
-
-async def group_on_one_node(
-    client: Client, sim_nodes: SimNodes, unique: str, jobs: tuple[str, ...] = ("a", "b")
-) -> tuple[Handle, SimBackend]:
-    """A new group whose jobs all use one new sim node (named n-<unique>)."""
-    node = f"n-{unique}"
-    backend = await sim_nodes.start(node)
-    for job in jobs:
-        handle = await join(client, f"g-{unique}", job, [node])
-    return handle, backend
-
-
-async def acquire(handle: Handle, job: str, timeout: float = 0.0) -> Grant:
-    return await acquire_turn(
-        handle,
-        AcquireInput(
-            job=job, token_hash=f"hash-{job}", request_id=uuid.uuid4().hex, timeout_seconds=timeout
-        ),
-    )
-
-
-async def release(handle: Handle, job: str, epoch: int) -> None:
-    await handle.execute_update(
-        GroupWorkflow.yield_turn, YieldInput(job=job, token_hash=f"hash-{job}", epoch=epoch)
-    )
-
-
-def refusal_type(error: WorkflowUpdateFailedError) -> str | None:
-    assert isinstance(error.cause, ApplicationError)
-    return error.cause.type
 
 
 async def test_handover_checkpoints_before_it_grants(

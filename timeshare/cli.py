@@ -82,6 +82,26 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("group", nargs="?")
     status.add_argument("--address", help="gateway HOST:PORT (env TIMESHARE_ADDRESS)")
 
+    for name, help_text in (
+        ("pause", "grant no new turns in a group (the holder keeps its turn)"),
+        ("resume", "let a paused group grant turns again"),
+    ):
+        control = commands.add_parser(name, help=help_text)
+        control.add_argument("group")
+        control.add_argument("--address", help="gateway HOST:PORT (env TIMESHARE_ADDRESS)")
+    evict = commands.add_parser("evict", help="take a job out of its group")
+    evict.add_argument("group")
+    evict.add_argument("job")
+    evict.add_argument("--reason", default="", help="told to the job on its next call")
+    evict.add_argument("--address", help="gateway HOST:PORT (env TIMESHARE_ADDRESS)")
+    for name, help_text in (
+        ("drain", "grant no new turns that need NODE; running turns finish"),
+        ("undrain", "put a drained node back in service"),
+    ):
+        control = commands.add_parser(name, help=help_text)
+        control.add_argument("node")
+        control.add_argument("--address", help="gateway HOST:PORT (env TIMESHARE_ADDRESS)")
+
     demo = commands.add_parser("demo", help="run two synthetic RL jobs through the stack")
     demo.add_argument("--iterations", type=int, default=6)
     demo.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
@@ -191,6 +211,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return print_status(args.address, args.group)
 
 
+def _cmd_control(args: argparse.Namespace) -> int:
+    from timeshare.status import run_control
+
+    return run_control(args)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from workers.demo import run_demo
 
@@ -230,6 +256,11 @@ COMMANDS = {
     "agent": _cmd_agent,
     "up": _cmd_up,
     "status": _cmd_status,
+    "pause": _cmd_control,
+    "resume": _cmd_control,
+    "evict": _cmd_control,
+    "drain": _cmd_control,
+    "undrain": _cmd_control,
     "demo": _cmd_demo,
     "synthetic-job": _cmd_synthetic_job,
 }

@@ -137,6 +137,8 @@ class GroupStatus(BaseModel):
     policy: GroupPolicy = Field(default_factory=GroupPolicy)
     preemptions: int = 0
     evictions: int = 0
+    # Runs of the group's workflow so far (continue-as-new starts a new one).
+    runs: int = 1
 
 
 class NodeMove(BaseModel):

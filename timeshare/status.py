@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from collections.abc import Sequence
@@ -28,19 +29,29 @@ def groups_table(groups: Sequence[GroupStatus]) -> str:
             ", ".join(g.queue) or "-",
             ", ".join(f"{node}={job}" for node, job in g.resident.items()) or "-",
             str(g.switches),
+            ", ".join(g.drained) or "-",
         ]
         for g in groups
     ]
-    headers = ["group", "state", "holder", "epoch", "queue", "resident", "switches"]
+    headers = ["group", "state", "holder", "epoch", "queue", "resident", "switches", "drained"]
     return table(headers, rows)
 
 
 def jobs_table(group: GroupStatus) -> str:
+    now = time.time()
     rows = [
-        [j.job, ",".join(j.nodes), str(j.turns), f"{j.waited_seconds:.1f}", f"{j.held_seconds:.1f}"]
+        [
+            j.job + (" (preempted)" if j.preempted else ""),
+            ",".join(j.nodes),
+            str(j.turns),
+            f"{j.waited_seconds:.1f}",
+            f"{j.held_seconds:.1f}",
+            f"{max(0.0, now - j.last_seen):.0f}s ago",
+        ]
         for j in group.jobs
     ]
-    return table(["job", "nodes", "turns", "waited s", "held s"], rows)
+    headers = ["job", "nodes", "turns", "waited s", "held s", "last heard"]
+    return table(headers, rows)
 
 
 def nodes_table(nodes: Sequence[NodeRecord]) -> str:
@@ -48,7 +59,7 @@ def nodes_table(nodes: Sequence[NodeRecord]) -> str:
     rows = [
         [
             n.node,
-            "alive" if n.alive else "DEAD",
+            ("alive" if n.alive else "DEAD") + (", drained" if n.drained else ""),
             n.backend + (" (simulated)" if n.simulated else ""),
             f"{max(0.0, now - n.last_seen):.0f}s ago",
             "; ".join(n.gpus) or "-",
@@ -56,6 +67,27 @@ def nodes_table(nodes: Sequence[NodeRecord]) -> str:
         for n in nodes
     ]
     return table(["node", "state", "backend", "last seen", "gpus"], rows)
+
+
+def run_control(args: argparse.Namespace) -> int:
+    """The operator commands: pause, resume, evict, drain, undrain."""
+    try:
+        with timeshare.connect(args.address) as client:
+            if args.command in ("pause", "resume"):
+                status = client.pause(args.group, paused=args.command == "pause")
+                print(groups_table([status]))
+            elif args.command == "evict":
+                status = client.evict(args.group, args.job, args.reason)
+                print(f"evicted {args.job} from {args.group}")
+                print(groups_table([status]))
+            else:
+                groups = client.drain(args.node, drained=args.command == "drain")
+                state = "drained" if args.command == "drain" else "in service"
+                print(f"node {args.node} {state}; groups told: {', '.join(groups) or 'none'}")
+    except TimeshareError as error:
+        print(f"timeshare {args.command}: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def print_status(address: str | None, group: str | None) -> int:

@@ -10,14 +10,16 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 _PR_SET_PDEATHSIG = 1
+# Looked up once here: between fork and exec only async-signal-safe work is
+# allowed, and loading a library is not.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 def die_with_parent() -> None:
     # Linux only: the kernel sends SIGTERM to the child when its parent dies,
     # even by SIGKILL, so no Temporal server or worker is ever left behind.
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def spawn(

@@ -76,7 +76,9 @@ def start_stack(data_dir: Path) -> subprocess.Popen[bytes]:
     return stack
 
 
-def run_jobs(iterations: int, reports_dir: Path) -> list[Path]:
+def run_jobs(
+    iterations: int, reports_dir: Path, stack: subprocess.Popen[bytes] | None
+) -> list[Path]:
     paths = [reports_dir / f"{job}.json" for job in DEMO_JOBS]
     jobs = [
         spawn(
@@ -91,6 +93,10 @@ def run_jobs(iterations: int, reports_dir: Path) -> list[Path]:
         for index, (job, path) in enumerate(zip(DEMO_JOBS, paths, strict=True))
     ]  # fmt: skip
     try:
+        while any(job.poll() is None for job in jobs):
+            if stack is not None and stack.poll() is not None:
+                raise RuntimeError("the embedded stack stopped; see demo-stack.log in its data dir")
+            time.sleep(0.5)
         codes = [job.wait() for job in jobs]
     finally:
         for job in jobs:
@@ -112,7 +118,7 @@ def run_demo(iterations: int, data_dir: Path) -> int:
             "reward (CPU), train (GPU); the GPU is SIMULATED by the sim backend"
         )
         with tempfile.TemporaryDirectory() as scratch:
-            reports = [load_report(p) for p in run_jobs(iterations, Path(scratch))]
+            reports = [load_report(p) for p in run_jobs(iterations, Path(scratch), stack)]
         print()
         print(chart(reports))
         print("  S sample, T train (GPU)   - reward (CPU)   . waiting for the GPU")

@@ -45,6 +45,9 @@ def run_service(name: str, serve: Callable[[asyncio.Event], Awaitable[None]]) ->
         code = 1
     except KeyboardInterrupt:
         code = 130
+    except Exception as error:  # still one line, and still the explicit exit below
+        print(f"timeshare {name}: unexpected {type(error).__name__}: {error}", file=sys.stderr)
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

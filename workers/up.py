@@ -19,6 +19,11 @@ from workers.temporal_server import check_port_free
 
 STARTUP_SECONDS = 90.0
 STOP_GRACE_SECONDS = 10.0
+# Longer than the launcher's own grace for the dev server, so the launcher
+# can still stop a slow server before it is killed itself.
+TEMPORAL_STOP_GRACE_SECONDS = 30.0
+# Child output lines longer than this are passed on in pieces.
+LINE_LIMIT = 2**20
 
 
 @dataclass
@@ -51,6 +56,7 @@ async def start_child(name: str, args: list[str]) -> Child:
         stderr=asyncio.subprocess.STDOUT,
         preexec_fn=die_with_parent,
         start_new_session=True,  # Ctrl-C reaches `up` alone, which stops children in order
+        limit=LINE_LIMIT,
     )
     is_ready = asyncio.Event()
     return Child(name, process, is_ready, asyncio.create_task(forward(name, process, is_ready)))
@@ -58,7 +64,13 @@ async def start_child(name: str, args: list[str]) -> Child:
 
 async def forward(name: str, process: asyncio.subprocess.Process, is_ready: asyncio.Event) -> None:
     assert process.stdout is not None
-    async for raw in process.stdout:
+    while True:
+        try:
+            raw = await process.stdout.readline()
+        except ValueError:  # an over-long line: pass on what there is
+            raw = await process.stdout.read(LINE_LIMIT)
+        if not raw:
+            return
         line = raw.decode(errors="replace").rstrip()
         print(f"[{name}] {line}", flush=True)
         if f"timeshare {name}: ready:" in line:
@@ -85,11 +97,12 @@ async def wait_ready(child: Child, stop: asyncio.Event) -> None:
 
 
 async def stop_child(child: Child) -> None:
+    grace = TEMPORAL_STOP_GRACE_SECONDS if child.name == "temporal" else STOP_GRACE_SECONDS
     if child.process.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             child.process.terminate()
         try:
-            await asyncio.wait_for(child.process.wait(), STOP_GRACE_SECONDS)
+            await asyncio.wait_for(child.process.wait(), grace)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 child.process.kill()
@@ -98,9 +111,16 @@ async def stop_child(child: Child) -> None:
         await child.forwarder
 
 
+def listen_port(listen: str) -> int:
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise StartupError(f"--listen {listen!r}: give HOST:PORT, e.g. 127.0.0.1:50051")
+    return int(port)
+
+
 async def serve_stack(stop: asyncio.Event, options: StackOptions) -> None:
     temporal = f"localhost:{options.port}"
-    gateway_port = int(options.listen.rsplit(":", 1)[1])
+    gateway_port = listen_port(options.listen)
     check_port_free(options.port, "Temporal gRPC")
     check_port_free(options.ui_port, "Temporal Web UI")
     check_port_free(gateway_port, "gateway")

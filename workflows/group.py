@@ -130,6 +130,7 @@ class GroupWorkflow:
         # Waiting acquires return "ask again" and the gateway re-sends them to
         # the new run, where their place in the queue is carried over.
         await workflow.wait_condition(workflow.all_handlers_finished)
+        self._queue.state.runs += 1
         workflow.continue_as_new(GroupInput(group=group, state=self._queue.state))
 
     def _now(self) -> float:

@@ -121,6 +121,8 @@ class GroupState(BaseModel):
     switch_seconds_total: float = 0.0
     preemptions: int = 0
     evictions: int = 0
+    # How many times the workflow has continued as new with this state.
+    runs: int = 1
 
 
 def _remember(reasons: dict[str, str], key: str, reason: str) -> None:
@@ -483,6 +485,7 @@ class LockQueue:
             policy=s.policy,
             preemptions=s.preemptions,
             evictions=s.evictions,
+            runs=s.runs,
         )
 
     # -- internals ------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""Helpers for tests that talk to GroupWorkflow directly, as the gateway does.
+Job tokens here are simply "hash-<job>"."""
+
+from __future__ import annotations
+
+import uuid
+
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
+
+from activities.sim import SimBackend
+from tests.conftest import SimNodes
+from timeshare.models import (
+    AcquireInput,
+    Grant,
+    GroupPolicy,
+    HeartbeatOutput,
+    JobInput,
+    JoinInput,
+    YieldInput,
+)
+from timeshare.names import group_workflow_id
+from workers.group_client import acquire_turn, join_group
+from workflows.group import GroupWorkflow
+
+Handle = WorkflowHandle[GroupWorkflow, None]
+
+
+async def join(
+    client: Client, group: str, job: str, nodes: list[str], policy: GroupPolicy | None = None
+) -> Handle:
+    message = JoinInput(job=job, nodes=nodes, token_hash=f"hash-{job}")
+    await join_group(client, group, message, policy)
+    return client.get_workflow_handle_for(GroupWorkflow.run, group_workflow_id(group))
+
+
+async def group_on_one_node(
+    client: Client,
+    sim_nodes: SimNodes,
+    unique: str,
+    jobs: tuple[str, ...] = ("a", "b"),
+    policy: GroupPolicy | None = None,
+) -> tuple[Handle, SimBackend]:
+    """A new group g-<unique> whose jobs all use one new sim node, n-<unique>."""
+    node = f"n-{unique}"
+    backend = await sim_nodes.start(node)
+    for job in jobs:
+        handle = await join(client, f"g-{unique}", job, [node], policy)
+    return handle, backend
+
+
+async def acquire(handle: Handle, job: str, timeout: float = 0.0) -> Grant:
+    return await acquire_turn(
+        handle,
+        AcquireInput(
+            job=job, token_hash=f"hash-{job}", request_id=uuid.uuid4().hex, timeout_seconds=timeout
+        ),
+    )
+
+
+async def release(handle: Handle, job: str, epoch: int) -> None:
+    await handle.execute_update(
+        GroupWorkflow.yield_turn, YieldInput(job=job, token_hash=f"hash-{job}", epoch=epoch)
+    )
+
+
+def refusal_type(error: WorkflowUpdateFailedError) -> str | None:
+    assert isinstance(error.cause, ApplicationError)
+    return error.cause.type
+
+
+async def heartbeat(handle: Handle, job: str) -> HeartbeatOutput:
+    return await handle.execute_update(
+        GroupWorkflow.heartbeat, JobInput(job=job, token_hash=f"hash-{job}")
+    )

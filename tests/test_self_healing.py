@@ -1,0 +1,202 @@
+"""The scheduler heals itself: leases, failed switches, silent agents, turn
+limits, operator controls and continue-as-new, on a real dev server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from temporalio.client import Client, WorkflowUpdateFailedError
+
+from tests.conftest import SimNodes
+from tests.groups import (
+    Handle,
+    acquire,
+    group_on_one_node,
+    heartbeat,
+    join,
+    refusal_type,
+    release,
+)
+from timeshare.models import DrainInput, EvictInput, GroupPolicy, GroupStatus, PauseInput
+from workflows.group import GroupWorkflow
+
+
+async def eventually(
+    handle: Handle, check: Callable[[GroupStatus], bool], seconds: float = 20
+) -> GroupStatus:
+    """Poll the group's status until ``check`` holds (bounded)."""
+    status = await handle.query(GroupWorkflow.status)
+    for _ in range(int(seconds / 0.1)):
+        if check(status):
+            return status
+        await asyncio.sleep(0.1)
+        status = await handle.query(GroupWorkflow.status)
+    raise AssertionError(f"condition never held; last status: {status}")
+
+
+@contextlib.asynccontextmanager
+async def heartbeating(handle: Handle, job: str) -> AsyncIterator[None]:
+    async def beat() -> None:
+        while True:
+            await heartbeat(handle, job)
+            await asyncio.sleep(0.3)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def refused(call: Awaitable[object]) -> str | None:
+    with pytest.raises(WorkflowUpdateFailedError) as failure:
+        await call
+    return refusal_type(failure.value)
+
+
+async def test_a_silent_holder_is_evicted_and_told_why(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    policy = GroupPolicy(lease_seconds=2)
+    handle, backend = await group_on_one_node(client, sim_nodes, unique, policy=policy)
+    first = await acquire(handle, "a")
+    async with heartbeating(handle, "b"):
+        second = await acquire(handle, "b")  # a sends nothing: its lease runs out
+    assert second.epoch == first.epoch + 1
+    assert await refused(release(handle, "a", first.epoch)) == "ABORTED"
+    status = await handle.query(GroupWorkflow.status)
+    assert [j.job for j in status.jobs] == ["b"] and status.evictions == 1
+    assert not [e for e in backend.events if e["event"] == "overlap"]
+
+
+async def test_a_restore_that_keeps_failing_aborts_that_acquire_only(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    handle, backend = await group_on_one_node(client, sim_nodes, unique, jobs=("a", "b", "c"))
+    first = await acquire(handle, "a")
+    backend.inject_failure("restore", "b", times=100)
+    waiting_b = asyncio.create_task(acquire(handle, "b"))
+    await eventually(handle, lambda s: s.queue == ["b"])
+    waiting_c = asyncio.create_task(acquire(handle, "c"))
+    await eventually(handle, lambda s: s.queue == ["b", "c"])
+    await release(handle, "a", first.epoch)
+    assert await refused(waiting_b) == "ABORTED"
+    granted_c = await waiting_c
+    assert granted_c.job == "c"
+    assert backend.resident_jobs(f"g-{unique}") == ["c"]
+
+
+async def test_a_silent_agent_degrades_the_group_until_it_returns(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    node = f"n-{unique}"
+    handle = await join(client, f"g-{unique}", "a", [node], GroupPolicy(agent_timeout_seconds=1))
+    waiting = asyncio.create_task(acquire(handle, "a"))
+    status = await eventually(handle, lambda s: s.state == "degraded")
+    assert node in status.degraded_cause and "did not answer" in status.degraded_cause
+    assert not waiting.done()
+    await sim_nodes.start(node)
+    grant = await asyncio.wait_for(waiting, 60)
+    assert grant.epoch == 1
+    assert (await handle.query(GroupWorkflow.status)).state == "held"
+
+
+async def test_an_over_long_turn_is_preempted_and_resumed(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    policy = GroupPolicy(max_turn_seconds=0.5, preempt_grace_seconds=0.5)
+    handle, backend = await group_on_one_node(client, sim_nodes, unique, policy=policy)
+    first = await acquire(handle, "a")
+    waiting = asyncio.create_task(acquire(handle, "b"))
+    await eventually(handle, lambda s: s.queue == ["b"])
+    await asyncio.sleep(0.6)
+    assert (await heartbeat(handle, "a")).should_yield
+    second = await waiting  # a ignored the hint and was preempted
+    beat = await heartbeat(handle, "a")
+    assert beat.preempted and beat.holding and beat.epoch == first.epoch
+    await release(handle, "b", second.epoch)
+    status = await eventually(handle, lambda s: s.holder == "a")
+    assert status.preemptions == 1
+    await release(handle, "a", first.epoch)  # a yields the epoch it was given
+    assert (await handle.query(GroupWorkflow.status)).state == "idle"
+    assert not [e for e in backend.events if e["event"] == "overlap"]
+
+
+async def test_pause_holds_new_turns_until_resumed(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    handle, _ = await group_on_one_node(client, sim_nodes, unique, jobs=("a",))
+    paused = await handle.execute_update(GroupWorkflow.pause, PauseInput(paused=True))
+    assert paused.state == "paused"
+    waiting = asyncio.create_task(acquire(handle, "a"))
+    await eventually(handle, lambda s: s.queue == ["a"])
+    assert not waiting.done()
+    await handle.execute_update(GroupWorkflow.pause, PauseInput(paused=False))
+    assert (await waiting).job == "a"
+
+
+async def test_a_drained_node_is_passed_over_until_undrained(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    group = f"g-{unique}"
+    for node in ("n1", "n2"):
+        await sim_nodes.start(f"{node}-{unique}")
+    x = await join(client, group, "x", [f"n1-{unique}"])
+    await join(client, group, "y", [f"n2-{unique}"])
+    drain = DrainInput(node=f"n1-{unique}", drained=True)
+    await x.execute_update(GroupWorkflow.drain, drain)
+    waiting_x = asyncio.create_task(acquire(x, "x"))
+    await eventually(x, lambda s: s.queue == ["x"])
+    granted_y = await acquire(x, "y")  # arrived later, but x needs a drained node
+    assert granted_y.job == "y" and not waiting_x.done()
+    await release(x, "y", granted_y.epoch)
+    await x.execute_update(GroupWorkflow.drain, drain.model_copy(update={"drained": False}))
+    assert (await waiting_x).job == "x"
+
+
+async def test_an_operator_eviction_aborts_the_waiting_acquire(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    handle, _ = await group_on_one_node(client, sim_nodes, unique)
+    await acquire(handle, "a")
+    waiting = asyncio.create_task(acquire(handle, "b"))
+    await eventually(handle, lambda s: s.queue == ["b"])
+    message = EvictInput(job="b", reason="maintenance")
+    assert await handle.execute_update(GroupWorkflow.evict, message)
+    assert not await handle.execute_update(GroupWorkflow.evict, message)  # idempotent
+    with pytest.raises(WorkflowUpdateFailedError) as failure:
+        await waiting
+    assert refusal_type(failure.value) == "ABORTED"
+    assert "maintenance" in str(failure.value.cause)
+
+
+async def test_continue_as_new_loses_no_acquire_in_200_handovers(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    jobs = ("a", "b", "c")
+    policy = GroupPolicy(continue_as_new_every=7)
+    handle, backend = await group_on_one_node(client, sim_nodes, unique, jobs, policy)
+    backend.state_bytes = 0
+    turns_each = 67  # 201 turns in all
+    grants = []
+
+    async def cycle(job: str) -> None:
+        for _ in range(turns_each):
+            grant = await acquire(handle, job)
+            grants.append(grant)
+            await release(handle, job, grant.epoch)
+
+    await asyncio.wait_for(asyncio.gather(*(cycle(job) for job in jobs)), 240)
+    epochs = sorted(g.epoch for g in grants)
+    assert epochs == list(range(1, len(jobs) * turns_each + 1))  # none lost, none twice
+    by_epoch = sorted(grants, key=lambda g: g.epoch)
+    tickets = [g.ticket for g in by_epoch]
+    assert tickets == sorted(tickets)
+    status = await handle.query(GroupWorkflow.status)
+    assert status.runs > 20 and status.grants == len(grants)
+    assert not [e for e in backend.events if e["event"] == "overlap"]
