@@ -10,6 +10,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from timeshare.models import GroupPolicy, NodeMove
 from workflows.lockqueue import GroupState, LockQueue, QueueError
 
 
@@ -142,27 +143,35 @@ def test_cancelling_the_waiter_being_switched_in_grants_nobody() -> None:
 
 
 class LockQueueMachine(RuleBasedStateMachine):
-    """Random joins, acquires, yields, leaves, cancels and switches: the
-    invariants of DESIGN.md must hold after every step."""
+    """Random interleavings of join, acquire, yield, heartbeat, lease expiry,
+    turn-limit preemption, leave, eviction, timeout and failed switches.
+
+    Beside the queue, the machine keeps what the nodes really hold, moved only
+    by switches as an agent would move it; the invariants are checked against
+    that, not against the queue's own belief."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.queue = LockQueue(GroupState(group="g"))
+        policy = GroupPolicy(lease_seconds=30, max_turn_seconds=20, preempt_grace_seconds=5)
+        self.queue = LockQueue(GroupState(group="g", policy=policy))
         self.now = 0.0
         self.grants: list[tuple[int, int]] = []  # (epoch, ticket)
         self.requests = 0
+        self.open_requests: set[str] = set()
+        self.device: dict[str, set[str]] = {}
 
     jobs = st.sampled_from(["a", "b", "c", "d"])
     node_sets = st.sampled_from([["n1"], ["n2"], ["n1", "n2"]])
 
-    def tick(self) -> float:
-        self.now += 1.0
+    def tick(self, seconds: float = 1.0) -> float:
+        self.now += seconds
         return self.now
 
     def record(self) -> None:
         turn = self.queue.state.turn
         if turn is not None and (not self.grants or self.grants[-1][0] != turn.epoch):
             self.grants.append((turn.epoch, turn.ticket))
+            self.open_requests.discard(turn.request_id)
 
     @rule(job=jobs, nodes=node_sets)
     def join(self, job: str, nodes: list[str]) -> None:
@@ -174,8 +183,10 @@ class LockQueueMachine(RuleBasedStateMachine):
         if job not in self.queue.state.jobs:
             return
         self.requests += 1
+        request_id = f"r{self.requests}"
         try:
-            self.queue.request(job, f"r{self.requests}", self.tick())
+            self.queue.request(job, request_id, self.tick())
+            self.open_requests.add(request_id)
         except QueueError as refusal:
             assert refusal.code == "FAILED_PRECONDITION"
         self.record()
@@ -184,30 +195,72 @@ class LockQueueMachine(RuleBasedStateMachine):
     def yield_turn(self) -> None:
         turn = self.queue.state.turn
         if turn is not None:
-            self.queue.release(turn.job, turn.epoch, self.tick())
+            self.queue.release(turn.job, turn.resumes_epoch or turn.epoch, self.tick())
             self.record()
+
+    @rule(job=jobs)
+    def heartbeat(self, job: str) -> None:
+        if job in self.queue.state.jobs:
+            self.queue.heartbeat(job, self.tick())
+
+    @rule(seconds=st.floats(min_value=0, max_value=40))
+    def time_passes(self, seconds: float) -> None:
+        self.queue.expire(self.tick(seconds))
+        self.record()
 
     @rule(job=jobs)
     def leave(self, job: str) -> None:
         self.queue.leave(job, self.tick())
         self.record()
 
+    @rule(job=jobs)
+    def evict(self, job: str) -> None:
+        self.queue.evict(job, "operator", self.tick())
+        self.record()
+
     @rule(data=st.data())
-    def cancel(self, data: st.DataObject) -> None:
+    def time_out(self, data: st.DataObject) -> None:
         if self.queue.state.queue:
             waiter = data.draw(st.sampled_from(self.queue.state.queue))
             self.queue.cancel(waiter.job, waiter.request_id, self.tick())
             self.record()
 
     @precondition(lambda self: self.queue.needs_switch())
-    @rule()
-    def switch(self) -> None:
+    @rule(outcome=st.sampled_from(["ok", "checkpoint fails", "restore fails"]), data=st.data())
+    def switch(self, outcome: str, data: st.DataObject) -> None:
         plan = self.queue.begin_switch(self.tick())
-        for move in plan.moves:
-            # The node's state must leave before the next job's arrives.
-            assert move.admit not in move.evict
-        self.queue.finish_switch(self.tick())
+        nodes = [move.node for move in plan.moves]
+        if outcome == "ok":
+            self.move_state(plan.moves, nodes)
+            self.queue.finish_switch(self.tick())
+        else:
+            failed = data.draw(st.lists(st.sampled_from(nodes), min_size=1, unique=True))
+            done = [node for node in nodes if node not in failed]
+            self.move_state(plan.moves, done)
+            if outcome == "restore fails":
+                for node in failed:  # checkpointed, but nothing came back
+                    self.device[node] = set()
+            self.queue.switch_failed(outcome, done, failed)
+            if outcome == "restore fails":
+                self.queue.abort_switch("could not restore", self.tick())
         self.record()
+
+    @precondition(lambda self: self.queue.state.switching is not None)
+    @rule()
+    def retry_switch(self) -> None:
+        plan = self.queue.state.switching
+        assert plan is not None
+        if not self.queue.switch_target_waits():
+            self.queue.abort_switch("", self.tick())
+        else:
+            self.move_state(plan.moves, [move.node for move in plan.moves])
+            self.queue.finish_switch(self.tick())
+        self.record()
+
+    def move_state(self, moves: list[NodeMove], nodes: list[str]) -> None:
+        for move in moves:
+            if move.node in nodes:
+                self.device[move.node] = {move.admit}
 
     @invariant()
     def one_holder_whose_state_is_alone_on_its_nodes(self) -> None:
@@ -216,7 +269,7 @@ class LockQueueMachine(RuleBasedStateMachine):
         if turn is not None:
             assert turn.job in state.jobs
             for node in state.jobs[turn.job].nodes:
-                assert state.resident.get(node) == turn.job
+                assert self.device.get(node) == {turn.job}, (node, self.device)
             assert all(w.job != turn.job for w in state.queue)
 
     @invariant()
@@ -227,10 +280,27 @@ class LockQueueMachine(RuleBasedStateMachine):
         assert epochs == sorted(set(epochs))
 
     @invariant()
-    def each_job_waits_at_most_once(self) -> None:
+    def each_waiter_is_a_member_waiting_once(self) -> None:
         waiting = [w.job for w in self.queue.state.queue]
         assert len(waiting) == len(set(waiting))
+        assert set(waiting) <= set(self.queue.state.jobs)
+
+    def teardown(self) -> None:
+        """Every request still open is either granted in the end or was ended
+        (timed out, left, evicted, aborted): none waits forever."""
+        for _ in range(100):
+            if self.queue.state.switching is not None:
+                self.retry_switch()
+            elif self.queue.state.turn is not None:
+                self.yield_turn()
+            elif self.queue.needs_switch():
+                self.switch("ok", None)
+            else:
+                break
+        assert not self.queue.state.queue
+        waiting = {w.request_id for w in self.queue.state.queue}
+        assert not (self.open_requests & waiting)
 
 
 TestLockQueueMachine = LockQueueMachine.TestCase
-TestLockQueueMachine.settings = settings(max_examples=150, stateful_step_count=40)
+TestLockQueueMachine.settings = settings(max_examples=1000, stateful_step_count=50, deadline=None)
