@@ -29,6 +29,9 @@ class BackendConfig(BaseModel):
     sim_state_bytes: int = 2 * 2**30
     # Where the sim backend appends its residency record (JSON lines).
     sim_record_path: str | None = None
+    # Where the sim backend keeps what its GPU holds, so that, like a real GPU,
+    # it still holds it after the agent restarts.
+    sim_state_path: str | None = None
 
 
 class BackendError(Exception):

@@ -37,8 +37,10 @@ class SimBackend(Backend):
         self.bandwidth = config.sim_bandwidth_bytes_per_second
         self.state_bytes = config.sim_state_bytes
         self.record_path = Path(config.sim_record_path) if config.sim_record_path else None
+        self.state_path = Path(config.sim_state_path) if config.sim_state_path else None
         self.location: dict[JobKey, Location] = {}
         self.resident_since: dict[JobKey, float] = {}
+        self._load()
         self.events: list[dict[str, Any]] = []
         # Failures to simulate, for tests: (action, job) -> how many more times.
         self.failures: Counter[tuple[str, str]] = Counter()
@@ -84,6 +86,7 @@ class SimBackend(Backend):
             end = time.time()
             self.location[key] = "host"
             since = self.resident_since.pop(key)
+            self._save()
             self._record(event="checkpoint", group=group, job=job, start=start, end=end,
                          bytes=self.state_bytes)  # fmt: skip
             self._record(event="resident", group=group, job=job, start=since, end=end)
@@ -109,15 +112,49 @@ class SimBackend(Backend):
                     f"job {job!r} needs {self.state_bytes} bytes; the simulated GPU has "
                     f"{self.capacity_bytes}"
                 )
-            start = time.time()
-            self.resident_since[key] = start
             # A job never checkpointed has no host copy to bring back.
             moved = self.state_bytes if self.location.get(key) == "host" else 0
+            start = time.time()
+            self.resident_since[key] = start
+            self._save_admitting(key)
             await asyncio.sleep(moved / self.bandwidth)
             end = time.time()
             self.location[key] = "device"
+            self._save()
             self._record(event="restore", group=group, job=job, start=start, end=end, bytes=moved)
             return BackendAction(job=job, action="restore", bytes=moved, seconds=end - start)
+
+    def _load(self) -> None:
+        if self.state_path is None or not self.state_path.exists():
+            return
+        saved = json.loads(self.state_path.read_text())
+        for entry in saved:
+            key = (entry["group"], entry["job"])
+            self.location[key] = entry["location"]
+            if entry.get("resident_since") is not None:
+                self.resident_since[key] = entry["resident_since"]
+
+    def _save_admitting(self, key: JobKey) -> None:
+        # From the first byte of a restore the device holds part of the job:
+        # a crash mid-restore must not forget it.
+        self.location[key] = "device"
+        self._save()
+
+    def _save(self) -> None:
+        if self.state_path is None:
+            return
+        saved = [
+            {
+                "group": g,
+                "job": j,
+                "location": where,
+                "resident_since": self.resident_since.get((g, j)),
+            }
+            for (g, j), where in self.location.items()
+        ]
+        partial = self.state_path.with_suffix(".tmp")
+        partial.write_text(json.dumps(saved))
+        partial.replace(self.state_path)
 
     def _record(self, **event: Any) -> None:
         event["node"] = self.node

@@ -17,8 +17,9 @@ DEFAULT_ADDRESS = "localhost:50051"
 # Acquire calls are retried on UNAVAILABLE (a gateway restart) with the same
 # request id, so the job keeps its place in the queue.
 RETRY_PAUSE_SECONDS = 0.5
-# Yield and leave are idempotent on the server, so they are retried this often.
-IDEMPOTENT_ATTEMPTS = 5
+# Yield and leave are idempotent on the server, so they are retried through a
+# gateway or Temporal restart: this many attempts, RETRY_PAUSE_SECONDS apart.
+IDEMPOTENT_ATTEMPTS = 120
 # The gateway answers DEADLINE_EXCEEDED itself; the call's own deadline is a
 # backstop a little later.
 RPC_GRACE_SECONDS = 5.0

@@ -43,6 +43,9 @@ def _sim_options(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--sim-bandwidth-gbps", type=float, default=20.0, help="GB/s host<->device")
     sim.add_argument("--sim-state-gib", type=float, default=2.0, help="device state per job")
     sim.add_argument("--sim-record", type=Path, help="append the residency record here (JSONL)")
+    sim.add_argument(
+        "--sim-state", type=Path, help="keep what the simulated GPU holds here, across restarts"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--train-seconds", type=float, default=0.6)
     job.add_argument("--start-delay-seconds", type=float, default=0.0)
     job.add_argument("--report", type=Path, help="write the job's record here (JSON)")
+    job.add_argument("--lease-seconds", type=float, help="group policy, if this job creates it")
+    job.add_argument("--agent-timeout-seconds", type=float, help="group policy, likewise")
     return parser
 
 
@@ -165,6 +170,7 @@ def backend_config(args: argparse.Namespace) -> BackendConfig:
         sim_bandwidth_bytes_per_second=args.sim_bandwidth_gbps * 1e9,
         sim_state_bytes=int(args.sim_state_gib * 2**30),
         sim_record_path=str(args.sim_record) if args.sim_record else None,
+        sim_state_path=str(args.sim_state) if args.sim_state else None,
     )
 
 
@@ -200,6 +206,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
             f"--sim-bandwidth-gbps={args.sim_bandwidth_gbps}",
             f"--sim-state-gib={args.sim_state_gib}",
             *([f"--sim-record={args.sim_record}"] if args.sim_record else []),
+            f"--sim-state={args.sim_state or args.data_dir / f'sim-state-{args.node}.json'}",
         ],
     )
     run_service("up", lambda stop: serve_stack(stop, options))
@@ -225,6 +232,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_synthetic_job(args: argparse.Namespace) -> int:
     from timeshare.errors import TimeshareError
+    from timeshare.models import GroupPolicy
     from timeshare.synthetic import SyntheticJobSpec, run_synthetic_job
 
     spec = SyntheticJobSpec(
@@ -237,6 +245,10 @@ def _cmd_synthetic_job(args: argparse.Namespace) -> int:
         reward_seconds=args.reward_seconds,
         train_seconds=args.train_seconds,
         start_delay_seconds=args.start_delay_seconds,
+        policy=GroupPolicy(
+            lease_seconds=args.lease_seconds or 30.0,
+            agent_timeout_seconds=args.agent_timeout_seconds or 30.0,
+        ),
     )
     # SIGTERM unwinds like Ctrl-C, so the job leaves its group on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

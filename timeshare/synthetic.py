@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 import timeshare
+from timeshare.models import GroupPolicy
 
 
 class SyntheticJobSpec(BaseModel):
@@ -24,6 +25,8 @@ class SyntheticJobSpec(BaseModel):
     reward_seconds: float = 1.8
     train_seconds: float = 0.6
     start_delay_seconds: float = 0.0
+    # Applied if this job's join creates the group.
+    policy: GroupPolicy | None = None
 
 
 class TurnRecord(BaseModel):
@@ -61,11 +64,11 @@ def run_synthetic_job(
     report = SyntheticJobReport(spec=spec)
     time.sleep(spec.start_delay_seconds)
     with timeshare.connect(spec.address) as client:
-        job = client.join(spec.group, spec.job, spec.nodes)
+        job = client.join(spec.group, spec.job, spec.nodes, spec.policy)
         # A restarted job process starts afresh: drop any turn a previous
         # process of the same name left behind, then take a new place.
         job.leave()
-        job = client.join(spec.group, spec.job, spec.nodes)
+        job = client.join(spec.group, spec.job, spec.nodes, spec.policy)
         report.started = time.time()
         try:
             for iteration in range(spec.iterations):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 from temporalio.worker import Worker
 
@@ -11,6 +12,8 @@ from workers.service import connect_temporal, ready
 from workflows.group import GroupWorkflow
 from workflows.registry import NodeRegistryWorkflow
 
+STICKY_TIMEOUT = timedelta(seconds=2)
+
 
 async def serve_scheduler(stop: asyncio.Event, temporal: str, namespace: str) -> None:
     client = await connect_temporal(temporal, namespace)
@@ -18,6 +21,9 @@ async def serve_scheduler(stop: asyncio.Event, temporal: str, namespace: str) ->
         client,
         task_queue=SCHEDULER_TASK_QUEUE,
         workflows=[GroupWorkflow, NodeRegistryWorkflow],
+        # A group's next task waits this long for a worker that died holding
+        # its cached history before any other replica takes it (default 10 s).
+        sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
     )
     async with worker:
         ready("scheduler", f"task queue {SCHEDULER_TASK_QUEUE} on {temporal}/{namespace}")

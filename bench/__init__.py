@@ -1,0 +1,1 @@
+"""Benchmarks and fault scenarios that print comparable figures (`python -m bench.NAME`)."""

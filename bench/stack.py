@@ -1,0 +1,156 @@
+"""A timeshare stack of separate processes (Temporal, scheduler, gateway,
+agents) that a benchmark or a fault test can start, kill and restart one by
+one, plus synthetic jobs run against it. Every process dies with its parent."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import timeshare
+from timeshare.models import GroupStatus
+from workers.children import spawn, stop_process
+
+READY_SECONDS = 90.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def timeshare_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "timeshare", *args]
+
+
+@dataclass
+class LocalStack:
+    workdir: Path
+    node: str = "node-a"
+    # The simulated device: state per job and host<->device bandwidth.
+    state_gib: float = 0.25
+    bandwidth_gbps: float = 10.0
+    temporal_port: int = field(default_factory=free_port)
+    ui_port: int = field(default_factory=free_port)
+    gateway_port: int = field(default_factory=free_port)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.gateway_port}"
+
+    @property
+    def temporal(self) -> str:
+        return f"localhost:{self.temporal_port}"
+
+    @property
+    def record_path(self) -> Path:
+        return self.workdir / "residency.jsonl"
+
+    def commands(self) -> dict[str, list[str]]:
+        common = [f"--temporal={self.temporal}"]
+        return {
+            "temporal": timeshare_command(
+                "temporal", f"--port={self.temporal_port}", f"--ui-port={self.ui_port}",
+                f"--data-dir={self.workdir / 'data'}",
+            ),
+            "scheduler": timeshare_command("scheduler", *common),
+            "gateway": timeshare_command("gateway", *common, f"--listen={self.address}"),
+            "agent": timeshare_command(
+                "agent", *common, f"--node={self.node}", "--backend=sim",
+                f"--sim-state-gib={self.state_gib}", f"--sim-bandwidth-gbps={self.bandwidth_gbps}",
+                f"--sim-record={self.record_path}",
+                f"--sim-state={self.workdir / 'sim-state.json'}",
+            ),
+        }  # fmt: skip
+
+    def start(self, name: str) -> None:
+        """Start one part (again) and wait until it says it is ready."""
+        log_path = self.workdir / f"{name}.log"
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        with log_path.open("ab") as log:
+            self.processes[name] = spawn(self.commands()[name], stdout=log)
+        deadline = time.monotonic() + READY_SECONDS
+        while time.monotonic() < deadline:
+            text = log_path.read_bytes()[offset:].decode(errors="replace")
+            if f"timeshare {name}: ready" in text:
+                return
+            if self.processes[name].poll() is not None:
+                raise RuntimeError(f"{name} exited at start: {text.strip()[-500:]}")
+            time.sleep(0.1)
+        raise RuntimeError(f"{name} was not ready within {READY_SECONDS:g} s")
+
+    def start_all(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for name in ("temporal", "scheduler", "gateway", "agent"):
+            self.start(name)
+
+    def kill(self, name: str, signum: int = signal.SIGKILL) -> None:
+        process = self.processes[name]
+        process.send_signal(signum)
+        process.wait(60)
+
+    def restart(self, name: str, signum: int = signal.SIGKILL) -> None:
+        self.kill(name, signum)
+        self.start(name)
+
+    def stop_all(self) -> None:
+        for name in ("agent", "gateway", "scheduler", "temporal"):
+            if name in self.processes:
+                stop_process(self.processes[name], grace=30)
+
+    def job(self, group: str, job: str, report: Path, *options: str) -> subprocess.Popen[bytes]:
+        """A synthetic job process (its options: see `timeshare synthetic-job --help`)."""
+        log = (self.workdir / f"{job}.log").open("ab")
+        return spawn(
+            timeshare_command(
+                "synthetic-job", f"--group={group}", f"--job={job}", f"--address={self.address}",
+                f"--nodes={self.node}", f"--report={report}", *options,
+            ),
+            stdout=log,
+        )  # fmt: skip
+
+    def group(self, group: str) -> GroupStatus:
+        with timeshare.connect(self.address) as client:
+            return client.get_group(group)
+
+    def wait_for(self, group: str, state: str, timeout: float = 60) -> GroupStatus:
+        """Poll the group until it is in ``state`` (e.g. "switching")."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                status = self.group(group)
+                if status.state == state:
+                    return status
+            except timeshare.TimeshareError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError(f"group {group} never reached {state!r} within {timeout:g} s")
+
+    def record(self) -> list[dict[str, Any]]:
+        if not self.record_path.exists():
+            return []
+        return [json.loads(line) for line in self.record_path.read_text().splitlines()]
+
+
+def overlaps(record: list[dict[str, Any]]) -> int:
+    """Times two jobs' state shared the simulated GPU, by the backend's own record."""
+    refused = sum(1 for e in record if e["event"] == "overlap")
+    crossing = 0
+    for node in {e["node"] for e in record}:
+        resident = sorted(
+            (e for e in record if e["event"] == "resident" and e["node"] == node),
+            key=lambda e: e["start"],
+        )
+        crossing += sum(1 for a, b in itertools.pairwise(resident) if b["start"] < a["end"])
+    return refused + crossing
