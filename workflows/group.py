@@ -278,7 +278,9 @@ class GroupWorkflow:
                 self._queue.finish_switch(self._now())
                 return
             cause = "; ".join(f"node {f.node}: {f.cause}" for f in failures)
-            workflow.logger.warning("group %s: switch failed: %s", plan.waiter.job, cause)
+            workflow.logger.warning(
+                "group %s: switch for %s failed: %s", self._queue.state.group, plan.waiter.job, cause
+            )
             self._queue.switch_failed(
                 cause,
                 done=[m.node for m, r in zip(plan.moves, results, strict=True) if r is None],
