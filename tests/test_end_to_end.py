@@ -59,6 +59,18 @@ def test_three_jobs_take_turns_without_overlap(tmp_path: Path) -> None:
         )  # fmt: skip
         assert status.returncode == 0, status.stderr
         assert "e2e-node=job-" in status.stdout  # residency outlives the jobs
+        for command, expected in [
+            (["pause", "e2e"], "paused"),
+            (["resume", "e2e"], "idle"),
+            (["drain", "e2e-node"], "groups told: e2e"),
+            (["undrain", "e2e-node"], "in service"),
+            (["evict", "e2e", "job-0", "--reason=done"], "evicted job-0"),
+        ]:
+            result = subprocess.run(
+                timeshare_command(*command, f"--address={address}"),
+                capture_output=True, text=True, cwd=REPO, timeout=60,
+            )  # fmt: skip
+            assert result.returncode == 0 and expected in result.stdout, result
         describe = subprocess.run(
             [str(temporal_binary()), "workflow", "describe", "-w", "timeshare-group-e2e",
              "--address", f"localhost:{port}"],

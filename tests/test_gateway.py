@@ -160,3 +160,26 @@ async def test_join_without_nodes_needs_exactly_one_live_node(
         with pytest.raises(errors.InvalidArgument) as refused:
             await api.join(f"g-{unique}", "a", [])
         assert "TIMESHARE_NODES" in refused.value.message
+
+
+async def test_operator_controls_through_the_gateway(
+    api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    group, node = f"g-{unique}", f"n-{unique}"
+    a, b = await two_jobs(api, sim_nodes, group, node)
+    assert (await api.pause(group)).state == "paused"
+    waiting = asyncio.create_task(a.acquire())
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    assert (await api.pause(group, paused=False)).state in ("held", "switching")
+    await waiting
+    assert group in await api.drain(node)
+    assert (await api.get_group(group)).drained == [node]
+    await api.drain(node, drained=False)
+    status = await api.evict(group, "b", reason="maintenance")
+    assert [j.job for j in status.jobs] == ["a"]
+    with pytest.raises(errors.Aborted) as evicted:
+        await b.acquire()
+    assert "maintenance" in evicted.value.message
+    with pytest.raises(errors.InvalidArgument):
+        await api.evict(group, "b", reason="x" * 2000)

@@ -278,8 +278,9 @@ class GroupWorkflow:
                 self._queue.finish_switch(self._now())
                 return
             cause = "; ".join(f"node {f.node}: {f.cause}" for f in failures)
+            group = self._queue.state.group
             workflow.logger.warning(
-                "group %s: switch for %s failed: %s", self._queue.state.group, plan.waiter.job, cause
+                "group %s: switch to %s failed: %s", group, plan.waiter.job, cause
             )
             self._queue.switch_failed(
                 cause,

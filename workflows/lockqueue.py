@@ -451,7 +451,7 @@ class LockQueue:
         state: GroupStateName = "idle"
         if s.degraded_cause:
             state = "degraded"
-        elif s.switching is not None:
+        elif s.switching is not None or self.needs_switch():
             state = "switching"
         elif s.turn is not None:
             state = "held"
