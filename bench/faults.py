@@ -28,6 +28,8 @@ from timeshare.status import table
 from timeshare.synthetic import load_report
 
 Jobs = dict[str, subprocess.Popen[bytes]]
+# The jobs a fault killed (not expected to finish), and when it struck.
+Fault = tuple[set[str], float]
 GROUP = "faults"
 JOBS = [f"job-{i}" for i in range(4)]
 ITERATIONS = 2  # a sample and a train turn each
@@ -45,36 +47,39 @@ class FaultResult(BaseModel):
     failed_jobs: list[str]
 
 
-def kill_scheduler_mid_switch(stack: LocalStack, jobs: Jobs) -> set[str]:
+def kill_scheduler_mid_switch(stack: LocalStack, jobs: Jobs) -> Fault:
     stack.wait_for(GROUP, "switching")
-    stack.restart("scheduler")
-    return set()
+    return restart(stack, "scheduler")
 
 
-def restart_temporal_while_jobs_wait(stack: LocalStack, jobs: Jobs) -> set[str]:
+def restart_temporal_while_jobs_wait(stack: LocalStack, jobs: Jobs) -> Fault:
     wait_for_waiters(stack, 1)
-    stack.restart("temporal", signal.SIGTERM)
-    return set()
+    return restart(stack, "temporal", signal.SIGTERM)
 
 
-def kill_agent_mid_checkpoint(stack: LocalStack, jobs: Jobs) -> set[str]:
+def kill_agent_mid_checkpoint(stack: LocalStack, jobs: Jobs) -> Fault:
     stack.wait_for(GROUP, "switching")
-    stack.restart("agent")
-    return set()
+    return restart(stack, "agent")
 
 
-def kill_holder_and_waiter(stack: LocalStack, jobs: Jobs) -> set[str]:
+def kill_holder_and_waiter(stack: LocalStack, jobs: Jobs) -> Fault:
     status = wait_for_waiters(stack, 1)
     victims = {status.holder, status.queue[0]}
+    at = time.time()
     for victim in victims:
         jobs[victim].send_signal(signal.SIGKILL)
-    return victims
+    return victims, at
 
 
-def restart_gateway_under_waiters(stack: LocalStack, jobs: Jobs) -> set[str]:
+def restart_gateway_under_waiters(stack: LocalStack, jobs: Jobs) -> Fault:
     wait_for_waiters(stack, 3)
-    stack.restart("gateway")
-    return set()
+    return restart(stack, "gateway")
+
+
+def restart(stack: LocalStack, part: str, signum: int = signal.SIGKILL) -> Fault:
+    at = time.time()
+    stack.restart(part, signum)
+    return set(), at
 
 
 def wait_for_waiters(stack: LocalStack, count: int, timeout: float = 60) -> GroupStatus:
@@ -87,7 +92,7 @@ def wait_for_waiters(stack: LocalStack, count: int, timeout: float = 60) -> Grou
     raise RuntimeError(f"never saw {count} waiters")
 
 
-FAULTS: dict[str, Callable[[LocalStack, Jobs], set[str]]] = {
+FAULTS: dict[str, Callable[[LocalStack, Jobs], Fault]] = {
     "scheduler killed mid-switch": kill_scheduler_mid_switch,
     "Temporal restarted while jobs wait": restart_temporal_while_jobs_wait,
     "agent killed mid-checkpoint": kill_agent_mid_checkpoint,
@@ -104,8 +109,7 @@ def run_fault(name: str, workdir: Path) -> FaultResult:
         jobs = {job: stack.job(GROUP, job, reports[job], *JOB_OPTIONS) for job in JOBS}
         # The first job creates the group with its policy before the others join.
         stack.wait_for(GROUP, "held")
-        fault_at = time.time()
-        victims = FAULTS[name](stack, jobs)
+        victims, fault_at = FAULTS[name](stack, jobs)
         codes = {job: process.wait(300) for job, process in jobs.items()}
     finally:
         stack.stop_all()

@@ -183,3 +183,21 @@ async def test_operator_controls_through_the_gateway(
     assert "maintenance" in evicted.value.message
     with pytest.raises(errors.InvalidArgument):
         await api.evict(group, "b", reason="x" * 2000)
+
+
+async def test_a_caller_that_goes_away_gives_its_place_back(
+    api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    group = f"g-{unique}"
+    a, b = await two_jobs(api, sim_nodes, group, f"n-{unique}")
+    await a.acquire()
+    waiting = asyncio.create_task(b.acquire())
+    queues = []
+    for _ in range(100):
+        queues.append((await api.get_group(group)).queue)
+        if queues[-1] == ["b"] and not waiting.done():
+            waiting.cancel()  # the RPC is cancelled, as when a client dies
+        if queues[-1] == [] and waiting.cancelled():
+            break
+        await asyncio.sleep(0.1)
+    assert ["b"] in queues and queues[-1] == []
