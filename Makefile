@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-PROTO := proto/timeshare/v1/timeshare.proto
+PROTO := proto/timeshare/v1/timeshare.proto proto/timeshare/v1/llmd_compat.proto
 STUBS := timeshare/v1/timeshare_pb2.py
 
 .PHONY: install proto demo test lint clean

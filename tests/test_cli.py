@@ -63,3 +63,8 @@ def test_client_library_imports_no_temporalio() -> None:
         "sys.exit(1 if any(m.startswith('temporalio') for m in sys.modules) else 0)"
     )
     assert subprocess.run([sys.executable, "-c", probe], cwd=REPO).returncode == 0
+
+
+def test_llmd_compat_flags_are_checked() -> None:
+    result = run("gateway", "--llmd-compat", "--llmd-compat-allow=not-a-network")
+    assert_one_line_failure(result, "--llmd-compat-allow", "not-a-network")

@@ -65,6 +65,27 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = commands.add_parser("gateway", help="run the gRPC gateway")
     _temporal_options(gateway)
     gateway.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT (default %(default)s)")
+    compat = gateway.add_argument_group(
+        "llm-d compatibility (its clients send no job token: off by default)"
+    )
+    compat.add_argument(
+        "--llmd-compat",
+        action="store_true",
+        help="also serve timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService",
+    )
+    compat.add_argument("--llmd-compat-groups", help="comma-separated groups (default: all)")
+    compat.add_argument(
+        "--llmd-compat-allow",
+        action="append",
+        metavar="CIDR",
+        help="networks allowed to call it (repeatable; default loopback only)",
+    )
+    compat.add_argument(
+        "--llmd-compat-lease-seconds",
+        type=float,
+        default=3600.0,
+        help="lease of groups it creates: longer than any GPU phase (default %(default)s)",
+    )
 
     agent = commands.add_parser("agent", help="run the node agent of this host")
     _temporal_options(agent)
@@ -154,10 +175,20 @@ def _cmd_scheduler(args: argparse.Namespace) -> int:
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
     from workers.gateway import serve_gateway
+    from workers.llmd_compat import compat_settings
     from workers.service import run_service
 
+    compat = None
+    if args.llmd_compat:
+        try:
+            compat = compat_settings(
+                args.llmd_compat_groups, args.llmd_compat_allow, args.llmd_compat_lease_seconds
+            )
+        except ValueError as error:
+            return _fail(f"gateway: {error}")
     run_service(
-        "gateway", lambda stop: serve_gateway(stop, args.temporal, args.namespace, args.listen)
+        "gateway",
+        lambda stop: serve_gateway(stop, args.temporal, args.namespace, args.listen, compat),
     )
 
 

@@ -61,6 +61,8 @@ class Grant(BaseModel):
     switch_seconds: float
     # A preempted turn resumed: the epoch the job was first granted (and yields with).
     resumes_epoch: int = 0
+    # The job's state was brought back from host memory for this turn.
+    context_restored: bool = False
 
 
 class AcquireResult(BaseModel):
@@ -139,6 +141,10 @@ class GroupStatus(BaseModel):
     evictions: int = 0
     # Runs of the group's workflow so far (continue-as-new starts a new one).
     runs: int = 1
+    # When the group entered its current state (seconds since the Unix epoch).
+    state_since: float = 0.0
+    # The job a switch under way is bringing in.
+    switching_to: str = ""
 
 
 class NodeMove(BaseModel):

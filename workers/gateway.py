@@ -13,8 +13,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from temporalio.client import Client, WorkflowUpdateRPCTimeoutOrCancelledError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.client import Client
+from temporalio.service import RPCError
 
 from timeshare.models import (
     AcquireInput,
@@ -27,13 +27,23 @@ from timeshare.models import (
     YieldInput,
 )
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID
+from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from workers import gateway_convert as convert
 from workers.gateway_errors import InvalidRequest, rpc, within
-from workers.group_client import GroupHandle, acquire_turn, group_handle, join_group
+from workers.group_client import (
+    GroupHandle,
+    acquire_or_withdraw,
+    group_handle,
+    join_group,
+    registered_nodes,
+    running_groups,
+)
+from workers.llmd_compat import SERVICE_NAME as LLMD_SERVICE_NAME
+from workers.llmd_compat import CompatSettings, TimeSliceOrchestratorCompat, log_llmd_compat
 from workers.service import StartupError, connect_temporal, ready
-from workflows.group import CancelAcquireInput, GroupWorkflow
+from workflows.group import GroupWorkflow
 from workflows.registry import NodeRegistryWorkflow
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -42,7 +52,6 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TimeSlicer"].full_name
 # scheduler worker is presumed down and the caller is told so.
 MESSAGE_SECONDS = 30.0
 MAX_MESSAGE_BYTES = 4 * 2**20
-RUNNING_GROUPS = "WorkflowType = 'GroupWorkflow' AND ExecutionStatus = 'Running'"
 
 
 def token_hash(token: str) -> str:
@@ -96,14 +105,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
                 request.timeout_seconds, context.time_remaining()
             ),
         )
-        try:
-            grant = await acquire_turn(handle, message)
-        except (asyncio.CancelledError, WorkflowUpdateRPCTimeoutOrCancelledError):
-            # The caller went away: give its place in the queue back.
-            withdrawal = asyncio.get_running_loop().create_task(self._withdraw(handle, message))
-            self._background.add(withdrawal)
-            withdrawal.add_done_callback(self._background.discard)
-            raise asyncio.CancelledError() from None
+        grant = await acquire_or_withdraw(handle, message, self._background)
         return pb.AcquireResponse(
             epoch=grant.resumes_epoch or grant.epoch,
             ticket=grant.ticket,
@@ -111,16 +113,6 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
             switch_seconds=grant.switch_seconds,
             granted_at=grant.granted_at,
         )
-
-    async def _withdraw(self, handle: GroupHandle, message: AcquireInput) -> None:
-        withdrawal = CancelAcquireInput(
-            job=message.job, token_hash=message.token_hash, request_id=message.request_id
-        )
-        # Best effort: the job's lease is the backstop.
-        with contextlib.suppress(Exception):
-            await within(
-                MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.cancel_acquire, withdrawal)
-            )
 
     @rpc
     async def Yield(self, request: pb.YieldRequest, context: Context) -> pb.YieldResponse:
@@ -179,12 +171,11 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
     async def ListGroups(
         self, request: pb.ListGroupsRequest, context: Context
     ) -> pb.ListGroupsResponse:
-        groups = []
-        async for execution in self._client.list_workflows(RUNNING_GROUPS):
-            handle = self._client.get_workflow_handle_for(GroupWorkflow.run, execution.id)
-            status = await within(MESSAGE_SECONDS, handle.query(GroupWorkflow.status))
-            groups.append(convert.group_status(status))
-        return pb.ListGroupsResponse(groups=sorted(groups, key=lambda g: g.group))
+        statuses = []
+        for group in await within(MESSAGE_SECONDS, running_groups(self._client)):
+            query = group_handle(self._client, group).query(GroupWorkflow.status)
+            statuses.append(convert.group_status(await within(MESSAGE_SECONDS, query)))
+        return pb.ListGroupsResponse(groups=statuses)
 
     @rpc
     async def ListNodes(
@@ -198,15 +189,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         )
 
     async def _nodes(self) -> list[NodeRecord]:
-        try:
-            nodes: list[NodeRecord] = await within(
-                MESSAGE_SECONDS, self._registry().query(NodeRegistryWorkflow.nodes)
-            )
-        except RPCError as error:
-            if error.status == RPCStatusCode.NOT_FOUND:
-                return []  # no agent has ever announced itself
-            raise
-        return nodes
+        return await within(MESSAGE_SECONDS, registered_nodes(self._client))
 
     async def RegisterProcess(
         self, request: pb.RegisterProcessRequest, context: Context
@@ -241,12 +224,9 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
     async def Drain(self, request: pb.DrainRequest, context: Context) -> pb.DrainResponse:
         message = DrainInput(node=convert.name("node", request.node), drained=request.drained)
         told = []
-        async for execution in self._client.list_workflows(RUNNING_GROUPS):
-            handle = self._client.get_workflow_handle_for(GroupWorkflow.run, execution.id)
-            status = await within(
-                MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.drain, message)
-            )
-            told.append(status.group)
+        for group in await within(MESSAGE_SECONDS, running_groups(self._client)):
+            drain = group_handle(self._client, group).execute_update(GroupWorkflow.drain, message)
+            told.append((await within(MESSAGE_SECONDS, drain)).group)
         with contextlib.suppress(RPCError):  # no registry yet: nothing to mark
             await within(
                 MESSAGE_SECONDS, self._registry().signal(NodeRegistryWorkflow.set_drained, message)
@@ -254,7 +234,13 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         return pb.DrainResponse(groups=sorted(told))
 
 
-async def serve_gateway(stop: asyncio.Event, temporal: str, namespace: str, listen: str) -> None:
+async def serve_gateway(
+    stop: asyncio.Event,
+    temporal: str,
+    namespace: str,
+    listen: str,
+    llmd_compat: CompatSettings | None = None,
+) -> None:
     client = await connect_temporal(temporal, namespace)
     server = grpc.aio.server(
         options=[
@@ -263,13 +249,16 @@ async def serve_gateway(stop: asyncio.Event, temporal: str, namespace: str, list
         ]
     )
     pb_grpc.add_TimeSlicerServicer_to_server(TimeSlicerService(client), server)
+    services = [SERVICE_NAME]
+    if llmd_compat is not None:
+        compat = TimeSliceOrchestratorCompat(client, llmd_compat)
+        llmd_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(compat, server)
+        services.append(LLMD_SERVICE_NAME)
+        log_llmd_compat(llmd_compat)
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
-    reflection.enable_server_reflection(
-        [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME],
-        server,
-    )  # fmt: skip
+    health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+    reflection.enable_server_reflection([*services, health_name, reflection.SERVICE_NAME], server)
     try:
         port = server.add_insecure_port(listen)
     except RuntimeError:
@@ -281,8 +270,9 @@ async def serve_gateway(stop: asyncio.Event, temporal: str, namespace: str, list
         )
     await server.start()
     await health_service.set("", health_pb2.HealthCheckResponse.SERVING)
-    await health_service.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    ready("gateway", f"{listen} (gRPC {SERVICE_NAME}), Temporal {temporal}/{namespace}")
+    for name in services:
+        await health_service.set(name, health_pb2.HealthCheckResponse.SERVING)
+    ready("gateway", f"{listen} (gRPC {', '.join(services)}), Temporal {temporal}/{namespace}")
     await stop.wait()
     await health_service.enter_graceful_shutdown()
     await server.stop(grace=5)

@@ -5,24 +5,53 @@ waits of the workflow return "still waiting"). Used by the gateway and tests."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
     WorkflowHandle,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
-from timeshare.models import AcquireInput, Grant, GroupPolicy, JoinInput, JoinOutput
-from timeshare.names import SCHEDULER_TASK_QUEUE, group_workflow_id
-from workflows.group import GroupInput, GroupWorkflow
+from timeshare.models import AcquireInput, Grant, GroupPolicy, JoinInput, JoinOutput, NodeRecord
+from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE, group_workflow_id
+from workflows.group import CancelAcquireInput, GroupInput, GroupWorkflow
+from workflows.registry import NodeRegistryWorkflow
 
 GroupHandle = WorkflowHandle[GroupWorkflow, None]
 # Temporal fails an accepted update whose run ended first; the request keeps
 # its place in the carried-over state, so it is simply sent again.
 RUN_ENDED_FAILURE = "AcceptedUpdateCompletedWorkflow"
+WITHDRAW_SECONDS = 30.0
+RUNNING_GROUPS = "WorkflowType = 'GroupWorkflow' AND ExecutionStatus = 'Running'"
+GROUP_ID_PREFIX = group_workflow_id("")
+
+
+async def running_groups(client: Client) -> list[str]:
+    """Names of the groups whose workflows run (by Temporal's visibility, which lags a little)."""
+    names = [
+        execution.id.removeprefix(GROUP_ID_PREFIX)
+        async for execution in client.list_workflows(RUNNING_GROUPS)
+        if execution.id.startswith(GROUP_ID_PREFIX)
+    ]
+    return sorted(names)
+
+
+async def registered_nodes(client: Client) -> list[NodeRecord]:
+    """The node agents the registry knows (none if no agent ever announced itself)."""
+    handle = client.get_workflow_handle_for(NodeRegistryWorkflow.run, NODE_REGISTRY_WORKFLOW_ID)
+    try:
+        nodes: list[NodeRecord] = await handle.query(NodeRegistryWorkflow.nodes)
+    except RPCError as error:
+        if error.status == RPCStatusCode.NOT_FOUND:
+            return []
+        raise
+    return nodes
 
 
 def group_handle(client: Client, group: str) -> GroupHandle:
@@ -44,6 +73,31 @@ async def join_group(
     return await client.execute_update_with_start_workflow(
         GroupWorkflow.join, message, start_workflow_operation=start
     )
+
+
+async def acquire_or_withdraw(
+    handle: GroupHandle, message: AcquireInput, background: set[asyncio.Task[None]]
+) -> Grant:
+    """acquire_turn for a gRPC caller: if the caller goes away, its place in
+    the queue is given back (in a task kept in ``background``)."""
+    try:
+        return await acquire_turn(handle, message)
+    except (asyncio.CancelledError, WorkflowUpdateRPCTimeoutOrCancelledError):
+        withdrawal = asyncio.get_running_loop().create_task(withdraw(handle, message))
+        background.add(withdrawal)
+        withdrawal.add_done_callback(background.discard)
+        raise asyncio.CancelledError() from None
+
+
+async def withdraw(handle: GroupHandle, message: AcquireInput) -> None:
+    withdrawal = CancelAcquireInput(
+        job=message.job, token_hash=message.token_hash, request_id=message.request_id
+    )
+    # Best effort: the job's lease is the backstop.
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(
+            handle.execute_update(GroupWorkflow.cancel_acquire, withdrawal), WITHDRAW_SECONDS
+        )
 
 
 async def acquire_turn(handle: GroupHandle, message: AcquireInput) -> Grant:

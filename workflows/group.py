@@ -275,7 +275,13 @@ class GroupWorkflow:
             results = await asyncio.gather(*(self._move(plan, move) for move in plan.moves))
             failures = [r for r in results if isinstance(r, MoveFailure)]
             if not failures:
-                self._queue.finish_switch(self._now())
+                restored = any(
+                    action.action == "restore" and action.bytes > 0
+                    for r in results
+                    if isinstance(r, SwitchOutput)
+                    for action in r.actions
+                )
+                self._queue.finish_switch(self._now(), restored)
                 return
             cause = "; ".join(f"node {f.node}: {f.cause}" for f in failures)
             group = self._queue.state.group
@@ -284,7 +290,11 @@ class GroupWorkflow:
             )
             self._queue.switch_failed(
                 cause,
-                done=[m.node for m, r in zip(plan.moves, results, strict=True) if r is None],
+                done=[
+                    m.node
+                    for m, r in zip(plan.moves, results, strict=True)
+                    if isinstance(r, SwitchOutput)
+                ],
                 failed=[f.node for f in failures],
             )
             if all(f.restore_failed for f in failures):
@@ -307,11 +317,11 @@ class GroupWorkflow:
             # should not keep the switch going.
             self._queue.expire(self._now())
 
-    async def _move(self, plan: SwitchPlan, move: NodeMove) -> MoveFailure | None:
-        """Run one node's part of a switch; say why it failed, if it did."""
+    async def _move(self, plan: SwitchPlan, move: NodeMove) -> SwitchOutput | MoveFailure:
+        """Run one node's part of a switch: what it did, or why it failed."""
         agent_timeout = timedelta(seconds=self._queue.state.policy.agent_timeout_seconds)
         try:
-            await workflow.execute_activity(
+            output: SwitchOutput = await workflow.execute_activity(
                 "switch",
                 SwitchInput(group=self._queue.state.group, epoch=plan.epoch, move=move),
                 result_type=SwitchOutput,
@@ -334,4 +344,4 @@ class GroupWorkflow:
                 reason = str(cause or failure)
             restore_failed = isinstance(cause, ApplicationError) and cause.type == RESTORE_FAILED
             return MoveFailure(node=move.node, cause=reason, restore_failed=restore_failed)
-        return None
+        return output

@@ -123,6 +123,8 @@ class GroupState(BaseModel):
     evictions: int = 0
     # How many times the workflow has continued as new with this state.
     runs: int = 1
+    # When the turn, a switch or an outage last began or ended.
+    since: float = 0.0
 
 
 def _remember(reasons: dict[str, str], key: str, reason: str) -> None:
@@ -322,6 +324,7 @@ class LockQueue:
         if entry is not None:
             entry.held_seconds += held
         self.state.turn = None
+        self.state.since = now
         self._grant_ready(now)
         return held
 
@@ -360,6 +363,8 @@ class LockQueue:
     # -- operator controls ------------------------------------------------------
 
     def pause(self, paused: bool, now: float) -> None:
+        if paused != self.state.paused:
+            self.state.since = now
         self.state.paused = paused
         self._grant_ready(now)
 
@@ -390,6 +395,7 @@ class LockQueue:
             started_at=now,
         )
         self.state.switching = plan
+        self.state.since = now
         return plan
 
     def switch_target_waits(self) -> bool:
@@ -413,6 +419,7 @@ class LockQueue:
         plan = self._plan()
         self.state.switching = None
         self.state.degraded_cause = ""
+        self.state.since = now
         if self.switch_target_waits_for(plan):
             self.state.queue = [w for w in self.state.queue if w.ticket != plan.waiter.ticket]
             _remember(self.state.aborted_requests, plan.waiter.request_id, reason)
@@ -421,17 +428,19 @@ class LockQueue:
     def switch_target_waits_for(self, plan: SwitchPlan) -> bool:
         return any(w.ticket == plan.waiter.ticket for w in self.state.queue)
 
-    def finish_switch(self, now: float) -> Grant | None:
-        """Every node reported: record the new residency and grant the waiter."""
+    def finish_switch(self, now: float, restored: bool = False) -> Grant | None:
+        """Every node reported: record the new residency and grant the waiter.
+        ``restored``: some node brought the job's state back from host memory."""
         plan = self._plan()
         for move in plan.moves:
             self.state.resident[move.node] = move.admit
         self.state.switching = None
         self.state.degraded_cause = ""
         self.state.switches += 1
+        self.state.since = now
         seconds = max(0.0, now - plan.started_at)
         self.state.switch_seconds_total += seconds
-        self._grant_ready(now, switched=(plan.waiter.ticket, seconds))
+        self._grant_ready(now, switched=(plan.waiter.ticket, seconds, restored))
         turn = self.state.turn
         return turn if turn is not None and turn.ticket == plan.waiter.ticket else None
 
@@ -486,6 +495,8 @@ class LockQueue:
             preemptions=s.preemptions,
             evictions=s.evictions,
             runs=s.runs,
+            state_since=s.since,
+            switching_to=s.switching.waiter.job if s.switching is not None else "",
         )
 
     # -- internals ------------------------------------------------------------
@@ -535,6 +546,7 @@ class LockQueue:
         entry.held_seconds += held
         entry.preempted = True
         self.state.turn = None
+        self.state.since = now
         self.state.preemptions += 1
         self.state.queue.append(
             Waiter(
@@ -555,6 +567,7 @@ class LockQueue:
         if turn is not None and turn.job == job:
             self.state.jobs[job].held_seconds += max(0.0, now - turn.granted_at)
             self.state.turn = None
+            self.state.since = now
         if reason:
             for waiter in self.state.queue:
                 if waiter.job == job:
@@ -565,7 +578,7 @@ class LockQueue:
         del self.state.jobs[job]
         self._grant_ready(now)
 
-    def _grant_ready(self, now: float, switched: tuple[int, float] | None = None) -> None:
+    def _grant_ready(self, now: float, switched: tuple[int, float, bool] | None = None) -> None:
         """Grant the next waiter at once when it needs no node to move."""
         waiter = self._next_waiter()
         if not self.needs_switch() or waiter is None or self.moves_for(waiter.job):
@@ -578,7 +591,9 @@ class LockQueue:
         entry.turns += 1
         entry.waited_seconds += waited
         entry.preempted = False
-        switch_seconds = switched[1] if switched and switched[0] == waiter.ticket else 0.0
+        after_switch = switched is not None and switched[0] == waiter.ticket
+        switch_seconds = switched[1] if switched and after_switch else 0.0
+        self.state.since = now
         self.state.turn = Grant(
             job=waiter.job,
             request_id=waiter.request_id,
@@ -588,4 +603,5 @@ class LockQueue:
             waited_seconds=waited,
             switch_seconds=switch_seconds,
             resumes_epoch=waiter.resumes_epoch,
+            context_restored=bool(switched and after_switch and switched[2]),
         )

@@ -1,0 +1,209 @@
+"""The llm-d orchestrator API served by the gateway (--llmd-compat): its
+clients take turns unchanged, and our states map onto theirs."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from tests.conftest import SimNodes
+from tests.groups import acquire, join
+from tests.ports import free_port
+from timeshare.models import GroupPolicy, GroupStatus, JobStatus
+from timeshare.v1 import llmd_compat_pb2 as llmd
+from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
+from workers.gateway import serve_gateway
+from workers.llmd_compat import CompatSettings, peer_address
+from workers.llmd_status import GroupState, JobState, group_status_response
+
+METHOD = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/"
+# The generated stub types its methods for the blocking channel; on an
+# asyncio channel they return awaitables.
+Stub = Any
+
+
+async def start_gateway(
+    temporal_address: str, settings: CompatSettings
+) -> tuple[str, Callable[[], None], asyncio.Task[None]]:
+    address = f"127.0.0.1:{free_port()}"
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve_gateway(stop, temporal_address, "default", address, settings))
+    async with grpc.aio.insecure_channel(address) as channel:
+        await asyncio.wait_for(channel.channel_ready(), 30)
+    return address, stop.set, task
+
+
+@pytest.fixture(scope="session")
+async def compat_gateway(temporal_address: str, scheduler: Worker) -> AsyncIterator[str]:
+    address, stop, task = await start_gateway(temporal_address, CompatSettings())
+    yield address
+    stop()
+    await task
+
+
+@pytest.fixture
+async def llmd_stub(compat_gateway: str) -> AsyncIterator[Stub]:
+    async with grpc.aio.insecure_channel(compat_gateway) as channel:
+        yield llmd_grpc.TimeSliceOrchestratorServiceStub(channel)
+
+
+async def status_when(
+    stub: Stub, group: str, check: Callable[[llmd.GroupStatus], bool]
+) -> llmd.GetGroupStatusResponse:
+    """Poll GetGroupStatus until ``check`` holds (bounded)."""
+    for _ in range(200):
+        status: llmd.GetGroupStatusResponse = await stub.GetGroupStatus(
+            llmd.GetGroupStatusRequest(group_id=group)
+        )
+        if check(status.group):
+            return status
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never held; last status {status}")
+
+
+async def compat_group(client: Client, sim_nodes: SimNodes, unique: str) -> str:
+    """A group whose nodes are set by one job joined through the timeshare API."""
+    node = f"n-{unique}"
+    await sim_nodes.start(node)
+    await join(client, f"g-{unique}", "native", [node], GroupPolicy(lease_seconds=600))
+    return f"g-{unique}"
+
+
+async def test_llmd_client_jobs_take_turns_in_order(
+    client: Client,
+    sim_nodes: SimNodes,
+    unique: str,
+    llmd_stub: Stub,
+) -> None:
+    group = await compat_group(client, sim_nodes, unique)
+    stub = llmd_stub
+    first = await stub.Acquire(llmd.AcquireRequest(job_id="a", group_id=group))
+    assert first.success and not first.context_restored  # a's first time on the GPU
+    waiting = []
+    for job in ("b", "c"):  # one at a time, so their order in the queue is known
+        request = llmd.AcquireRequest(job_id=job, group_id=group)
+        waiting.append(asyncio.ensure_future(stub.Acquire(request)))
+        status = await status_when(stub, group, lambda s: s.waiter_queue_depth == len(waiting))
+    assert status.group.group_state == GroupState.STATE_LOCKED
+    assert status.group.locking_job == "a"
+    released = await stub.Yield(llmd.YieldRequest(job_id="a", group_id=group))
+    assert released.pending_waiters == 2 and not released.snapshot_deferred
+    granted_b = await waiting[0]
+    assert granted_b.success and granted_b.waited_ms > 0 and not waiting[1].done()
+    await stub.Yield(llmd.YieldRequest(job_id="b", group_id=group))
+    await waiting[1]
+    alone = await stub.Yield(llmd.YieldRequest(job_id="c", group_id=group))
+    assert alone.pending_waiters == 0 and alone.snapshot_deferred
+    status = await stub.GetGroupStatus(llmd.GetGroupStatusRequest(group_id=group))
+    assert status.group.group_state == GroupState.STATE_IDLE_YIELDED
+    assert status.group.loaded_job == "c"
+    back = await stub.Acquire(llmd.AcquireRequest(job_id="a", group_id=group))
+    assert back.context_restored  # a's state came back from host memory
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.Yield(llmd.YieldRequest(job_id="b", group_id=group))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    for _ in range(50):  # Temporal's visibility store lags a moment
+        listed = await stub.ListGroups(llmd.ListGroupsRequest())
+        if group in listed.group_ids:
+            break
+        await asyncio.sleep(0.2)
+    assert group in listed.group_ids
+
+
+async def test_a_raw_call_by_full_method_name(
+    client: Client, sim_nodes: SimNodes, unique: str, compat_gateway: str
+) -> None:
+    group = await compat_group(client, sim_nodes, unique)
+    async with grpc.aio.insecure_channel(compat_gateway) as channel:
+        acquire_rpc = channel.unary_unary(
+            METHOD + "Acquire",
+            request_serializer=llmd.AcquireRequest.SerializeToString,
+            response_deserializer=llmd.AcquireResponse.FromString,
+        )
+        yield_rpc = channel.unary_unary(
+            METHOD + "Yield",
+            request_serializer=llmd.YieldRequest.SerializeToString,
+            response_deserializer=llmd.YieldResponse.FromString,
+        )
+        for job in ("x", "y", "x"):
+            granted = await acquire_rpc(llmd.AcquireRequest(job_id=job, group_id=group))
+            assert granted.success
+            released = await yield_rpc(llmd.YieldRequest(job_id=job, group_id=group))
+            assert released.success and released.snapshot_deferred
+
+
+async def test_a_degraded_group_reads_unknown_and_faulted(
+    client: Client, unique: str, llmd_stub: Stub
+) -> None:
+    group, node = f"g-{unique}", f"silent-{unique}"
+    handle = await join(client, group, "a", [node], GroupPolicy(agent_timeout_seconds=1))
+    waiting = asyncio.ensure_future(acquire(handle, "a"))
+    unknown = GroupState.STATE_UNKNOWN
+    status = await status_when(llmd_stub, group, lambda s: s.group_state == unknown)
+    assert [s.job_state for s in status.agent_job_states] == [JobState.STATE_FAULTED]
+    waiting.cancel()
+    await handle.terminate()
+
+
+def status_with(**fields: object) -> GroupStatus:
+    jobs = [JobStatus(job=j, nodes=["n1"], turns=1, waited_seconds=0, held_seconds=0) for j in "ab"]
+    return GroupStatus(group="g", jobs=jobs, **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("fields", "group_state", "job_states"),
+    [
+        ({"state": "idle"}, GroupState.STATE_IDLE, [JobState.STATE_SAVED] * 2),
+        ({"state": "idle", "resident": {"n1": "a"}}, GroupState.STATE_IDLE_YIELDED,
+         [JobState.STATE_RUNNING, JobState.STATE_SAVED]),
+        ({"state": "paused", "resident": {"n1": "a"}}, GroupState.STATE_IDLE_YIELDED,
+         [JobState.STATE_RUNNING, JobState.STATE_SAVED]),
+        ({"state": "held", "holder": "a", "resident": {"n1": "a"}}, GroupState.STATE_LOCKED,
+         [JobState.STATE_RUNNING, JobState.STATE_SAVED]),
+        ({"state": "switching", "switching_to": "b", "resident": {"n1": "a"}},
+         GroupState.STATE_SWITCHING, [JobState.STATE_TRANSITIONING] * 2),
+        ({"state": "degraded", "switching_to": "b", "resident": {"n1": "a"},
+          "degraded_cause": "node n1: agent down"},
+         GroupState.STATE_UNKNOWN, [JobState.STATE_FAULTED] * 2),
+    ],
+)  # fmt: skip
+def test_every_state_maps(
+    fields: dict[str, object], group_state: int, job_states: list[int]
+) -> None:
+    response = group_status_response(status_with(**fields))
+    assert response.group.group_state == group_state
+    assert [s.job_state for s in response.agent_job_states] == job_states
+    expected_active = (
+        fields.get("holder")
+        or fields.get("switching_to")
+        or ("a" if fields.get("resident") else "")
+    )
+    assert response.group.active_job == expected_active
+
+
+async def test_only_allowed_networks_and_groups_are_served(
+    temporal_address: str, scheduler: Worker
+) -> None:
+    settings = CompatSettings(
+        groups=frozenset({"only-this"}), allow=[ipaddress.ip_network("10.0.0.0/8")]
+    )
+    address, stop, task = await start_gateway(temporal_address, settings)
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = llmd_grpc.TimeSliceOrchestratorServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Acquire(llmd.AcquireRequest(job_id="a", group_id="only-this"))
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        stop()
+        await task
+    assert peer_address("ipv4:127.0.0.1:5000") == ipaddress.ip_address("127.0.0.1")
+    assert peer_address("ipv6:[::1]:5000") == ipaddress.ip_address("::1")
+    assert peer_address("unix:/run/x.sock") is None

@@ -1,0 +1,237 @@
+"""The llm-d time-slicing orchestrator API (timeslice_orchestrator.v1alpha1),
+served by the gateway with --llmd-compat so that llm-d's clients work against
+timeshare unchanged. Its clients send no job token, so the gateway holds one
+per job itself, and serves only the networks and groups the operator allows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import os
+import secrets
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from timeshare.models import AcquireInput, Grant, GroupPolicy, JoinInput, YieldInput
+from timeshare.names import check_name
+from timeshare.v1 import llmd_compat_pb2 as llmd
+from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
+from workers import gateway_convert as convert
+from workers.gateway_errors import InvalidRequest, rpc, within
+from workers.group_client import (
+    GroupHandle,
+    acquire_or_withdraw,
+    group_handle,
+    join_group,
+    registered_nodes,
+    running_groups,
+)
+from workers.llmd_status import group_status_response
+from workflows.group import GroupWorkflow
+
+Context = grpc.aio.ServicerContext[Any, Any]
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+SERVICE_NAME = llmd.DESCRIPTOR.services_by_name["TimeSliceOrchestratorService"].full_name
+MESSAGE_SECONDS = 30.0
+LOOPBACK = ("127.0.0.0/8", "::1/128")
+# llm-d clients never heartbeat: the lease of a group they create must outlast
+# their longest GPU phase.
+DEFAULT_LEASE_SECONDS = 3600.0
+SECRET_ENV = "TIMESHARE_LLMD_SECRET"
+
+
+@dataclass
+class CompatSettings:
+    # None: every group; else only these.
+    groups: frozenset[str] | None = None
+    allow: list[Network] = field(
+        default_factory=lambda: [ipaddress.ip_network(n) for n in LOOPBACK]
+    )
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    # Derives each job's token; gateway replicas must share it (env TIMESHARE_LLMD_SECRET).
+    secret: bytes = field(
+        default_factory=lambda: os.environ.get(SECRET_ENV, "").encode() or secrets.token_bytes(32)
+    )
+
+
+def compat_settings(
+    groups: str | None, allow: list[str] | None, lease_seconds: float
+) -> CompatSettings:
+    """Settings from the gateway's flags; ValueError names the bad one."""
+    chosen = None
+    if groups:
+        chosen = frozenset(check_name("group", g.strip()) for g in groups.split(",") if g.strip())
+    networks = []
+    for cidr in allow or LOOPBACK:
+        try:
+            networks.append(ipaddress.ip_network(cidr))
+        except ValueError as error:
+            raise ValueError(f"--llmd-compat-allow {cidr!r}: {error}") from None
+    if not 1 <= lease_seconds <= 86400 * 7:
+        raise ValueError(f"--llmd-compat-lease-seconds must be 1 to 604800, got {lease_seconds}")
+    return CompatSettings(groups=chosen, allow=networks, lease_seconds=lease_seconds)
+
+
+def log_llmd_compat(settings: CompatSettings) -> None:
+    groups = ", ".join(sorted(settings.groups)) if settings.groups is not None else "every group"
+    networks = ", ".join(str(n) for n in settings.allow)
+    print(
+        f"timeshare gateway: WARNING: llm-d compatibility is on for {groups}, from {networks}. "
+        "Its clients send no job token: any caller from those networks can act as any job",
+        flush=True,
+    )
+    if not os.environ.get(SECRET_ENV):
+        print(
+            f"timeshare gateway: {SECRET_ENV} is not set: llm-d jobs' tokens are known only to "
+            "this gateway replica; set it to the same secret on every replica",
+            flush=True,
+        )
+
+
+def peer_address(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address in a gRPC peer string ("ipv4:1.2.3.4:5", "ipv6:[::1]:5")."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return ipaddress.ip_address(rest.rsplit(":", 1)[0])
+    if kind == "ipv6":
+        return ipaddress.ip_address(rest.rsplit(":", 1)[0].strip("[]").split("%")[0])
+    return None
+
+
+class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer):
+    def __init__(self, client: Client, settings: CompatSettings) -> None:
+        self._client = client
+        self._settings = settings
+        self._background: set[Any] = set()
+
+    def _token_hash(self, group: str, job: str) -> str:
+        token = hmac.new(self._settings.secret, f"{group}/{job}".encode(), "sha256").hexdigest()
+        return hashlib.sha256(token.encode()).hexdigest()
+
+    async def _served(self, context: Context, group_id: str) -> str:
+        address = peer_address(context.peer())
+        if address is not None and not any(address in net for net in self._settings.allow):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"llm-d compatibility is not served to {address}; see --llmd-compat-allow",
+            )
+        group = convert.name("group", group_id)
+        if self._settings.groups is not None and group not in self._settings.groups:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"group {group!r} is not served through llm-d compatibility; "
+                "see --llmd-compat-groups",
+            )
+        return group
+
+    @rpc
+    async def Acquire(self, request: llmd.AcquireRequest, context: Context) -> llmd.AcquireResponse:
+        group = await self._served(context, request.group_id)
+        job = convert.name("job", request.job_id)
+        handle = group_handle(self._client, group)
+        message = AcquireInput(
+            job=job,
+            token_hash=self._token_hash(group, job),
+            request_id=uuid.uuid4().hex,
+            timeout_seconds=convert.acquire_timeout(0.0, context.time_remaining()),
+        )
+        try:
+            grant = await acquire_or_withdraw(handle, message, self._background)
+        except (WorkflowUpdateFailedError, RPCError) as refusal:
+            if not await self._is_stranger(refusal, handle, job):
+                raise
+            await self._join(group, job, message.token_hash)
+            grant = await acquire_or_withdraw(handle, message, self._background)
+        return acquire_response(grant)
+
+    async def _is_stranger(
+        self, refusal: WorkflowUpdateFailedError | RPCError, handle: GroupHandle, job: str
+    ) -> bool:
+        """Was the acquire refused because the job (or its group) is unknown or
+        was evicted? Then it is joined on first use, as llm-d clients expect."""
+        if isinstance(refusal, RPCError):
+            return refusal.status == RPCStatusCode.NOT_FOUND
+        cause = refusal.cause
+        if not (isinstance(cause, ApplicationError) and cause.type in ("NOT_FOUND", "ABORTED")):
+            return False
+        status = await within(MESSAGE_SECONDS, handle.query(GroupWorkflow.status))
+        return job not in {j.job for j in status.jobs}
+
+    async def _join(self, group: str, job: str, token_hash: str) -> None:
+        nodes = await self._nodes_for(group)
+        policy = GroupPolicy(lease_seconds=self._settings.lease_seconds)
+        message = JoinInput(job=job, nodes=nodes, token_hash=token_hash)
+        await within(MESSAGE_SECONDS, join_group(self._client, group, message, policy))
+
+    async def _nodes_for(self, group: str) -> list[str]:
+        """The group's nodes if its jobs agree on them, else the only live node."""
+        try:
+            status = await within(MESSAGE_SECONDS, group_handle(self._client, group).query(
+                GroupWorkflow.status))  # fmt: skip
+            node_sets = {tuple(sorted(job.nodes)) for job in status.jobs}
+            if len(node_sets) == 1:
+                return list(node_sets.pop())
+        except RPCError as error:
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise
+        nodes = await within(MESSAGE_SECONDS, registered_nodes(self._client))
+        live = [n.node for n in nodes if n.alive]
+        if len(live) != 1:
+            raise InvalidRequest(
+                f"cannot tell which nodes a new job of group {group!r} uses: the group has "
+                f"no jobs that agree on their nodes and {len(live)} nodes are live; join one "
+                "job through the timeshare API first to set the group's nodes"
+            )
+        return live
+
+    @rpc
+    async def Yield(self, request: llmd.YieldRequest, context: Context) -> llmd.YieldResponse:
+        group = await self._served(context, request.group_id)
+        job = convert.name("job", request.job_id)
+        handle: GroupHandle = group_handle(self._client, group)
+        status = await within(MESSAGE_SECONDS, handle.query(GroupWorkflow.status))
+        if status.holder != job:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"job {job!r} does not hold group {group!r} (held by {status.holder or 'nobody'})",
+            )
+        message = YieldInput(job=job, token_hash=self._token_hash(group, job), epoch=status.epoch)
+        await within(MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.yield_turn, message))
+        waiting = len(status.queue)
+        return llmd.YieldResponse(
+            success=True, pending_waiters=waiting, snapshot_deferred=waiting == 0
+        )
+
+    @rpc
+    async def ListGroups(
+        self, request: llmd.ListGroupsRequest, context: Context
+    ) -> llmd.ListGroupsResponse:
+        groups = await within(MESSAGE_SECONDS, running_groups(self._client))
+        allowed = self._settings.groups
+        return llmd.ListGroupsResponse(
+            group_ids=sorted(g for g in groups if allowed is None or g in allowed)
+        )
+
+    @rpc
+    async def GetGroupStatus(
+        self, request: llmd.GetGroupStatusRequest, context: Context
+    ) -> llmd.GetGroupStatusResponse:
+        group = await self._served(context, request.group_id)
+        query = group_handle(self._client, group).query(GroupWorkflow.status)
+        return group_status_response(await within(MESSAGE_SECONDS, query))
+
+
+def acquire_response(grant: Grant) -> llmd.AcquireResponse:
+    return llmd.AcquireResponse(
+        success=True,
+        waited_ms=int(grant.waited_seconds * 1000),
+        context_restored=grant.context_restored,
+    )
