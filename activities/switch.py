@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable
 
 from temporalio import activity
@@ -26,6 +27,11 @@ class SwitchActivities:
     def __init__(self, node: str, backend: Backend) -> None:
         self.node = node
         self.backend = backend
+        # One switch per group at a time, and never one older than the last:
+        # an attempt Temporal already gave up on must not move state after
+        # the next plan has.
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._latest_plan: dict[str, int] = {}
 
     @activity.defn(name="switch")
     async def switch(self, input: SwitchInput) -> SwitchOutput:
@@ -36,6 +42,19 @@ class SwitchActivities:
                 f"switch for node {move.node!r} reached the agent of node {self.node!r}",
                 non_retryable=True,
             )
+        async with self._locks[input.group]:
+            if input.plan < self._latest_plan.get(input.group, 0):
+                raise ApplicationError(
+                    f"switch plan {input.plan} of group {input.group!r} was superseded by plan "
+                    f"{self._latest_plan[input.group]}",
+                    type="Superseded",
+                    non_retryable=True,
+                )
+            self._latest_plan[input.group] = input.plan
+            return await self._switch(input)
+
+    async def _switch(self, input: SwitchInput) -> SwitchOutput:
+        move = input.move
         started = time.monotonic()
         # Evict what the backend itself sees resident too, not only what the
         # scheduler believes: after an agent restart the two can differ.

@@ -206,4 +206,6 @@ async def test_only_allowed_networks_and_groups_are_served(
         await task
     assert peer_address("ipv4:127.0.0.1:5000") == ipaddress.ip_address("127.0.0.1")
     assert peer_address("ipv6:[::1]:5000") == ipaddress.ip_address("::1")
+    assert peer_address("ipv6:%5B::1%5D:5000") == ipaddress.ip_address("::1")
+    assert peer_address("ipv6:[::ffff:10.0.0.5]:1") == ipaddress.ip_address("10.0.0.5")
     assert peer_address("unix:/run/x.sock") is None

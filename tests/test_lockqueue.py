@@ -142,6 +142,36 @@ def test_cancelling_the_waiter_being_switched_in_grants_nobody() -> None:
     assert queue.begin_switch(now=1.0).moves[0].evict == ["a"]
 
 
+def test_a_holder_gets_its_grace_from_when_it_was_first_asked() -> None:
+    policy = GroupPolicy(max_turn_seconds=60, preempt_grace_seconds=10)
+    queue = LockQueue(GroupState(group="g", policy=policy))
+    for job in ("a", "b"):
+        queue.join(job, ["n"], "h", now=0.0)
+    queue.request("a", "ra", now=0.0)
+    queue.begin_switch(now=0.0)
+    queue.finish_switch(now=0.0)
+    queue.request("b", "rb", now=300.0)  # a held alone for 5 minutes: fine
+    assert queue.heartbeat("a", now=300.0).should_yield
+    assert queue.expire(now=305.0) == [] and queue.state.turn is not None
+    assert queue.next_deadline() == 310.0
+    assert queue.expire(now=310.0) == ["preempted a after 310 s"]
+
+
+def test_a_turn_granted_as_its_caller_left_is_given_back() -> None:
+    queue = queue_with(("a", ["n"]), ("b", ["n"]))
+    queue.request("a", "ra", now=0.0, call_id="call-1")
+    queue.request("a", "ra", now=0.5, call_id="call-2")  # a retry takes the request over
+    queue.begin_switch(now=1.0)
+    queue.finish_switch(now=1.0)
+    assert not queue.cancel("a", "ra", now=2.0, call_id="call-1")  # the old call's withdrawal
+    assert queue.state.turn is not None
+    assert queue.cancel("a", "ra", now=2.0, call_id="call-2")
+    assert queue.state.turn is None and queue.state.released == {"a": 1}
+    with pytest.raises(QueueError) as late:
+        queue.request("a", "ra", now=3.0)  # a late duplicate is not queued again
+    assert late.value.code == "FAILED_PRECONDITION"
+
+
 class LockQueueMachine(RuleBasedStateMachine):
     """Random interleavings of join, acquire, yield, heartbeat, lease expiry,
     turn-limit preemption, leave, eviction, timeout and failed switches.
@@ -223,6 +253,13 @@ class LockQueueMachine(RuleBasedStateMachine):
         if self.queue.state.queue:
             waiter = data.draw(st.sampled_from(self.queue.state.queue))
             self.queue.cancel(waiter.job, waiter.request_id, self.tick())
+            self.record()
+
+    @rule()
+    def granted_caller_goes_away(self) -> None:
+        turn = self.queue.state.turn
+        if turn is not None and not turn.resumes_epoch:
+            assert self.queue.cancel(turn.job, turn.request_id, self.tick())
             self.record()
 
     @precondition(lambda self: self.queue.needs_switch())

@@ -83,8 +83,12 @@ class Client:
         response = await self._call(self._stub.Drain, protocol.drain_request(node, drained))
         return list(response.groups)
 
+    def _forget(self, job: Job) -> None:
+        if job in self._jobs:
+            self._jobs.remove(job)
+
     async def close(self) -> None:
-        for job in self._jobs:
+        for job in list(self._jobs):
             await job.stop_heartbeats()
         await self._channel.close()
 
@@ -113,7 +117,11 @@ class Job(protocol.JobIdentity):
         while True:
             await asyncio.sleep(self.ref.heartbeat_seconds)
             try:
-                await self.heartbeat()
+                await self._client._call(
+                    self._stub.Heartbeat,
+                    self.ref.heartbeat_request(),
+                    timeout=self.ref.heartbeat_seconds,
+                )
             except (Aborted, NotFound):
                 return
             except TimeshareError:
@@ -166,6 +174,7 @@ class Job(protocol.JobIdentity):
         await self.stop_heartbeats()
         await self._client._call_idempotent(self._stub.Leave, self.ref.leave_request())
         self.ref.yielded()
+        self._client._forget(self)
 
 
 def connect(address: str | None = None) -> Client:

@@ -83,8 +83,12 @@ class Client:
         response = self._call(self._stub.Drain, protocol.drain_request(node, drained))
         return list(response.groups)
 
+    def _forget(self, job: Job) -> None:
+        if job in self._jobs:
+            self._jobs.remove(job)
+
     def close(self) -> None:
-        for job in self._jobs:
+        for job in list(self._jobs):
             job.stop_heartbeats()
         self._channel.close()
 
@@ -116,14 +120,20 @@ class Job(protocol.JobIdentity):
     def _beat(self) -> None:
         while not self._stopped.wait(self.ref.heartbeat_seconds):
             try:
-                self.heartbeat()
+                self._client._call(
+                    self._stub.Heartbeat,
+                    self.ref.heartbeat_request(),
+                    timeout=self.ref.heartbeat_seconds,
+                )
             except (Aborted, NotFound):
                 return  # evicted or gone: the job's next call says why
-            except TimeshareError:
-                continue  # a missed beat; the lease allows for some
+            except (TimeshareError, ValueError):
+                continue  # a missed beat (or a closing channel); the lease allows for some
 
     def stop_heartbeats(self) -> None:
         self._stopped.set()
+        if self._heartbeats is not threading.current_thread():
+            self._heartbeats.join(timeout=self.ref.heartbeat_seconds + 1)
 
     def acquire(self, timeout: float | None = None) -> protocol.Turn:
         """Block until this job holds the group's GPUs; its state is back on its nodes."""
@@ -167,6 +177,7 @@ class Job(protocol.JobIdentity):
         self.stop_heartbeats()
         self._client._call_idempotent(self._stub.Leave, self.ref.leave_request())
         self.ref.yielded()
+        self._client._forget(self)
 
 
 def connect(address: str | None = None) -> Client:

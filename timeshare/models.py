@@ -47,6 +47,8 @@ class AcquireInput(BaseModel):
     request_id: str
     # 0 waits until granted.
     timeout_seconds: float = 0.0
+    # Names the gateway call waiting for this request (see CancelAcquireInput).
+    call_id: str = ""
 
 
 class Grant(BaseModel):
@@ -159,6 +161,8 @@ class SwitchInput(BaseModel):
     group: str
     epoch: int
     move: NodeMove
+    # The plan's number in its group: an agent refuses one older than it ran.
+    plan: int = 0
 
 
 # Failure types of the switch activity. The workflow tells a failed restore

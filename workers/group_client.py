@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 
 from temporalio.client import (
     Client,
@@ -80,6 +81,7 @@ async def acquire_or_withdraw(
 ) -> Grant:
     """acquire_turn for a gRPC caller: if the caller goes away, its place in
     the queue is given back (in a task kept in ``background``)."""
+    message = message.model_copy(update={"call_id": uuid.uuid4().hex})
     try:
         return await acquire_turn(handle, message)
     except (asyncio.CancelledError, WorkflowUpdateRPCTimeoutOrCancelledError):
@@ -91,7 +93,10 @@ async def acquire_or_withdraw(
 
 async def withdraw(handle: GroupHandle, message: AcquireInput) -> None:
     withdrawal = CancelAcquireInput(
-        job=message.job, token_hash=message.token_hash, request_id=message.request_id
+        job=message.job,
+        token_hash=message.token_hash,
+        request_id=message.request_id,
+        call_id=message.call_id,
     )
     # Best effort: the job's lease is the backstop.
     with contextlib.suppress(Exception):

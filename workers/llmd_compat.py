@@ -11,6 +11,7 @@ import hmac
 import ipaddress
 import os
 import secrets
+import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from timeshare.models import AcquireInput, Grant, GroupPolicy, JoinInput, YieldInput
+from timeshare.models import AcquireInput, Grant, GroupPolicy, JobInput, JoinInput, YieldInput
 from timeshare.names import check_name
 from timeshare.v1 import llmd_compat_pb2 as llmd
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
@@ -97,13 +98,19 @@ def log_llmd_compat(settings: CompatSettings) -> None:
 
 
 def peer_address(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """The IP address in a gRPC peer string ("ipv4:1.2.3.4:5", "ipv6:[::1]:5")."""
-    kind, _, rest = peer.partition(":")
-    if kind == "ipv4":
-        return ipaddress.ip_address(rest.rsplit(":", 1)[0])
-    if kind == "ipv6":
-        return ipaddress.ip_address(rest.rsplit(":", 1)[0].strip("[]").split("%")[0])
-    return None
+    """The IP address in a gRPC peer string: "ipv4:1.2.3.4:5", "ipv6:[::1]:5",
+    or as grpcio writes it, "ipv6:%5B::1%5D:5". None for a Unix socket."""
+    kind, _, rest = urllib.parse.unquote(peer).partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return None
+    host = rest.rsplit(":", 1)[0].strip("[]").split("%")[0]  # drop a zone id
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer):
@@ -116,13 +123,18 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
         token = hmac.new(self._settings.secret, f"{group}/{job}".encode(), "sha256").hexdigest()
         return hashlib.sha256(token.encode()).hexdigest()
 
-    async def _served(self, context: Context, group_id: str) -> str:
-        address = peer_address(context.peer())
-        if address is not None and not any(address in net for net in self._settings.allow):
+    async def _allowed(self, context: Context) -> None:
+        peer = context.peer()
+        address = peer_address(peer)
+        unix = peer.startswith("unix:")
+        if not unix and (address is None or not any(address in n for n in self._settings.allow)):
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"llm-d compatibility is not served to {address}; see --llmd-compat-allow",
+                f"llm-d compatibility is not served to {address or peer}; see --llmd-compat-allow",
             )
+
+    async def _served(self, context: Context, group_id: str) -> str:
+        await self._allowed(context)
         group = convert.name("group", group_id)
         if self._settings.groups is not None and group not in self._settings.groups:
             await context.abort(
@@ -146,21 +158,29 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
         try:
             grant = await acquire_or_withdraw(handle, message, self._background)
         except (WorkflowUpdateFailedError, RPCError) as refusal:
-            if not await self._is_stranger(refusal, handle, job):
+            if not await self._must_join(refusal, handle, job):
                 raise
             await self._join(group, job, message.token_hash)
-            grant = await acquire_or_withdraw(handle, message, self._background)
+            # A new request: the refused one may be on record as aborted.
+            retry = message.model_copy(update={"request_id": uuid.uuid4().hex})
+            grant = await acquire_or_withdraw(handle, retry, self._background)
         return acquire_response(grant)
 
-    async def _is_stranger(
+    async def _must_join(
         self, refusal: WorkflowUpdateFailedError | RPCError, handle: GroupHandle, job: str
     ) -> bool:
-        """Was the acquire refused because the job (or its group) is unknown or
-        was evicted? Then it is joined on first use, as llm-d clients expect."""
+        """Was the call refused because the job (or its group) is unknown, was
+        evicted, or holds a token this gateway does not know (another secret,
+        or a restart without TIMESHARE_LLMD_SECRET)? Then it is joined (again),
+        as llm-d clients expect: they hold no token to lose."""
         if isinstance(refusal, RPCError):
             return refusal.status == RPCStatusCode.NOT_FOUND
         cause = refusal.cause
-        if not (isinstance(cause, ApplicationError) and cause.type in ("NOT_FOUND", "ABORTED")):
+        if not isinstance(cause, ApplicationError):
+            return False
+        if cause.type == "UNAUTHENTICATED":
+            return True
+        if cause.type not in ("NOT_FOUND", "ABORTED"):
             return False
         status = await within(MESSAGE_SECONDS, handle.query(GroupWorkflow.status))
         return job not in {j.job for j in status.jobs}
@@ -197,15 +217,27 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
         group = await self._served(context, request.group_id)
         job = convert.name("job", request.job_id)
         handle: GroupHandle = group_handle(self._client, group)
-        status = await within(MESSAGE_SECONDS, handle.query(GroupWorkflow.status))
-        if status.holder != job:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"job {job!r} does not hold group {group!r} (held by {status.holder or 'nobody'})",
+        token_hash = self._token_hash(group, job)
+        beat_message = JobInput(job=job, token_hash=token_hash)
+        try:
+            beat = await within(
+                MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.heartbeat, beat_message)
             )
-        message = YieldInput(job=job, token_hash=self._token_hash(group, job), epoch=status.epoch)
+        except (WorkflowUpdateFailedError, RPCError) as refusal:
+            if not await self._must_join(refusal, handle, job):
+                raise
+            await self._join(group, job, token_hash)  # only the token was unknown
+            beat = await within(
+                MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.heartbeat, beat_message)
+            )
+        if not beat.holding:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"job {job!r} does not hold group {group!r}"
+            )
+        # The epoch the job was granted, also while it is preempted.
+        message = YieldInput(job=job, token_hash=token_hash, epoch=beat.epoch)
         await within(MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.yield_turn, message))
-        waiting = len(status.queue)
+        waiting = beat.waiting
         return llmd.YieldResponse(
             success=True, pending_waiters=waiting, snapshot_deferred=waiting == 0
         )
@@ -214,6 +246,7 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
     async def ListGroups(
         self, request: llmd.ListGroupsRequest, context: Context
     ) -> llmd.ListGroupsResponse:
+        await self._allowed(context)
         groups = await within(MESSAGE_SECONDS, running_groups(self._client))
         allowed = self._settings.groups
         return llmd.ListGroupsResponse(

@@ -48,6 +48,8 @@ with workflow.unsafe.imports_passed_through():
 # workflow can continue as new while jobs wait.
 ACQUIRE_WAIT_SLICE_SECONDS = 60.0
 SWITCH_RETRY_PAUSE_MAX_SECONDS = 30.0
+# A plan failing this many times is set aside and planned afresh.
+SWITCH_PLAN_ATTEMPTS = 5
 # A switch activity is retried by Temporal this often before the workflow
 # sees the failure, marks the group degraded and decides what to do.
 SWITCH_ATTEMPTS = 3
@@ -65,6 +67,8 @@ class CancelAcquireInput(BaseModel):
     job: str
     token_hash: str
     request_id: str
+    # Only the call now waiting for the request may withdraw it.
+    call_id: str = ""
 
 
 class MoveFailure(BaseModel):
@@ -108,10 +112,10 @@ class GroupWorkflow:
                 )
             for event in self._queue.expire(self._now()):
                 workflow.logger.info("group %s: %s", input.group, event)
-            if self._queue.needs_switch():
-                await self._switch()
-            elif self._continue_as_new_due():
+            if self._continue_as_new_due():
                 await self._continue_as_new(input.group)
+            elif self._queue.needs_switch():
+                await self._switch()
 
     def _duty_due(self) -> bool:
         return self._queue.needs_switch() or self._continue_as_new_due()
@@ -161,7 +165,7 @@ class GroupWorkflow:
     async def acquire(self, input: AcquireInput) -> AcquireResult:
         job, request_id = input.job, input.request_id
         with _refusals():
-            grant = self._queue.request(job, request_id, self._now())
+            grant = self._queue.request(job, request_id, self._now(), input.call_id)
         self._mark_changed()
         if grant is not None:
             return AcquireResult(grant=grant)
@@ -173,7 +177,7 @@ class GroupWorkflow:
                 timeout=timedelta(seconds=wait),
             )
         except TimeoutError:
-            if final and self._queue.cancel(job, request_id, self._now()):
+            if final and self._queue.cancel(job, request_id, self._now(), input.call_id):
                 self._mark_changed()
                 raise ApplicationError(
                     f"job {job!r} was not granted within its timeout",
@@ -200,7 +204,7 @@ class GroupWorkflow:
     @workflow.update
     def cancel_acquire(self, input: CancelAcquireInput) -> bool:
         self._mark_changed()
-        return self._queue.cancel(input.job, input.request_id, self._now())
+        return self._queue.cancel(input.job, input.request_id, self._now(), input.call_id)
 
     @cancel_acquire.validator
     def _check_cancel(self, input: CancelAcquireInput) -> None:
@@ -302,20 +306,24 @@ class GroupWorkflow:
                 # state could not come back: it cannot have its turn.
                 self._queue.abort_switch(f"its state could not be restored: {cause}", self._now())
                 return
+            pause = min(SWITCH_RETRY_PAUSE_MAX_SECONDS, 2.0**plan.attempts)
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: not self._queue.switch_target_is_next(),
+                    timeout=timedelta(seconds=pause),
+                )
+            # Leases run out during a long outage too.
+            self._queue.expire(self._now())
             if not self._queue.switch_target_waits():
                 # Nobody waits for this switch any more; the next plan starts
                 # from what each node reported.
                 self._queue.abort_switch("", self._now())
                 return
-            pause = min(SWITCH_RETRY_PAUSE_MAX_SECONDS, 2.0**plan.attempts)
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(
-                    lambda: not self._queue.switch_target_waits(),
-                    timeout=timedelta(seconds=pause),
-                )
-            # Leases run out during a long outage too: a waiter that is gone
-            # should not keep the switch going.
-            self._queue.expire(self._now())
+            if not self._queue.switch_target_is_next() or plan.attempts >= SWITCH_PLAN_ATTEMPTS:
+                # Paused, drained, or failing for long: step out of the switch
+                # so the main loop can pause, continue as new or plan afresh.
+                self._queue.set_switch_aside(self._now())
+                return
 
     async def _move(self, plan: SwitchPlan, move: NodeMove) -> SwitchOutput | MoveFailure:
         """Run one node's part of a switch: what it did, or why it failed."""
@@ -323,7 +331,9 @@ class GroupWorkflow:
         try:
             output: SwitchOutput = await workflow.execute_activity(
                 "switch",
-                SwitchInput(group=self._queue.state.group, epoch=plan.epoch, move=move),
+                SwitchInput(
+                    group=self._queue.state.group, epoch=plan.epoch, move=move, plan=plan.number
+                ),
                 result_type=SwitchOutput,
                 task_queue=node_task_queue(move.node),
                 schedule_to_start_timeout=agent_timeout,

@@ -84,6 +84,9 @@ class Waiter(BaseModel):
     request_id: str
     ticket: int
     since: float
+    # The call that waits for this request now: a withdrawal from an older
+    # call (superseded by a retry of the same request) is ignored.
+    call_id: str = ""
     # Set for a preempted turn waiting to resume: the epoch the job holds.
     resumes_epoch: int = 0
 
@@ -94,6 +97,8 @@ class SwitchPlan(BaseModel):
     moves: list[NodeMove]
     started_at: float
     attempts: int = 0
+    # Grows with every plan: an agent refuses a plan older than one it ran.
+    number: int = 0
 
 
 class GroupState(BaseModel):
@@ -114,8 +119,13 @@ class GroupState(BaseModel):
     # Why a request or a job was ended by the scheduler (eviction, lease, failed restore).
     aborted_requests: dict[str, str] = Field(default_factory=dict)
     evicted_jobs: dict[str, str] = Field(default_factory=dict)
-    # The epoch each job last yielded, so a retried yield is answered again.
+    # The epoch each job last yielded, so a retried yield is answered again,
+    # and the request that turn served, so a late duplicate is not queued again.
     released: dict[str, int] = Field(default_factory=dict)
+    served_requests: dict[str, str] = Field(default_factory=dict)
+    # The call that was told (or is about to be told) of the current turn.
+    turn_call_id: str = ""
+    plans: int = 0
     grants: int = 0
     switches: int = 0
     switch_seconds_total: float = 0.0
@@ -230,6 +240,11 @@ class LockQueue:
             raise QueueError("INVALID_ARGUMENT", "request_id must not be empty")
         if request_id in self.state.aborted_requests:
             return  # answered with its reason by request()
+        if self.state.served_requests.get(job) == request_id:
+            raise QueueError(
+                "FAILED_PRECONDITION",
+                f"request {request_id!r} of job {job!r} was granted and yielded already",
+            )
         turn = self.state.turn
         if turn is not None and turn.job == job and turn.request_id != request_id:
             raise QueueError(
@@ -244,14 +259,27 @@ class LockQueue:
                     f"job {job!r} already waits ({what}: {waiter.request_id!r})",
                 )
 
-    def request(self, job: str, request_id: str, now: float) -> Grant | None:
-        """Queue an acquire (once per request_id); return its grant if it is granted now."""
+    def request(self, job: str, request_id: str, now: float, call_id: str = "") -> Grant | None:
+        """Queue an acquire (once per request_id); return its grant if it is granted now.
+        ``call_id`` names the caller now waiting (a retry of the request takes it over)."""
         self.check_acquire(job, request_id)
         self.raise_if_aborted(request_id)
         self.touch(job, now)
-        if self.grant_for(job, request_id) is None and not self.is_waiting(job, request_id):
+        if self.grant_for(job, request_id) is not None:
+            self.state.turn_call_id = call_id
+        elif self.is_waiting(job, request_id):
+            for waiter in self.state.queue:
+                if waiter.request_id == request_id:
+                    waiter.call_id = call_id
+        else:
             self.state.queue.append(
-                Waiter(job=job, request_id=request_id, ticket=self.state.next_ticket, since=now)
+                Waiter(
+                    job=job,
+                    request_id=request_id,
+                    ticket=self.state.next_ticket,
+                    since=now,
+                    call_id=call_id,
+                )
             )
             self.state.next_ticket += 1
             self._grant_ready(now)
@@ -271,16 +299,25 @@ class LockQueue:
     def is_waiting(self, job: str, request_id: str) -> bool:
         return any(w.job == job and w.request_id == request_id for w in self.state.queue)
 
-    def cancel(self, job: str, request_id: str, now: float) -> bool:
-        """Withdraw a waiting request (even one being switched in)."""
-        before = len(self.state.queue)
-        self.state.queue = [
-            w for w in self.state.queue if not (w.job == job and w.request_id == request_id)
-        ]
-        if len(self.state.queue) == before:
-            return False
-        self._grant_ready(now)
-        return True
+    def cancel(self, job: str, request_id: str, now: float, call_id: str = "") -> bool:
+        """Withdraw a request whose caller went away: a waiting one (even one
+        being switched in), or one granted just as its caller left, which
+        nobody else would ever yield. A withdrawal by an older call than the
+        one now waiting (a retry took over) changes nothing."""
+        turn = self.grant_for(job, request_id)
+        if turn is not None:
+            if call_id and self.state.turn_call_id != call_id:
+                return False
+            self.release(job, turn.resumes_epoch or turn.epoch, now)
+            return True
+        for waiter in self.state.queue:
+            if waiter.job == job and waiter.request_id == request_id:
+                if call_id and waiter.call_id != call_id:
+                    return False
+                self.state.queue.remove(waiter)
+                self._grant_ready(now)
+                return True
+        return False
 
     # -- yield --------------------------------------------------------------
 
@@ -313,6 +350,8 @@ class LockQueue:
             return 0.0
         self.state.released[job] = epoch
         turn = self.state.turn
+        if turn is not None and turn.job == job:
+            self.state.served_requests[job] = turn.request_id
         if entry is not None and entry.preempted:
             # The job finished while preempted: its waiting resumption goes.
             entry.preempted = False
@@ -334,11 +373,9 @@ class LockQueue:
         """When expire() next has something to do, if nothing else happens first."""
         policy = self.state.policy
         deadlines = [e.last_seen + policy.lease_seconds for e in self.state.jobs.values()]
-        turn = self.state.turn
-        if turn is not None and policy.max_turn_seconds > 0 and self._next_waiter() is not None:
-            deadlines.append(
-                turn.granted_at + policy.max_turn_seconds + policy.preempt_grace_seconds
-            )
+        due = self._yield_due_at()
+        if due is not None:
+            deadlines.append(due + policy.preempt_grace_seconds)
         return min(deadlines) if deadlines else None
 
     def expire(self, now: float) -> list[str]:
@@ -350,11 +387,11 @@ class LockQueue:
                 self.evict(job, f"its lease expired (no heartbeat for {lease:g} s)", now)
                 done.append(f"evicted {job}: lease expired")
         turn = self.state.turn
-        policy = self.state.policy
+        due = self._yield_due_at()
         if (
             turn is not None
-            and self._turn_limit_reached(now)
-            and now - turn.granted_at >= policy.max_turn_seconds + policy.preempt_grace_seconds
+            and due is not None
+            and now >= due + self.state.policy.preempt_grace_seconds
         ):
             self._preempt(turn, now)
             done.append(f"preempted {turn.job} after {now - turn.granted_at:.0f} s")
@@ -388,11 +425,13 @@ class LockQueue:
         waiter = self._next_waiter()
         if not self.needs_switch() or waiter is None:
             raise QueueError("FAILED_PRECONDITION", "no switch is due")
+        self.state.plans += 1
         plan = SwitchPlan(
             waiter=waiter,
             epoch=self.state.epoch + 1,
             moves=self.moves_for(waiter.job),
             started_at=now,
+            number=self.state.plans,
         )
         self.state.switching = plan
         self.state.since = now
@@ -415,15 +454,33 @@ class LockQueue:
         self.state.degraded_cause = cause
 
     def abort_switch(self, reason: str, now: float) -> None:
-        """Give up on the switch: its waiter (if still there) is told ``reason``."""
+        """Give up on the switch: its waiter (if still there) is told ``reason``.
+        A preempted turn that cannot come back ends its job: it is evicted."""
         plan = self._plan()
         self.state.switching = None
         self.state.degraded_cause = ""
         self.state.since = now
         if self.switch_target_waits_for(plan):
+            if plan.waiter.resumes_epoch:
+                self.evict(plan.waiter.job, f"its preempted turn could not resume: {reason}", now)
+                return
             self.state.queue = [w for w in self.state.queue if w.ticket != plan.waiter.ticket]
             _remember(self.state.aborted_requests, plan.waiter.request_id, reason)
         self._grant_ready(now)
+
+    def set_switch_aside(self, now: float) -> None:
+        """Stop a switch that keeps failing without dropping its waiter: the next
+        plan starts from what each node reported. The group stays degraded."""
+        self._plan()
+        self.state.switching = None
+        self._grant_ready(now)
+
+    def switch_target_is_next(self) -> bool:
+        """The switch's waiter would still go next (the group is not paused, its
+        nodes are not drained)."""
+        plan = self.state.switching
+        waiter = self._next_waiter()
+        return plan is not None and waiter is not None and waiter.ticket == plan.waiter.ticket
 
     def switch_target_waits_for(self, plan: SwitchPlan) -> bool:
         return any(w.ticket == plan.waiter.ticket for w in self.state.queue)
@@ -530,15 +587,19 @@ class LockQueue:
                 return waiter
         return None
 
-    def _turn_limit_reached(self, now: float) -> bool:
+    def _yield_due_at(self) -> float | None:
+        """When the holder was (or will be) first asked to yield: its turn past
+        the limit with someone waiting. Preemption comes a grace period later."""
         turn = self.state.turn
         limit = self.state.policy.max_turn_seconds
-        return (
-            turn is not None
-            and limit > 0
-            and now - turn.granted_at >= limit
-            and self._next_waiter() is not None
-        )
+        waiter = self._next_waiter()
+        if turn is None or limit <= 0 or waiter is None:
+            return None
+        return max(turn.granted_at + limit, waiter.since)
+
+    def _turn_limit_reached(self, now: float) -> bool:
+        due = self._yield_due_at()
+        return due is not None and now >= due
 
     def _preempt(self, turn: Grant, now: float) -> None:
         held = max(0.0, now - turn.granted_at)
@@ -575,6 +636,7 @@ class LockQueue:
             _remember(self.state.evicted_jobs, job, reason)
         self.state.queue = [w for w in self.state.queue if w.job != job]
         self.state.released.pop(job, None)
+        self.state.served_requests.pop(job, None)
         del self.state.jobs[job]
         self._grant_ready(now)
 
@@ -584,6 +646,7 @@ class LockQueue:
         if not self.needs_switch() or waiter is None or self.moves_for(waiter.job):
             return
         self.state.queue.remove(waiter)
+        self.state.turn_call_id = waiter.call_id
         self.state.epoch += 1
         self.state.grants += 1
         waited = max(0.0, now - waiter.since)
