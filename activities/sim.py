@@ -1,7 +1,8 @@
 """The ``sim`` backend: a SIMULATED GPU per node, for tests, demos and laptops.
 
-It holds no real device memory. Each job's state has a size; a checkpoint or
-restore takes size / bandwidth seconds. Every residency interval is recorded,
+It holds no real device memory. Each group has simulated GPUs of its own on
+each node (groups share a host, not GPUs). Each job's state has a size; a
+checkpoint or restore takes size / bandwidth seconds. Every residency interval is recorded,
 and admitting a job while another job's state is on the simulated GPU raises
 SimOverlapError: the invariant "never two jobs' state on one GPU" is checked
 by the backend itself, not only by the scheduler that should uphold it.
@@ -100,7 +101,10 @@ class SimBackend(Backend):
             if self.location.get(key) == "device":
                 return BackendAction(job=job, action="noop")
             self._maybe_fail("restore", job)
-            others = [f"{g}/{j}" for (g, j), w in self.location.items() if w == "device"]
+            # Each group has GPUs of its own on a node: only its own jobs conflict.
+            others = [
+                f"{g}/{j}" for (g, j), w in self.location.items() if w == "device" and g == group
+            ]
             if others:
                 self._record(event="overlap", group=group, job=job, others=others, at=time.time())
                 raise SimOverlapError(

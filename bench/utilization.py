@@ -1,0 +1,156 @@
+"""Utilisation gained: synthetic RL jobs through the real stack (gateway,
+workflow, agent, sim backend), with and without sharing one GPU.
+
+Default profile, after the llm-d time-slicing blog: two GRPO-like jobs whose
+GPUs are busy 40 % of the time on dedicated GPUs (sampler and trainer on the
+GPU, reward on the CPU), and a switch that costs a few per cent of an
+iteration. Also sweeps 2, 3 and 4 jobs at duty cycles of 40 % and 25 %.
+
+    python -m bench.utilization           # about 3 minutes
+    python -m bench.utilization --quick   # about 1 minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from bench.stack import LocalStack
+from timeshare.status import table
+from timeshare.synthetic import SyntheticJobReport, load_report
+from timeshare.timeline import utilisation
+
+ITERATION_SECONDS = 2.5
+# Sampler and trainer split the GPU time 60:40.
+SAMPLE_SHARE = 0.6
+# Per job, at 20 GB/s: 2 x 27 ms per switch, about 2 % of an iteration.
+STATE_GIB = 0.5
+BANDWIDTH_GBPS = 20.0
+
+
+class Profile(BaseModel):
+    jobs: int
+    duty: float
+
+    def phases(self) -> tuple[float, float, float]:
+        gpu = ITERATION_SECONDS * self.duty
+        return gpu * SAMPLE_SHARE, ITERATION_SECONDS - gpu, gpu * (1 - SAMPLE_SHARE)
+
+
+class Result(BaseModel):
+    profile: Profile
+    baseline_util: float
+    shared_util: float
+    ideal_util: float
+    switch_frac: float
+    overhead_frac: float
+    alone_iteration_s: float
+    shared_iteration_s: float
+
+    @property
+    def slowdown(self) -> float:
+        return self.shared_iteration_s / self.alone_iteration_s
+
+
+def measure(stack: LocalStack, profile: Profile, iterations: int, workdir: Path) -> Result:
+    sample, reward, train = profile.phases()
+    group = f"util-{profile.jobs}-{int(profile.duty * 100)}"
+    paths = [workdir / f"{group}-job-{i}.json" for i in range(profile.jobs)]
+    jobs = [
+        stack.job(
+            group, f"job-{i}", path, f"--iterations={iterations}",
+            f"--sample-seconds={sample}", f"--reward-seconds={reward}",
+            f"--train-seconds={train}", f"--start-delay-seconds={0.2 * i}",
+        )
+        for i, path in enumerate(paths)
+    ]  # fmt: skip
+    if any(job.wait(600) for job in jobs):
+        raise RuntimeError(f"a job of {group} failed; see {workdir}")
+    reports = [load_report(path) for path in paths]
+    figures = utilisation(reports)
+    switch_frac = figures.switch_seconds / figures.span_seconds
+    alone = sum(p.end - p.start for r in reports for p in r.phases) / (profile.jobs * iterations)
+    shared = sum(r.finished - r.started for r in reports) / (profile.jobs * iterations)
+    return Result(
+        profile=profile,
+        baseline_util=figures.dedicated_utilisation,
+        shared_util=figures.shared_utilisation,
+        ideal_util=min(1.0, profile.jobs * profile.duty) - switch_frac,
+        switch_frac=switch_frac,
+        overhead_frac=idle_while_waiting(reports) / figures.span_seconds - switch_frac,
+        alone_iteration_s=alone,
+        shared_iteration_s=shared,
+    )
+
+
+def idle_while_waiting(reports: list[SyntheticJobReport], step: float = 0.001) -> float:
+    """Seconds in which some job waited for the GPU and none computed on it:
+    switch time plus scheduler overhead."""
+    start = min(r.started for r in reports)
+    end = max(r.finished for r in reports)
+    slots = int((end - start) / step) + 1
+    waiting = bytearray(slots)
+    working = bytearray(slots)
+    for report in reports:
+        for turn in report.turns:
+            for marks, (a, b) in ((waiting, (turn.requested, turn.granted)),
+                                  (working, (turn.work_start, turn.work_end))):  # fmt: skip
+                for slot in range(int((a - start) / step), min(slots, int((b - start) / step))):
+                    marks[slot] = 1
+    return sum(1 for w, g in zip(waiting, working, strict=True) if w and not g) * step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="GPU busy fraction with and without sharing.")
+    parser.add_argument("--quick", action="store_true", help="fewer iterations and profiles")
+    args = parser.parse_args()
+    iterations = 4 if args.quick else 10
+    profiles = [Profile(jobs=2, duty=0.4)]
+    sweep = [(2, 0.25), (3, 0.4), (3, 0.25)] if args.quick else [
+        (2, 0.25), (3, 0.4), (3, 0.25), (4, 0.4), (4, 0.25)]  # fmt: skip
+    profiles += [Profile(jobs=n, duty=d) for n, d in sweep]
+    sample, reward, train = profiles[0].phases()
+    print(
+        f"default profile: 2 jobs; per iteration sample {sample:.2f} s + train {train:.2f} s "
+        f"on the GPU, reward {reward:.2f} s on the CPU (duty 40 %); "
+        f"{STATE_GIB} GiB of state per job at {BANDWIDTH_GBPS:g} GB/s (SIMULATED GPU); "
+        f"{iterations} iterations per job",
+        flush=True,
+    )
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        stack = LocalStack(Path(scratch), state_gib=STATE_GIB, bandwidth_gbps=BANDWIDTH_GBPS)
+        try:
+            stack.start_all()
+            for profile in profiles:
+                results.append(measure(stack, profile, iterations, Path(scratch)))
+                r = results[-1]
+                print(f"{profile.jobs} jobs at {profile.duty:.0%}: {r.baseline_util:.0%} -> "
+                      f"{r.shared_util:.0%}", flush=True)  # fmt: skip
+        finally:
+            stack.stop_all()
+    rows = [
+        [
+            str(r.profile.jobs), f"{r.profile.duty:.0%}", f"{r.baseline_util:.0%}",
+            f"{r.shared_util:.0%}", f"{r.ideal_util:.0%}", f"{r.switch_frac:.1%}",
+            f"{r.overhead_frac:.1%}", f"{r.alone_iteration_s:.2f}", f"{r.shared_iteration_s:.2f}",
+            f"{r.slowdown:.2f}x",
+        ]
+        for r in results
+    ]  # fmt: skip
+    print()
+    headers = ["jobs", "duty", "busy alone", "busy shared", "ideal", "switching",
+               "sched. overhead", "iter alone s", "iter shared s", "slowdown"]  # fmt: skip
+    print(table(headers, rows))
+    d = results[0]
+    print(
+        f"baseline_util={d.baseline_util:.3f} shared_util={d.shared_util:.3f} "
+        f"ideal_util={d.ideal_util:.3f} switch_frac={d.switch_frac:.3f} slowdown={d.slowdown:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
