@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTO := proto/timeshare/v1/timeshare.proto proto/timeshare/v1/llmd_compat.proto
 STUBS := timeshare/v1/timeshare_pb2.py
 
-.PHONY: install proto demo test lint clean
+.PHONY: install proto demo test lint bench clean
 
 install: $(STAMP) $(STUBS)
 
@@ -36,6 +36,12 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The quick versions of the benchmarks (a few minutes on 2 cores); see docs/benchmarks.md.
+bench: install
+	$(BIN)/python -m bench.handoff --quick
+	$(BIN)/python -m bench.utilization --quick
+	$(BIN)/python -m bench.scale --quick
 
 clean:
 	rm -rf $(VENV) timeshare/v1 .timeshare .pytest_cache .mypy_cache .ruff_cache
