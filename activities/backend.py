@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel
 
+from activities.processes import ProcessTable
 from timeshare.models import BackendAction
 
 BACKEND_ENTRY_POINT_GROUP = "timeshare.backends"
@@ -32,6 +33,10 @@ class BackendConfig(BaseModel):
     # Where the sim backend keeps what its GPU holds, so that, like a real GPU,
     # it still holds it after the agent restarts.
     sim_state_path: str | None = None
+    # Where a process backend (freeze) appends what it did (JSON lines).
+    record_path: str | None = None
+    # How long a backend waits for every process of a job to stop.
+    lock_timeout_seconds: float = 10.0
 
 
 class BackendError(Exception):
@@ -60,6 +65,11 @@ class Backend(abc.ABC):
 
     def gpus(self) -> list[str]:
         return []
+
+    def attach(self, processes: ProcessTable) -> None:
+        """Hand the backend the node's registered processes; only process
+        backends keep them."""
+        return None
 
     def describe(self) -> str:
         return self.name

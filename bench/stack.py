@@ -71,6 +71,7 @@ class LocalStack:
                 f"--sim-state-gib={self.state_gib}", f"--sim-bandwidth-gbps={self.bandwidth_gbps}",
                 f"--sim-record={self.record_path}",
                 f"--sim-state={self.workdir / 'sim-state.json'}",
+                f"--socket={self.workdir / 'agent.sock'}",
             ),
         }  # fmt: skip
 

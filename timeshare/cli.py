@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 DEFAULT_TEMPORAL = "localhost:7233"
 DEFAULT_LISTEN = "127.0.0.1:50051"
+DEFAULT_AGENT_SOCKET = "/run/timeshare/agent.sock"
 
 
 def default_node_name() -> str:
@@ -91,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     _temporal_options(agent)
     agent.add_argument("--node", default=default_node_name(), help="node name (env TIMESHARE_NODE)")
     agent.add_argument("--backend", default="sim", help="snapshot backend (default %(default)s)")
+    agent.add_argument(
+        "--socket",
+        default=os.environ.get("TIMESHARE_AGENT_SOCKET", DEFAULT_AGENT_SOCKET),
+        help="Unix socket where job processes register (env TIMESHARE_AGENT_SOCKET)",
+    )
+    agent.add_argument("--record", type=Path, help="append what a process backend did (JSONL)")
     _sim_options(agent)
 
     up = commands.add_parser("up", help="run the whole stack on this machine")
@@ -100,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--listen", default=DEFAULT_LISTEN, help="gateway HOST:PORT")
     up.add_argument("--node", default=default_node_name(), help="this host's node name")
     up.add_argument("--backend", default="sim")
+    up.add_argument("--socket", help="agent registration socket (default DATA_DIR/agent.sock)")
+    up.add_argument("--record", type=Path, help="append what a process backend did (JSONL)")
     _sim_options(up)
 
     status = commands.add_parser("status", help="show groups, holders, queues and nodes")
@@ -129,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run two synthetic RL jobs through the stack")
     demo.add_argument("--iterations", type=int, default=6)
     demo.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
+
+    register = commands.add_parser(
+        "register", help="register a process of a job with this node's agent (root or owner)"
+    )
+    register.add_argument("--group", required=True)
+    register.add_argument("--job", required=True)
+    register.add_argument("--pid", type=int, required=True)
+    register.add_argument("--socket", help="agent socket (env TIMESHARE_AGENT_SOCKET)")
 
     job = commands.add_parser("synthetic-job", help="run one synthetic RL job (demo, tests)")
     job.add_argument("--group", required=True)
@@ -202,6 +219,7 @@ def backend_config(args: argparse.Namespace) -> BackendConfig:
         sim_state_bytes=int(args.sim_state_gib * 2**30),
         sim_record_path=str(args.sim_record) if args.sim_record else None,
         sim_state_path=str(args.sim_state) if args.sim_state else None,
+        record_path=str(args.record) if args.record else None,
     )
 
 
@@ -217,7 +235,9 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     config = backend_config(args)
     run_service(
         "agent",
-        lambda stop: serve_agent(stop, args.temporal, args.namespace, args.backend, config),
+        lambda stop: serve_agent(
+            stop, args.temporal, args.namespace, args.backend, config, args.socket
+        ),
     )
 
 
@@ -238,6 +258,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
             f"--sim-state-gib={args.sim_state_gib}",
             *([f"--sim-record={args.sim_record}"] if args.sim_record else []),
             f"--sim-state={args.sim_state or args.data_dir / f'sim-state-{args.node}.json'}",
+            f"--socket={args.socket or args.data_dir / 'agent.sock'}",
+            *([f"--record={args.record}"] if args.record else []),
         ],
     )
     run_service("up", lambda stop: serve_stack(stop, options))
@@ -253,6 +275,18 @@ def _cmd_control(args: argparse.Namespace) -> int:
     from timeshare.status import run_control
 
     return run_control(args)
+
+
+def _cmd_register(args: argparse.Namespace) -> int:
+    from timeshare.errors import TimeshareError
+    from timeshare.registration import register_process
+
+    try:
+        pid = register_process(args.group, args.job, args.socket, pid=args.pid)
+    except TimeshareError as error:
+        return _fail(f"register: {error}")
+    print(f"process {pid} registered to {args.group}/{args.job}")
+    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -306,4 +340,5 @@ COMMANDS = {
     "undrain": _cmd_control,
     "demo": _cmd_demo,
     "synthetic-job": _cmd_synthetic_job,
+    "register": _cmd_register,
 }

@@ -11,9 +11,11 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.backend import BackendConfig, BackendNotFound, load_backend
+from activities.processes import ProcessTable
 from activities.switch import SwitchActivities
 from timeshare.models import NodeInfo
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE, node_task_queue
+from workers.agent_socket import remove_socket, serve_agent_socket
 from workers.service import StartupError, connect_temporal, ready
 from workflows.registry import (
     NODE_HEARTBEAT_SECONDS,
@@ -26,27 +28,40 @@ log = logging.getLogger("timeshare.agent")
 
 
 async def serve_agent(
-    stop: asyncio.Event, temporal: str, namespace: str, backend_name: str, config: BackendConfig
+    stop: asyncio.Event,
+    temporal: str,
+    namespace: str,
+    backend_name: str,
+    config: BackendConfig,
+    socket_path: str,
 ) -> None:
     try:
         backend = load_backend(backend_name, config)
     except BackendNotFound as error:
         raise StartupError(str(error)) from None
+    processes = ProcessTable()
+    backend.attach(processes)
     client = await connect_temporal(temporal, namespace)
+    registrations = await serve_agent_socket(socket_path, processes)
     info = NodeInfo(
         node=config.node, backend=backend.name, simulated=backend.simulated, gpus=backend.gpus()
     )
     activities = SwitchActivities(config.node, backend)
     task_queue = node_task_queue(config.node)
     worker = Worker(client, task_queue=task_queue, activities=[activities.switch])
-    async with worker:
+    async with registrations, worker:
         await announce(client, info)
-        ready("agent", f"node {config.node}, backend {backend.describe()}, task queue {task_queue}")
+        ready(
+            "agent",
+            f"node {config.node}, backend {backend.describe()}, task queue {task_queue}, "
+            f"registrations on {socket_path}",
+        )
         while not stop.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), NODE_HEARTBEAT_SECONDS)
             if not stop.is_set():
                 await announce(client, info)
+        remove_socket(socket_path)
         with contextlib.suppress(Exception):
             handle = client.get_workflow_handle(NODE_REGISTRY_WORKFLOW_ID)
             await handle.signal(NodeRegistryWorkflow.depart, NodeDeparture(node=config.node))

@@ -1,0 +1,101 @@
+"""The ``freeze`` backend: a job's processes on this node are stopped while
+another job holds the GPUs, and continued when its turn comes back.
+
+It acts only on processes registered through the agent's socket (and their
+descendants). It stops them with SIGSTOP and continues them with SIGCONT;
+cgroup freezing is not used yet. It moves no device memory. On its own it
+keeps a job off the GPU but leaves its memory there; stacked under a
+checkpointing backend it makes the checkpoint safe."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from activities.backend import Backend, BackendConfig, BackendError
+from activities.processes import ProcessTable, stopped
+from timeshare.models import BackendAction
+
+POLL_SECONDS = 0.005
+
+
+class FreezeBackend(Backend):
+    name = "freeze"
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.node = config.node
+        self.lock_timeout = config.lock_timeout_seconds
+        self.record_path = Path(config.record_path) if config.record_path else None
+        self.processes = ProcessTable()
+
+    @classmethod
+    def create(cls, config: BackendConfig) -> FreezeBackend:
+        return cls(config)
+
+    def attach(self, processes: ProcessTable) -> None:
+        self.processes = processes
+
+    def describe(self) -> str:
+        return "freeze (SIGSTOP/SIGCONT of each job's registered processes)"
+
+    def resident_jobs(self, group: str) -> list[str]:
+        return [
+            job
+            for job in self.processes.jobs(group)
+            if any(not stopped(pid) for pid in self.processes.processes(group, job))
+        ]
+
+    async def checkpoint(self, group: str, job: str) -> BackendAction:
+        pids = self.processes.processes(group, job)
+        running = [pid for pid in pids if not stopped(pid)]
+        if not running:
+            return BackendAction(job=job, action="noop")
+        start = time.time()
+        # Stop every process before waiting on any, so no rank runs on alone.
+        self._signal(running, signal.SIGSTOP)
+        deadline = time.monotonic() + self.lock_timeout
+        while not all(stopped(pid) for pid in running):
+            if time.monotonic() > deadline:
+                self._signal(running, signal.SIGCONT)
+                raise BackendError(
+                    f"job {group}/{job}: processes {running} did not stop within "
+                    f"{self.lock_timeout:g} s; they were left running"
+                )
+            await asyncio.sleep(POLL_SECONDS)
+        self._record(
+            event="freeze", group=group, job=job, pids=running, start=start, end=time.time()
+        )
+        return BackendAction(job=job, action="checkpoint", seconds=time.time() - start)
+
+    async def restore(self, group: str, job: str) -> BackendAction:
+        frozen = [pid for pid in self.processes.processes(group, job) if stopped(pid)]
+        if not frozen:
+            return BackendAction(job=job, action="noop")
+        start = time.time()
+        self._signal(frozen, signal.SIGCONT)
+        self._record(event="thaw", group=group, job=job, pids=frozen, start=start, end=time.time())
+        return BackendAction(job=job, action="restore", seconds=time.time() - start)
+
+    @staticmethod
+    def _signal(pids: list[int], signum: int) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                continue  # exited meanwhile: nothing left to stop
+            except PermissionError as error:
+                raise BackendError(
+                    f"not allowed to signal process {pid}: {error}; run the agent as root "
+                    "or as the jobs' user"
+                ) from None
+
+    def _record(self, **event: Any) -> None:
+        if self.record_path is not None:
+            event["node"] = self.node
+            with self.record_path.open("a") as record:
+                record.write(json.dumps(event) + "\n")

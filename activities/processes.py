@@ -1,0 +1,124 @@
+"""Which processes belong to which job on this node.
+
+Processes register through the agent's Unix socket, which takes their id
+from the kernel (SO_PEERCRED), never from the message. A job's processes at
+switch time are its registered processes that are still alive and their
+descendants (data-loader children, tensor-parallel ranks it spawned)."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from pathlib import Path
+
+PROC = Path("/proc")
+JobKey = tuple[str, str]  # (group, job)
+
+
+class RegistrationRefused(Exception):
+    pass
+
+
+def alive(pid: int) -> bool:
+    stat = PROC / str(pid) / "stat"
+    try:
+        state = stat.read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def stopped(pid: int) -> bool:
+    try:
+        state = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
+
+
+def parent(pid: int) -> int:
+    try:
+        return int((PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for task in (PROC / str(pid) / "task").glob("*"):
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    result, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        result.append(current)
+        pending += [c for c in children(current) if c not in result]
+    return result
+
+
+def owner(pid: int) -> int:
+    return (PROC / str(pid)).stat().st_uid
+
+
+def check_may_manage(pid: int) -> None:
+    """Refuse processes an agent must never stop: init, kernel threads, itself."""
+    if pid <= 1:
+        raise RegistrationRefused(f"process {pid} is init; refused")
+    if not alive(pid):
+        raise RegistrationRefused(f"process {pid} does not exist")
+    if parent(pid) == 2 or not (PROC / str(pid) / "exe").exists():
+        raise RegistrationRefused(f"process {pid} is a kernel thread; refused")
+    ancestor = os.getpid()
+    line = pid
+    while line > 1:
+        if line == ancestor:
+            raise RegistrationRefused(f"process {pid} is the agent itself or its child; refused")
+        line = parent(line)
+    if pid in ancestors_of_agent():
+        raise RegistrationRefused(f"process {pid} is an ancestor of the agent; refused")
+
+
+def ancestors_of_agent() -> set[int]:
+    found, pid = set(), os.getpid()
+    while pid > 1:
+        pid = parent(pid)
+        found.add(pid)
+    return found
+
+
+class ProcessTable:
+    def __init__(self) -> None:
+        self._pids: defaultdict[JobKey, set[int]] = defaultdict(set)
+
+    def register(self, group: str, job: str, pid: int) -> None:
+        check_may_manage(pid)
+        for key, pids in self._pids.items():
+            if pid in pids and key != (group, job):
+                raise RegistrationRefused(
+                    f"process {pid} is registered to {key[0]}/{key[1]} already"
+                )
+        self._pids[(group, job)].add(pid)
+
+    def jobs(self, group: str) -> list[str]:
+        self.forget_exited()
+        return sorted(job for (g, job), pids in self._pids.items() if g == group and pids)
+
+    def processes(self, group: str, job: str) -> list[int]:
+        """The job's live registered processes and all their descendants."""
+        self.forget_exited()
+        tree: list[int] = []
+        for pid in sorted(self._pids.get((group, job), set())):
+            tree += [p for p in descendants(pid) if p not in tree and alive(p)]
+        return tree
+
+    def forget_exited(self) -> None:
+        for key in list(self._pids):
+            self._pids[key] = {pid for pid in self._pids[key] if alive(pid)}
+            if not self._pids[key]:
+                del self._pids[key]

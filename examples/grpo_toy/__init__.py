@@ -1,0 +1,1 @@
+"""A toy GRPO loop that checks time-slicing does not change training results."""

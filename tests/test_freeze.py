@@ -1,0 +1,127 @@
+"""The freeze backend and process registration, on real processes (no GPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from activities.backend import BackendConfig
+from activities.freeze import FreezeBackend
+from activities.processes import ProcessTable, RegistrationRefused, stopped
+from timeshare.errors import FailedPrecondition
+from timeshare.registration import register_process
+from workers.agent_socket import serve_agent_socket
+
+COUNTER = """
+import sys, time, pathlib
+path = pathlib.Path(sys.argv[1])
+n = 0
+while True:
+    n += 1
+    path.write_text(str(n))
+    time.sleep(0.01)
+"""
+
+
+def detached(*command: str) -> int:
+    """Start a process that is not this test's child (the agent here is this
+    process, and it refuses its own process tree); return its pid."""
+    quoted = " ".join(shlex.quote(part) for part in command)
+    shell = subprocess.run(
+        ["sh", "-c", f"{quoted} >/dev/null 2>&1 & echo $!"], capture_output=True, text=True
+    )
+    return int(shell.stdout)
+
+
+def kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def counter(path: Path) -> int:
+    return detached(sys.executable, "-c", COUNTER, str(path))
+
+
+def count(path: Path) -> int:
+    for _ in range(100):
+        text = path.read_text() if path.exists() else ""
+        if text:
+            return int(text)
+        time.sleep(0.01)
+    raise AssertionError("the counter never counted")
+
+
+async def test_a_frozen_job_stops_counting_until_restored(tmp_path: Path) -> None:
+    table = ProcessTable()
+    backend = FreezeBackend(BackendConfig(node="n", record_path=str(tmp_path / "record.jsonl")))
+    backend.attach(table)
+    workers = [counter(tmp_path / f"count-{i}") for i in range(2)]
+    try:
+        for worker in workers:
+            table.register("g", "a", worker)
+        await asyncio.sleep(0.2)
+        assert backend.resident_jobs("g") == ["a"]
+        assert (await backend.checkpoint("g", "a")).action == "checkpoint"
+        assert (await backend.checkpoint("g", "a")).action == "noop"  # idempotent
+        frozen = [count(tmp_path / f"count-{i}") for i in range(2)]
+        await asyncio.sleep(0.3)
+        assert [count(tmp_path / f"count-{i}") for i in range(2)] == frozen
+        assert all(stopped(w) for w in workers) and backend.resident_jobs("g") == []
+        assert (await backend.restore("g", "a")).action == "restore"
+        assert (await backend.restore("g", "a")).action == "noop"
+        await asyncio.sleep(0.3)
+        assert all(count(tmp_path / f"count-{i}") > frozen[i] for i in range(2))
+    finally:
+        for worker in workers:
+            kill(worker)
+
+
+async def test_registration_takes_the_pid_from_the_kernel(tmp_path: Path) -> None:
+    table = ProcessTable()
+    path = str(tmp_path / "agent.sock")
+    server = await serve_agent_socket(path, table)
+    register = (
+        "import os, sys, pathlib, time; from timeshare.registration import register_process; "
+        'pathlib.Path(sys.argv[2]).write_text(f\'{os.getpid()} {register_process("g", '
+        '"job-a", sys.argv[1])}\'); time.sleep(30)'
+    )
+    said = tmp_path / "said"
+    async with server:
+        child = detached(sys.executable, "-c", register, path, str(said))
+        for _ in range(300):
+            if said.exists() and said.read_text():
+                break
+            await asyncio.sleep(0.05)
+        own_pid, registered = map(int, said.read_text().split())
+        assert registered == own_pid == child  # the kernel's word
+        assert table.jobs("g") == ["job-a"]
+        with pytest.raises(FailedPrecondition, match="init"):
+            await asyncio.to_thread(register_process, "g", "job-a", path, 1)
+        with pytest.raises(FailedPrecondition, match="agent"):
+            await asyncio.to_thread(register_process, "g", "job-a", path, os.getpid())
+        kill(child)
+
+
+def test_a_process_belongs_to_one_job() -> None:
+    table = ProcessTable()
+    sleeper = detached(sys.executable, "-c", "import time; time.sleep(30)")
+    try:
+        table.register("g", "a", sleeper)
+        with pytest.raises(RegistrationRefused, match="already"):
+            table.register("g", "b", sleeper)
+    finally:
+        kill(sleeper)
+    for _ in range(100):  # reaped by init a moment later
+        if not table.jobs("g"):
+            break
+        time.sleep(0.05)
+    assert table.jobs("g") == []  # an exited process is forgotten
