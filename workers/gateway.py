@@ -31,7 +31,7 @@ from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from workers import gateway_convert as convert
-from workers.gateway_errors import InvalidRequest, rpc, within
+from workers.gateway_errors import MESSAGE_SECONDS, InvalidRequest, rpc, within
 from workers.group_client import (
     GroupHandle,
     acquire_or_withdraw,
@@ -48,9 +48,6 @@ from workflows.registry import NodeRegistryWorkflow
 
 Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TimeSlicer"].full_name
-# Short messages (join, yield, status) must be answered by then, or the
-# scheduler worker is presumed down and the caller is told so.
-MESSAGE_SECONDS = 30.0
 MAX_MESSAGE_BYTES = 4 * 2**20
 
 

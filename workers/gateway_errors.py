@@ -31,6 +31,11 @@ REPORTABLE = {
 }
 
 
+# Short messages (join, yield, status) must be answered by then, or the
+# scheduler worker is presumed down and the caller is told so.
+MESSAGE_SECONDS = 30.0
+
+
 class InvalidRequest(ValueError):
     """A request refused before it reaches Temporal."""
 

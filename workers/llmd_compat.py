@@ -26,7 +26,7 @@ from timeshare.names import check_name
 from timeshare.v1 import llmd_compat_pb2 as llmd
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
 from workers import gateway_convert as convert
-from workers.gateway_errors import InvalidRequest, rpc, within
+from workers.gateway_errors import MESSAGE_SECONDS, InvalidRequest, rpc, within
 from workers.group_client import (
     GroupHandle,
     acquire_or_withdraw,
@@ -41,7 +41,6 @@ from workflows.group import GroupWorkflow
 Context = grpc.aio.ServicerContext[Any, Any]
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 SERVICE_NAME = llmd.DESCRIPTOR.services_by_name["TimeSliceOrchestratorService"].full_name
-MESSAGE_SECONDS = 30.0
 LOOPBACK = ("127.0.0.0/8", "::1/128")
 # llm-d clients never heartbeat: the lease of a group they create must outlast
 # their longest GPU phase.
