@@ -35,8 +35,12 @@ class BackendConfig(BaseModel):
     sim_state_path: str | None = None
     # Where a process backend (freeze) appends what it did (JSON lines).
     record_path: str | None = None
-    # How long a backend waits for every process of a job to stop.
+    # How long a backend waits for every process of a job to stop (or lock).
     lock_timeout_seconds: float = 10.0
+    # The `cuda-checkpoint` utility (default: found on PATH).
+    cuda_checkpoint_path: str | None = None
+    # No single call of a backend (one utility run) may take longer.
+    call_timeout_seconds: float = 300.0
 
 
 class BackendError(Exception):
@@ -60,7 +64,7 @@ class Backend(abc.ABC):
         """Bring the job's state back to the device; no-op if already resident."""
 
     @abc.abstractmethod
-    def resident_jobs(self, group: str) -> list[str]:
+    async def resident_jobs(self, group: str) -> list[str]:
         """Jobs of ``group`` whose state is in device memory on this node now."""
 
     def gpus(self) -> list[str]:

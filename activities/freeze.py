@@ -43,7 +43,7 @@ class FreezeBackend(Backend):
     def describe(self) -> str:
         return "freeze (SIGSTOP/SIGCONT of each job's registered processes)"
 
-    def resident_jobs(self, group: str) -> list[str]:
+    async def resident_jobs(self, group: str) -> list[str]:
         return [
             job
             for job in self.processes.jobs(group)

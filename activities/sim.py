@@ -61,7 +61,10 @@ class SimBackend(Backend):
     def gpus(self) -> list[str]:
         return [f"sim-gpu-0 (simulated, {self.capacity_bytes / 2**30:.0f} GiB)"]
 
-    def resident_jobs(self, group: str) -> list[str]:
+    async def resident_jobs(self, group: str) -> list[str]:
+        return self.resident(group)
+
+    def resident(self, group: str) -> list[str]:
         return sorted(
             j for (g, j), where in self.location.items() if where == "device" and g == group
         )

@@ -58,7 +58,7 @@ class SwitchActivities:
         started = time.monotonic()
         # Evict what the backend itself sees resident too, not only what the
         # scheduler believes: after an agent restart the two can differ.
-        seen = self.backend.resident_jobs(input.group)
+        seen = await self.backend.resident_jobs(input.group)
         evict = sorted((set(move.evict) | set(seen)) - {move.admit})
         async with _heartbeating():
             actions = [

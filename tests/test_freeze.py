@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import shlex
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,6 +13,7 @@ import pytest
 from activities.backend import BackendConfig
 from activities.freeze import FreezeBackend
 from activities.processes import ProcessTable, RegistrationRefused, stopped
+from tests.processes import detached, kill
 from timeshare.errors import FailedPrecondition
 from timeshare.registration import register_process
 from workers.agent_socket import serve_agent_socket
@@ -30,21 +27,6 @@ while True:
     path.write_text(str(n))
     time.sleep(0.01)
 """
-
-
-def detached(*command: str) -> int:
-    """Start a process that is not this test's child (the agent here is this
-    process, and it refuses its own process tree); return its pid."""
-    quoted = " ".join(shlex.quote(part) for part in command)
-    shell = subprocess.run(
-        ["sh", "-c", f"{quoted} >/dev/null 2>&1 & echo $!"], capture_output=True, text=True
-    )
-    return int(shell.stdout)
-
-
-def kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
 
 
 def counter(path: Path) -> int:
@@ -69,13 +51,13 @@ async def test_a_frozen_job_stops_counting_until_restored(tmp_path: Path) -> Non
         for worker in workers:
             table.register("g", "a", worker)
         await asyncio.sleep(0.2)
-        assert backend.resident_jobs("g") == ["a"]
+        assert await backend.resident_jobs("g") == ["a"]
         assert (await backend.checkpoint("g", "a")).action == "checkpoint"
         assert (await backend.checkpoint("g", "a")).action == "noop"  # idempotent
         frozen = [count(tmp_path / f"count-{i}") for i in range(2)]
         await asyncio.sleep(0.3)
         assert [count(tmp_path / f"count-{i}") for i in range(2)] == frozen
-        assert all(stopped(w) for w in workers) and backend.resident_jobs("g") == []
+        assert all(stopped(w) for w in workers) and await backend.resident_jobs("g") == []
         assert (await backend.restore("g", "a")).action == "restore"
         assert (await backend.restore("g", "a")).action == "noop"
         await asyncio.sleep(0.3)

@@ -39,7 +39,7 @@ async def test_handover_checkpoints_before_it_grants(
     checkpoint = next(e for e in backend.events if e["event"] == "checkpoint")
     assert checkpoint["job"] == "a"
     assert checkpoint["end"] <= second.granted_at + 0.05  # server and worker share a clock
-    assert backend.resident_jobs(f"g-{unique}") == ["b"]
+    assert backend.resident(f"g-{unique}") == ["b"]
     status = await handle.query(GroupWorkflow.status)
     assert (status.holder, status.resident, status.switches) == ("b", {f"n-{unique}": "b"}, 2)
 

@@ -88,7 +88,7 @@ async def test_a_restore_that_keeps_failing_aborts_that_acquire_only(
     assert await refused(waiting_b) == "ABORTED"
     granted_c = await waiting_c
     assert granted_c.job == "c"
-    assert backend.resident_jobs(f"g-{unique}") == ["c"]
+    assert backend.resident(f"g-{unique}") == ["c"]
 
 
 async def test_a_silent_agent_degrades_the_group_until_it_returns(

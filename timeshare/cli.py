@@ -38,6 +38,19 @@ def _temporal_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _process_options(parser: argparse.ArgumentParser) -> None:
+    backends = parser.add_argument_group("process backends (freeze, cuda-checkpoint)")
+    backends.add_argument(
+        "--cuda-checkpoint", help="path of the cuda-checkpoint utility (default: on PATH)"
+    )
+    backends.add_argument(
+        "--lock-timeout", type=float, default=10.0, help="seconds for a job to stop or lock"
+    )
+    backends.add_argument(
+        "--call-timeout", type=float, default=300.0, help="seconds any one backend call may take"
+    )
+
+
 def _sim_options(parser: argparse.ArgumentParser) -> None:
     sim = parser.add_argument_group("sim backend (a SIMULATED GPU)")
     sim.add_argument("--sim-capacity-gib", type=float, default=141.0)
@@ -98,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Unix socket where job processes register (env TIMESHARE_AGENT_SOCKET)",
     )
     agent.add_argument("--record", type=Path, help="append what a process backend did (JSONL)")
+    _process_options(agent)
     _sim_options(agent)
 
     up = commands.add_parser("up", help="run the whole stack on this machine")
@@ -220,6 +234,9 @@ def backend_config(args: argparse.Namespace) -> BackendConfig:
         sim_record_path=str(args.sim_record) if args.sim_record else None,
         sim_state_path=str(args.sim_state) if args.sim_state else None,
         record_path=str(args.record) if args.record else None,
+        cuda_checkpoint_path=getattr(args, "cuda_checkpoint", None),
+        lock_timeout_seconds=getattr(args, "lock_timeout", 10.0),
+        call_timeout_seconds=getattr(args, "call_timeout", 300.0),
     )
 
 

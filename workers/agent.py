@@ -10,7 +10,7 @@ import logging
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.backend import BackendConfig, BackendNotFound, load_backend
+from activities.backend import BackendConfig, BackendError, BackendNotFound, load_backend
 from activities.processes import ProcessTable
 from activities.switch import SwitchActivities
 from timeshare.models import NodeInfo
@@ -37,7 +37,7 @@ async def serve_agent(
 ) -> None:
     try:
         backend = load_backend(backend_name, config)
-    except BackendNotFound as error:
+    except (BackendNotFound, BackendError) as error:
         raise StartupError(str(error)) from None
     processes = ProcessTable()
     backend.attach(processes)

@@ -1,0 +1,25 @@
+"""Processes for tests of process backends: not children of the test process,
+which plays the agent here and must not manage its own process tree."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+
+
+def detached(*command: str) -> int:
+    """Start a process that is not this test's child (the agent here is this
+    process, and it refuses its own process tree); return its pid."""
+    quoted = " ".join(shlex.quote(part) for part in command)
+    shell = subprocess.run(
+        ["sh", "-c", f"{quoted} >/dev/null 2>&1 & echo $!"], capture_output=True, text=True
+    )
+    return int(shell.stdout)
+
+
+def kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
