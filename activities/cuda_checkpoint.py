@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from activities.backend import Backend, BackendConfig, BackendError
+from activities.gpus import NoGpus, gpu_inventory, node_gpus
 from activities.processes import ProcessTable
 from timeshare.models import BackendAction
 
@@ -36,6 +37,10 @@ class CudaCheckpointBackend(Backend):
 
     @classmethod
     def create(cls, config: BackendConfig) -> CudaCheckpointBackend:
+        try:
+            gpu_inventory()
+        except NoGpus as error:
+            raise BackendError(f"backend cuda-checkpoint cannot run here: {error}") from None
         utility = config.cuda_checkpoint_path or shutil.which("cuda-checkpoint")
         if not utility or not Path(utility).exists():
             raise BackendError(
@@ -49,6 +54,9 @@ class CudaCheckpointBackend(Backend):
 
     def describe(self) -> str:
         return f"cuda-checkpoint ({self.utility})"
+
+    def gpus(self) -> list[str]:
+        return node_gpus()
 
     async def resident_jobs(self, group: str) -> list[str]:
         """Jobs with any registered process whose state is on the device,

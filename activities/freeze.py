@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from activities.backend import Backend, BackendConfig, BackendError
+from activities.gpus import node_gpus
 from activities.processes import ProcessTable, stopped
 from timeshare.models import BackendAction
 
@@ -42,6 +43,9 @@ class FreezeBackend(Backend):
 
     def describe(self) -> str:
         return "freeze (SIGSTOP/SIGCONT of each job's registered processes)"
+
+    def gpus(self) -> list[str]:
+        return node_gpus()
 
     async def resident_jobs(self, group: str) -> list[str]:
         return [

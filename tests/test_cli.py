@@ -68,3 +68,11 @@ def test_client_library_imports_no_temporalio() -> None:
 def test_llmd_compat_flags_are_checked() -> None:
     result = run("gateway", "--llmd-compat", "--llmd-compat-allow=not-a-network")
     assert_one_line_failure(result, "--llmd-compat-allow", "not-a-network")
+
+
+def test_probe_says_in_one_line_when_there_is_no_gpu() -> None:
+    result = run("agent", "--probe")
+    if result.returncode == 0:  # a GPU host: one line per GPU
+        assert result.stdout.strip() and "gpu0" in result.stdout
+    else:
+        assert_one_line_failure(result, "NVIDIA", "cuda backends")

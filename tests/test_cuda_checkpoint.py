@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -36,7 +37,7 @@ def backend_for(ranks: list[int], call_timeout_seconds: float = 30.0) -> CudaChe
     config = BackendConfig(
         node="n", cuda_checkpoint_path=str(FAKE), call_timeout_seconds=call_timeout_seconds
     )
-    backend = CudaCheckpointBackend.create(config)
+    backend = CudaCheckpointBackend(config, str(FAKE))  # create() wants a real driver
     table = ProcessTable()
     for pid in ranks:
         table.register("g", "a", pid)
@@ -86,7 +87,14 @@ async def test_a_hung_call_fails_instead_of_blocking(fake_dir: Path, ranks: list
         await backend.checkpoint("g", "a")
 
 
-def test_without_the_utility_the_backend_says_where_to_get_it() -> None:
+def test_without_a_driver_or_the_utility_the_backend_refuses_to_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     config = BackendConfig(node="n", cuda_checkpoint_path="/nonexistent/cuda-checkpoint")
+    monkeypatch.setattr("activities.cuda_checkpoint.gpu_inventory", lambda: [])
     with pytest.raises(BackendError, match="not found"):
+        CudaCheckpointBackend.create(config)
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "pynvml", ModuleType("pynvml"))  # no NVML at all
+    with pytest.raises(BackendError, match="cannot run here"):
         CudaCheckpointBackend.create(config)

@@ -111,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Unix socket where job processes register (env TIMESHARE_AGENT_SOCKET)",
     )
     agent.add_argument("--record", type=Path, help="append what a process backend did (JSONL)")
+    agent.add_argument("--probe", action="store_true", help="print this host's GPUs and exit")
     _process_options(agent)
     _sim_options(agent)
 
@@ -240,7 +241,21 @@ def backend_config(args: argparse.Namespace) -> BackendConfig:
     )
 
 
+def _probe() -> int:
+    from activities.gpus import NoGpus, gpu_inventory
+
+    try:
+        gpus = gpu_inventory()
+    except NoGpus as error:
+        return _fail(f"agent --probe: {error}; the cuda backends cannot run here")
+    for gpu in gpus:
+        print(gpu.describe())
+    return 0 if gpus else _fail("agent --probe: NVML found no GPUs")
+
+
 def _cmd_agent(args: argparse.Namespace) -> int:
+    if args.probe:
+        return _probe()
     from timeshare.names import check_name
     from workers.agent import serve_agent
     from workers.service import run_service

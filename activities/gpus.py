@@ -1,0 +1,83 @@
+"""The node's NVIDIA GPUs, read through NVML (pynvml). Where there is no
+driver the inventory is absent, with the reason, never a zero."""
+
+from __future__ import annotations
+
+import warnings
+from types import ModuleType
+
+from pydantic import BaseModel
+
+# The driver's checkpoint API (cuCheckpointProcess*) needs this branch or later.
+CHECKPOINT_API_DRIVER = 570
+
+
+class GpuInfo(BaseModel):
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+    driver_version: str
+    checkpoint_api: bool
+
+    def describe(self) -> str:
+        api = "checkpoint API" if self.checkpoint_api else "no checkpoint API"
+        return (
+            f"gpu{self.index} {self.name} {self.uuid} "
+            f"{self.memory_used_bytes / 2**30:.1f}/{self.memory_total_bytes / 2**30:.0f} GiB, "
+            f"driver {self.driver_version} ({api})"
+        )
+
+
+class NoGpus(Exception):
+    """NVML is not usable here; the message says why."""
+
+
+def _nvml() -> ModuleType:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the pynvml shim warns that it is deprecated
+        import pynvml
+    module: ModuleType = pynvml
+    return module
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def node_gpus() -> list[str]:
+    """This node's GPUs described for the node registry; none without a driver."""
+    try:
+        return [gpu.describe() for gpu in gpu_inventory()]
+    except NoGpus:
+        return []
+
+
+def gpu_inventory() -> list[GpuInfo]:
+    nvml = _nvml()
+    try:
+        nvml.nvmlInit()
+    except Exception as error:
+        raise NoGpus(f"no NVIDIA driver found ({error})") from None
+    try:
+        driver = _text(nvml.nvmlSystemGetDriverVersion())
+        major = int(driver.split(".")[0]) if driver.split(".")[0].isdigit() else 0
+        gpus = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append(
+                GpuInfo(
+                    index=index,
+                    uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                    name=_text(nvml.nvmlDeviceGetName(handle)),
+                    memory_total_bytes=int(memory.total),
+                    memory_used_bytes=int(memory.used),
+                    driver_version=driver,
+                    checkpoint_api=major >= CHECKPOINT_API_DRIVER,
+                )
+            )
+        return gpus
+    finally:
+        nvml.nvmlShutdown()
