@@ -1,0 +1,127 @@
+"""The CUDA checkpoint backends against fakes that keep the driver's
+per-process state machine: the `cuda-checkpoint` utility (tests/fakes, an
+executable) and the driver API (tests/fakes/cuda_driver.py, injected).
+Order, idempotency, a lock that times out, and a call that hangs."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from activities.backend import BackendConfig, BackendError
+from activities.checkpointing import ProcessCheckpointBackend
+from activities.cuda_checkpoint import CudaCheckpointBackend
+from activities.cuda_driver import CudaDriverBackend
+from activities.processes import ProcessTable
+from tests.fakes.cuda_driver import FakeDriver
+from tests.processes import detached, kill
+
+FAKE_UTILITY = Path(__file__).parent / "fakes" / "cuda-checkpoint"
+
+
+class Rig:
+    """One backend over a fake, with the fake's record of calls."""
+
+    def __init__(self, kind: str, fake_dir: Path, ranks: list[int]) -> None:
+        self.kind, self.fake_dir = kind, fake_dir
+        config = BackendConfig(
+            node="n", cuda_checkpoint_path=str(FAKE_UTILITY), call_timeout_seconds=1.0
+        )
+        self.driver = FakeDriver()
+        self.backend: ProcessCheckpointBackend = (
+            CudaCheckpointBackend(config, str(FAKE_UTILITY))
+            if kind == "cuda-checkpoint"
+            else CudaDriverBackend(config, self.driver.module)
+        )
+        table = ProcessTable()
+        for pid in ranks:
+            table.register("g", "a", pid)
+        self.backend.attach(table)
+
+    def calls(self) -> list[str]:
+        if self.kind == "cuda":
+            made, self.driver.calls = self.driver.calls, []
+            return made
+        log = self.fake_dir / "calls.log"
+        lines = log.read_text().splitlines() if log.exists() else []
+        log.unlink(missing_ok=True)
+        return [line for line in lines if not line.startswith("get-state")]
+
+    def lock_times_out(self, pid: int) -> None:
+        self.driver.lock_timeout_pids.add(pid)
+        (self.fake_dir / "lock-timeout").write_text(str(pid))
+
+    def hang(self) -> None:
+        self.driver.hanging.set()
+        (self.fake_dir / "hang").write_text("")
+
+
+@pytest.fixture
+def ranks() -> Iterator[list[int]]:
+    pids = [detached(sys.executable, "-c", "import time; time.sleep(60)") for _ in range(2)]
+    yield pids
+    for pid in pids:
+        kill(pid)
+
+
+@pytest.fixture(params=["cuda-checkpoint", "cuda"])
+def rig(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    ranks: list[int],
+) -> Iterator[Rig]:  # fmt: skip
+    monkeypatch.setenv("FAKE_CUDA_DIR", str(tmp_path))
+    made = Rig(request.param, tmp_path, ranks)
+    yield made
+    made.driver.release.set()  # let a hung fake call end
+
+
+async def test_every_rank_locks_before_any_checkpoints_and_restores_before_any_unlocks(
+    rig: Rig, ranks: list[int]
+) -> None:
+    backend, (first, second) = rig.backend, ranks
+    assert await backend.resident_jobs("g") == ["a"]
+    assert (await backend.checkpoint("g", "a")).action == "checkpoint"
+    assert rig.calls() == [f"lock {first}", f"lock {second}",
+                           f"checkpoint {first}", f"checkpoint {second}"]  # fmt: skip
+    assert await backend.resident_jobs("g") == []
+    assert (await backend.checkpoint("g", "a")).action == "noop"  # idempotent
+    assert (await backend.restore("g", "a")).action == "restore"
+    assert rig.calls() == [f"restore {first}", f"restore {second}",
+                           f"unlock {first}", f"unlock {second}"]  # fmt: skip
+    assert (await backend.restore("g", "a")).action == "noop"
+    assert rig.calls() == []
+
+
+async def test_a_lock_that_times_out_leaves_the_job_running(rig: Rig, ranks: list[int]) -> None:
+    rig.lock_times_out(ranks[1])
+    with pytest.raises(BackendError, match="left running"):
+        await rig.backend.checkpoint("g", "a")
+    assert rig.calls() == [f"lock {ranks[0]}", f"lock {ranks[1]}", f"unlock {ranks[0]}"]
+    assert await rig.backend.resident_jobs("g") == ["a"]
+
+
+async def test_a_hung_call_fails_instead_of_blocking(rig: Rig) -> None:
+    rig.hang()
+    with pytest.raises(BackendError, match="did not finish"):
+        await rig.backend.checkpoint("g", "a")
+
+
+def test_each_backend_refuses_to_start_where_it_cannot_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = BackendConfig(node="n", cuda_checkpoint_path="/nonexistent/cuda-checkpoint")
+    monkeypatch.setitem(sys.modules, "pynvml", ModuleType("pynvml"))  # no driver at all
+    for backend in (CudaCheckpointBackend, CudaDriverBackend):
+        with pytest.raises(BackendError, match="cannot run here"):
+            backend.create(config)
+    monkeypatch.setattr("activities.cuda_checkpoint.gpu_inventory", lambda: [])
+    with pytest.raises(BackendError, match="not found"):
+        CudaCheckpointBackend.create(config)
+    monkeypatch.setattr("activities.cuda_driver.gpu_inventory", lambda: [])
+    monkeypatch.setitem(sys.modules, "cuda", None)  # cuda-bindings not installed
+    with pytest.raises(BackendError, match="cuda-bindings"):
+        CudaDriverBackend.create(config)
