@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -95,6 +96,10 @@ def ancestors_of_agent() -> set[int]:
 class ProcessTable:
     def __init__(self) -> None:
         self._pids: defaultdict[JobKey, set[int]] = defaultdict(set)
+        # Jobs that registered processes here and have none left.
+        self._gone: set[JobKey] = set()
+        # Called with (group, job) after each registration.
+        self.on_register: list[Callable[[str, str], None]] = []
 
     def register(self, group: str, job: str, pid: int) -> None:
         check_may_manage(pid)
@@ -104,6 +109,9 @@ class ProcessTable:
                     f"process {pid} is registered to {key[0]}/{key[1]} already"
                 )
         self._pids[(group, job)].add(pid)
+        self._gone.discard((group, job))
+        for listener in self.on_register:
+            listener(group, job)
 
     def jobs(self, group: str) -> list[str]:
         self.forget_exited()
@@ -117,8 +125,14 @@ class ProcessTable:
             tree += [p for p in descendants(pid) if p not in tree and alive(p)]
         return tree
 
+    def gone(self, group: str, job: str) -> bool:
+        """The job registered processes here and every one of them has exited."""
+        self.forget_exited()
+        return (group, job) in self._gone
+
     def forget_exited(self) -> None:
         for key in list(self._pids):
             self._pids[key] = {pid for pid in self._pids[key] if alive(pid)}
             if not self._pids[key]:
+                self._gone.add(key)
                 del self._pids[key]

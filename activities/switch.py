@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable
@@ -12,6 +13,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.backend import Backend, BackendError
+from activities.processes import ProcessTable
 from timeshare.models import (
     CHECKPOINT_FAILED,
     RESTORE_FAILED,
@@ -21,12 +23,19 @@ from timeshare.models import (
 )
 
 HEARTBEAT_SECONDS = 1.0
+log = logging.getLogger("timeshare.agent")
 
 
 class SwitchActivities:
-    def __init__(self, node: str, backend: Backend) -> None:
+    def __init__(self, node: str, backend: Backend, processes: ProcessTable | None = None) -> None:
         self.node = node
         self.backend = backend
+        self.processes = processes or ProcessTable()
+        # The job each group last admitted here: a process of any other job of
+        # the group that registers meanwhile is checkpointed at once.
+        self._admitted: dict[str, str] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self.processes.on_register.append(self._registered)
         # One switch per group at a time, and never one older than the last:
         # an attempt Temporal already gave up on must not move state after
         # the next plan has.
@@ -76,12 +85,30 @@ class SwitchActivities:
             move.admit,
             evict or "nothing",
         )
+        self._admitted[input.group] = move.admit
+        gone = [job for job in [move.admit, *evict] if self.processes.gone(input.group, job)]
         return SwitchOutput(
             node=self.node,
             backend=self.backend.name,
             actions=actions,
             seconds=time.monotonic() - started,
+            gone=gone,
         )
+
+    def _registered(self, group: str, job: str) -> None:
+        holder = self._admitted.get(group)
+        if holder is not None and holder != job:
+            task = asyncio.get_running_loop().create_task(self._lock_newcomer(group, job))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _lock_newcomer(self, group: str, job: str) -> None:
+        async with self._locks[group]:
+            if self._admitted.get(group) not in (None, job):
+                try:
+                    await self.backend.checkpoint(group, job)
+                except BackendError as error:
+                    log.warning("could not lock newcomer %s/%s: %s", group, job, error)
 
 
 async def _step(action: Awaitable[BackendAction], failure_type: str) -> BackendAction:

@@ -17,6 +17,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.backend import BackendConfig
+from activities.processes import ProcessTable
 from activities.sim import SimBackend
 from activities.switch import SwitchActivities
 from tests.ports import free_port
@@ -113,7 +114,9 @@ class SimNodes:
         self.backends: dict[str, SimBackend] = {}
         self.workers: list[Worker] = []
 
-    async def start(self, node: str, state_bytes: int = 2**26) -> SimBackend:
+    async def start(
+        self, node: str, state_bytes: int = 2**26, processes: ProcessTable | None = None
+    ) -> SimBackend:
         config = BackendConfig(
             node=node, sim_state_bytes=state_bytes, sim_bandwidth_bytes_per_second=1e10
         )
@@ -121,7 +124,7 @@ class SimNodes:
         worker = Worker(
             self.client,
             task_queue=node_task_queue(node),
-            activities=[SwitchActivities(node, backend).switch],
+            activities=[SwitchActivities(node, backend, processes).switch],
         )
         await worker.__aenter__()
         self.backends[node] = backend

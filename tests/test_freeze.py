@@ -9,12 +9,15 @@ import time
 from pathlib import Path
 
 import pytest
+from temporalio.testing import ActivityEnvironment
 
 from activities.backend import BackendConfig
 from activities.freeze import FreezeBackend
 from activities.processes import ProcessTable, RegistrationRefused, stopped
+from activities.switch import SwitchActivities
 from tests.processes import detached, kill
 from timeshare.errors import FailedPrecondition
+from timeshare.models import NodeMove, SwitchInput
 from timeshare.registration import register_process
 from workers.agent_socket import serve_agent_socket
 
@@ -107,3 +110,41 @@ def test_a_process_belongs_to_one_job() -> None:
             break
         time.sleep(0.05)
     assert table.jobs("g") == []  # an exited process is forgotten
+
+
+async def test_a_newcomer_is_frozen_while_another_job_holds_the_node(tmp_path: Path) -> None:
+    table = ProcessTable()
+    backend = FreezeBackend(BackendConfig(node="n"))
+    backend.attach(table)
+    switches = SwitchActivities("n", backend, table)
+    move = NodeMove(node="n", admit="a")
+    await ActivityEnvironment().run(switches.switch, SwitchInput(group="g", epoch=1, move=move))
+    newcomer = counter(tmp_path / "count")
+    try:
+        table.register("g", "b", newcomer)
+        for _ in range(200):
+            if stopped(newcomer):
+                break
+            await asyncio.sleep(0.01)
+        assert stopped(newcomer)
+    finally:
+        kill(newcomer)
+
+
+async def test_a_job_whose_processes_all_exited_is_reported_gone() -> None:
+    table = ProcessTable()
+    backend = FreezeBackend(BackendConfig(node="n"))
+    backend.attach(table)
+    switches = SwitchActivities("n", backend, table)
+    worker = detached(sys.executable, "-c", "import time; time.sleep(30)")
+    table.register("g", "a", worker)
+    kill(worker)
+    for _ in range(100):
+        if table.gone("g", "a"):
+            break
+        time.sleep(0.05)
+    move = NodeMove(node="n", admit="b", evict=["a"])
+    output = await ActivityEnvironment().run(
+        switches.switch, SwitchInput(group="g", epoch=2, move=move)
+    )
+    assert output.gone == ["a"]

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from temporalio.client import Client, WorkflowUpdateFailedError
 
+from activities.processes import ProcessTable
 from tests.conftest import SimNodes
 from tests.groups import (
     Handle,
@@ -20,6 +22,7 @@ from tests.groups import (
     refusal_type,
     release,
 )
+from tests.processes import detached, kill
 from timeshare.models import DrainInput, EvictInput, GroupPolicy, GroupStatus, PauseInput
 from workflows.group import GroupWorkflow
 
@@ -200,3 +203,24 @@ async def test_continue_as_new_loses_no_acquire_in_200_handovers(
     status = await handle.query(GroupWorkflow.status)
     assert status.runs > 20 and status.grants == len(grants)
     assert not [e for e in backend.events if e["event"] == "overlap"]
+
+
+async def test_a_job_whose_processes_exited_is_dropped(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    node, group = f"n-{unique}", f"g-{unique}"
+    table = ProcessTable()
+    await sim_nodes.start(node, processes=table)
+    handle = await join(client, group, "a", [node])
+    await join(client, group, "b", [node])
+    worker = detached(sys.executable, "-c", "import time; time.sleep(60)")
+    table.register(group, "a", worker)
+    first = await acquire(handle, "a")
+    await release(handle, "a", first.epoch)
+    kill(worker)  # job a's only process dies
+    await acquire(handle, "b")  # the switch finds a's processes gone
+    status = await eventually(handle, lambda s: [j.job for j in s.jobs] == ["b"])
+    assert status.evictions == 1
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await heartbeat(handle, "a")
+    assert "exited" in str(refused.value.cause)

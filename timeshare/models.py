@@ -184,6 +184,9 @@ class SwitchOutput(BaseModel):
     backend: str
     actions: list[BackendAction] = Field(default_factory=list)
     seconds: float = 0.0
+    # Jobs whose registered processes on this node have all exited: the
+    # scheduler drops them instead of switching them in again and again.
+    gone: list[str] = Field(default_factory=list)
 
 
 class NodeInfo(BaseModel):

@@ -46,7 +46,7 @@ async def serve_agent(
     info = NodeInfo(
         node=config.node, backend=backend.name, simulated=backend.simulated, gpus=backend.gpus()
     )
-    activities = SwitchActivities(config.node, backend)
+    activities = SwitchActivities(config.node, backend, processes)
     task_queue = node_task_queue(config.node)
     worker = Worker(client, task_queue=task_queue, activities=[activities.switch])
     async with registrations, worker:

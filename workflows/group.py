@@ -279,6 +279,11 @@ class GroupWorkflow:
             results = await asyncio.gather(*(self._move(plan, move) for move in plan.moves))
             failures = [r for r in results if isinstance(r, MoveFailure)]
             if not failures:
+                for output in results:
+                    for job in output.gone if isinstance(output, SwitchOutput) else []:
+                        self._queue.evict(
+                            job, f"its processes on node {output.node} have exited", self._now()
+                        )
                 restored = any(
                     action.action == "restore" and action.bytes > 0
                     for r in results

@@ -45,7 +45,10 @@ class Worker:
             stdout=subprocess.PIPE,
             text=True,
         )
-        self.pid = int(self.read()["registered"]) or self.process.pid
+        # Read on the first command, inside a turn: a worker that registers
+        # while another job holds the GPUs is frozen at once, and answers only
+        # when its own job's turn comes.
+        self.pid = 0
 
     def read(self) -> dict[str, Any]:
         assert self.process.stdout is not None
@@ -56,6 +59,8 @@ class Worker:
         return reply
 
     def ask(self, **command: Any) -> dict[str, Any]:
+        if not self.pid:
+            self.pid = int(self.read()["registered"]) or self.process.pid
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps(command) + "\n")
         self.process.stdin.flush()
