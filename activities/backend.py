@@ -88,6 +88,11 @@ def available_backends() -> list[str]:
 
 
 def load_backend(name: str, config: BackendConfig) -> Backend:
+    """One backend, or several stacked with "+" ("freeze+cuda": freeze, then checkpoint)."""
+    if "+" in name:
+        from activities.stacked import StackedBackend
+
+        return StackedBackend([load_backend(part, config) for part in name.split("+")])
     matches = [ep for ep in entry_points(group=BACKEND_ENTRY_POINT_GROUP) if ep.name == name]
     if not matches:
         known = ", ".join(available_backends()) or "none installed"

@@ -18,7 +18,7 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from activities.backend import Backend, BackendConfig, BackendError
-from activities.gpus import node_gpus
+from activities.gpus import device_memory_by_pid, host_memory_available, node_gpus
 from activities.processes import ProcessTable
 from timeshare.models import BackendAction
 
@@ -66,6 +66,8 @@ class ProcessCheckpointBackend(Backend):
     async def checkpoint(self, group: str, job: str) -> BackendAction:
         states = await self._states(group, job)
         start = time.time()
+        moving = [pid for pid, state in states.items() if state in ON_DEVICE]
+        device_bytes = self._room_for(group, job, moving)
         locked: list[int] = []
         try:
             for pid in [p for p, state in states.items() if state == RUNNING]:
@@ -82,7 +84,9 @@ class ProcessCheckpointBackend(Backend):
             return BackendAction(job=job, action="noop")
         for pid in to_checkpoint:
             await self.act("checkpoint", pid)
-        return BackendAction(job=job, action="checkpoint", seconds=time.time() - start)
+        return BackendAction(
+            job=job, action="checkpoint", bytes=device_bytes, seconds=time.time() - start
+        )
 
     async def restore(self, group: str, job: str) -> BackendAction:
         states = await self._states(group, job)
@@ -95,6 +99,20 @@ class ProcessCheckpointBackend(Backend):
         for pid in to_unlock:
             await self.act("unlock", pid)
         return BackendAction(job=job, action="restore", seconds=time.time() - start)
+
+    def _room_for(self, group: str, job: str, pids: list[int]) -> int:
+        """The device bytes about to move to host memory; refuse before locking
+        anything if the host cannot hold them (rather than let the kernel's
+        OOM killer pick a victim)."""
+        used = device_memory_by_pid()
+        needed = sum(used.get(pid, 0) for pid in pids)
+        available = host_memory_available()
+        if needed > available:
+            raise BackendError(
+                f"job {group}/{job} holds {needed / 2**30:.1f} GiB of device memory but the host "
+                f"has {available / 2**30:.1f} GiB available; nothing was moved"
+            )
+        return needed
 
     async def _states(self, group: str, job: str) -> dict[int, str]:
         return {pid: await self.state(pid) for pid in self.processes.processes(group, job)}

@@ -4,6 +4,7 @@ driver the inventory is absent, with the reason, never a zero."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from types import ModuleType
 
 from pydantic import BaseModel
@@ -44,6 +45,32 @@ def _nvml() -> ModuleType:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def device_memory_by_pid() -> dict[int, int]:
+    """Device bytes each process uses, over every GPU; empty without NVML."""
+    nvml = _nvml()
+    try:
+        nvml.nvmlInit()
+    except Exception:
+        return {}
+    try:
+        used: dict[int, int] = {}
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            for process in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                used[process.pid] = used.get(process.pid, 0) + int(process.usedGpuMemory or 0)
+        return used
+    finally:
+        nvml.nvmlShutdown()
+
+
+def host_memory_available() -> int:
+    """MemAvailable from /proc/meminfo, in bytes."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def node_gpus() -> list[str]:

@@ -125,3 +125,17 @@ def test_each_backend_refuses_to_start_where_it_cannot_run(
     monkeypatch.setitem(sys.modules, "cuda", None)  # cuda-bindings not installed
     with pytest.raises(BackendError, match="cuda-bindings"):
         CudaDriverBackend.create(config)
+
+
+async def test_no_checkpoint_when_the_host_has_no_room(
+    rig: Rig, ranks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        "activities.checkpointing.device_memory_by_pid", lambda: {ranks[0]: 80 * 2**30}
+    )
+    monkeypatch.setattr("activities.checkpointing.host_memory_available", lambda: 16 * 2**30)
+    with pytest.raises(BackendError, match=r"80\.0 GiB of device memory"):
+        await rig.backend.checkpoint("g", "a")
+    assert rig.calls() == []  # nothing was locked
+    monkeypatch.setattr("activities.checkpointing.host_memory_available", lambda: 100 * 2**30)
+    assert (await rig.backend.checkpoint("g", "a")).bytes == 80 * 2**30

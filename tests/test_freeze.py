@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.backend import BackendConfig
+from activities.backend import BackendConfig, load_backend
 from activities.freeze import FreezeBackend
 from activities.processes import ProcessTable, RegistrationRefused, stopped
 from activities.switch import SwitchActivities
@@ -148,3 +148,21 @@ async def test_a_job_whose_processes_all_exited_is_reported_gone() -> None:
         switches.switch, SwitchInput(group="g", epoch=2, move=move)
     )
     assert output.gone == ["a"]
+
+
+async def test_stacked_backends_freeze_then_move_and_restore_in_reverse(tmp_path: Path) -> None:
+    backend = load_backend("freeze+sim", BackendConfig(node="n", sim_state_bytes=0))
+    assert backend.name == "freeze+sim"
+    table = ProcessTable()
+    backend.attach(table)
+    worker = counter(tmp_path / "count")
+    try:
+        table.register("g", "a", worker)
+        assert (await backend.restore("g", "a")).action == "restore"  # admitted on the sim
+        assert await backend.resident_jobs("g") == ["a"]
+        assert (await backend.checkpoint("g", "a")).action == "checkpoint"
+        assert stopped(worker) and await backend.resident_jobs("g") == []
+        assert (await backend.restore("g", "a")).action == "restore"
+        assert not stopped(worker)
+    finally:
+        kill(worker)
