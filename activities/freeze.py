@@ -2,10 +2,11 @@
 another job holds the GPUs, and continued when its turn comes back.
 
 It acts only on processes registered through the agent's socket (and their
-descendants). It stops them with SIGSTOP and continues them with SIGCONT;
-cgroup freezing is not used yet. It moves no device memory. On its own it
-keeps a job off the GPU but leaves its memory there; stacked under a
-checkpointing backend it makes the checkpoint safe."""
+descendants). Where the job's processes, and nothing else, share a cgroup of
+their own, it freezes that cgroup (v2 `cgroup.freeze`, else the v1 freezer);
+otherwise it stops them with SIGSTOP and continues them with SIGCONT. It moves
+no device memory. On its own it keeps a job off the GPU but leaves its memory
+there; stacked under a checkpointing backend it makes the checkpoint safe."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from activities.backend import Backend, BackendConfig, BackendError
+from activities.cgroups import own_cgroup
 from activities.gpus import node_gpus
 from activities.processes import ProcessTable, stopped
 from timeshare.models import BackendAction
@@ -47,19 +49,33 @@ class FreezeBackend(Backend):
     def gpus(self) -> list[str]:
         return node_gpus()
 
+    def _is_frozen(self, group: str, job: str) -> bool:
+        pids = self.processes.processes(group, job)
+        cgroup = own_cgroup(pids)
+        if cgroup is not None:
+            return cgroup.frozen()
+        return all(stopped(pid) for pid in pids)
+
     async def resident_jobs(self, group: str) -> list[str]:
-        return [
-            job
-            for job in self.processes.jobs(group)
-            if any(not stopped(pid) for pid in self.processes.processes(group, job))
-        ]
+        return [job for job in self.processes.jobs(group) if not self._is_frozen(group, job)]
 
     async def checkpoint(self, group: str, job: str) -> BackendAction:
         pids = self.processes.processes(group, job)
-        running = [pid for pid in pids if not stopped(pid)]
-        if not running:
+        if not pids or self._is_frozen(group, job):
             return BackendAction(job=job, action="noop")
         start = time.time()
+        cgroup = own_cgroup(pids)
+        if cgroup is not None:
+            if not await cgroup.set_frozen(True, self.lock_timeout):
+                await cgroup.set_frozen(False, self.lock_timeout)
+                raise BackendError(
+                    f"job {group}/{job}: cgroup {cgroup.path} did not freeze within "
+                    f"{self.lock_timeout:g} s; it was left running"
+                )
+            self._record(event="freeze", group=group, job=job, pids=pids, cgroup=str(cgroup.path),
+                         start=start, end=time.time())  # fmt: skip
+            return BackendAction(job=job, action="checkpoint", seconds=time.time() - start)
+        running = [pid for pid in pids if not stopped(pid)]
         # Stop every process before waiting on any, so no rank runs on alone.
         self._signal(running, signal.SIGSTOP)
         deadline = time.monotonic() + self.lock_timeout
@@ -77,7 +93,17 @@ class FreezeBackend(Backend):
         return BackendAction(job=job, action="checkpoint", seconds=time.time() - start)
 
     async def restore(self, group: str, job: str) -> BackendAction:
-        frozen = [pid for pid in self.processes.processes(group, job) if stopped(pid)]
+        pids = self.processes.processes(group, job)
+        cgroup = own_cgroup(pids)
+        if cgroup is not None:
+            if not cgroup.frozen():
+                return BackendAction(job=job, action="noop")
+            start = time.time()
+            await cgroup.set_frozen(False, self.lock_timeout)
+            self._record(event="thaw", group=group, job=job, pids=pids, start=start,
+                         end=time.time())  # fmt: skip
+            return BackendAction(job=job, action="restore", seconds=time.time() - start)
+        frozen = [pid for pid in pids if stopped(pid)]
         if not frozen:
             return BackendAction(job=job, action="noop")
         start = time.time()

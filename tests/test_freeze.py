@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import time
@@ -12,6 +13,7 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.backend import BackendConfig, load_backend
+from activities.cgroups import FreezerCgroup, hierarchies, own_cgroup
 from activities.freeze import FreezeBackend
 from activities.processes import ProcessTable, RegistrationRefused, stopped
 from activities.switch import SwitchActivities
@@ -166,3 +168,38 @@ async def test_stacked_backends_freeze_then_move_and_restore_in_reverse(tmp_path
         assert not stopped(worker)
     finally:
         kill(worker)
+
+
+@pytest.mark.parametrize("version", [2, 1])
+async def test_a_job_in_its_own_cgroup_is_frozen_as_a_whole(tmp_path: Path, version: int) -> None:
+    mounts = [h for h in hierarchies() if h.version == version]
+    if not mounts or not os.access(mounts[0].mount, os.W_OK):
+        pytest.skip(f"no writable cgroup v{version} freezer here (needs root)")
+    cgroup = mounts[0].mount / f"timeshare-test-{os.getpid()}-{version}"
+    cgroup.mkdir()
+    table = ProcessTable()
+    backend = FreezeBackend(BackendConfig(node="n"))
+    backend.attach(table)
+    worker = counter(tmp_path / "count")
+    try:
+        (cgroup / "cgroup.procs").write_text(str(worker))
+        table.register("g", "a", worker)
+        count(tmp_path / "count")  # counting before it is frozen
+        assert (await backend.checkpoint("g", "a")).action == "checkpoint"
+        assert own_cgroup([worker]) is not None and await backend.resident_jobs("g") == []
+        frozen = count(tmp_path / "count")
+        await asyncio.sleep(0.3)
+        assert count(tmp_path / "count") == frozen
+        assert (await backend.checkpoint("g", "a")).action == "noop"
+        assert (await backend.restore("g", "a")).action == "restore"
+        await asyncio.sleep(0.3)
+        assert count(tmp_path / "count") > frozen
+    finally:
+        frozen_cgroup = FreezerCgroup(mounts[0], cgroup)
+        frozen_cgroup.request(False)  # a frozen process cannot die until thawed
+        kill(worker)
+        for _ in range(100):
+            with contextlib.suppress(OSError):
+                cgroup.rmdir()
+                break
+            await asyncio.sleep(0.05)
