@@ -85,7 +85,11 @@ class ProcessCheckpointBackend(Backend):
         for pid in to_checkpoint:
             await self.act("checkpoint", pid)
         return BackendAction(
-            job=job, action="checkpoint", bytes=device_bytes, seconds=time.time() - start
+            job=job,
+            action="checkpoint",
+            bytes=device_bytes,
+            seconds=time.time() - start,
+            pids=to_checkpoint,
         )
 
     async def restore(self, group: str, job: str) -> BackendAction:
@@ -98,7 +102,7 @@ class ProcessCheckpointBackend(Backend):
             await self.act("restore", pid)
         for pid in to_unlock:
             await self.act("unlock", pid)
-        return BackendAction(job=job, action="restore", seconds=time.time() - start)
+        return BackendAction(job=job, action="restore", seconds=time.time() - start, pids=to_unlock)
 
     def _room_for(self, group: str, job: str, pids: list[int]) -> int:
         """The device bytes about to move to host memory; refuse before locking

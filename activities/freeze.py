@@ -74,7 +74,9 @@ class FreezeBackend(Backend):
                 )
             self._record(event="freeze", group=group, job=job, pids=pids, cgroup=str(cgroup.path),
                          start=start, end=time.time())  # fmt: skip
-            return BackendAction(job=job, action="checkpoint", seconds=time.time() - start)
+            return BackendAction(
+                job=job, action="checkpoint", seconds=time.time() - start, pids=pids
+            )
         running = [pid for pid in pids if not stopped(pid)]
         # Stop every process before waiting on any, so no rank runs on alone.
         self._signal(running, signal.SIGSTOP)
@@ -90,7 +92,9 @@ class FreezeBackend(Backend):
         self._record(
             event="freeze", group=group, job=job, pids=running, start=start, end=time.time()
         )
-        return BackendAction(job=job, action="checkpoint", seconds=time.time() - start)
+        return BackendAction(
+            job=job, action="checkpoint", seconds=time.time() - start, pids=running
+        )
 
     async def restore(self, group: str, job: str) -> BackendAction:
         pids = self.processes.processes(group, job)
@@ -102,14 +106,14 @@ class FreezeBackend(Backend):
             await cgroup.set_frozen(False, self.lock_timeout)
             self._record(event="thaw", group=group, job=job, pids=pids, start=start,
                          end=time.time())  # fmt: skip
-            return BackendAction(job=job, action="restore", seconds=time.time() - start)
+            return BackendAction(job=job, action="restore", seconds=time.time() - start, pids=pids)
         frozen = [pid for pid in pids if stopped(pid)]
         if not frozen:
             return BackendAction(job=job, action="noop")
         start = time.time()
         self._signal(frozen, signal.SIGCONT)
         self._record(event="thaw", group=group, job=job, pids=frozen, start=start, end=time.time())
-        return BackendAction(job=job, action="restore", seconds=time.time() - start)
+        return BackendAction(job=job, action="restore", seconds=time.time() - start, pids=frozen)
 
     @staticmethod
     def _signal(pids: list[int], signum: int) -> None:

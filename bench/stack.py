@@ -37,6 +37,7 @@ def timeshare_command(*args: str) -> list[str]:
 class LocalStack:
     workdir: Path
     node: str = "node-a"
+    backend: str = "sim"
     # The simulated device: state per job and host<->device bandwidth.
     state_gib: float = 0.25
     bandwidth_gbps: float = 10.0
@@ -67,7 +68,7 @@ class LocalStack:
             "scheduler": timeshare_command("scheduler", *common),
             "gateway": timeshare_command("gateway", *common, f"--listen={self.address}"),
             "agent": timeshare_command(
-                "agent", *common, f"--node={self.node}", "--backend=sim",
+                "agent", *common, f"--node={self.node}", f"--backend={self.backend}",
                 f"--sim-state-gib={self.state_gib}", f"--sim-bandwidth-gbps={self.bandwidth_gbps}",
                 f"--sim-record={self.record_path}",
                 f"--sim-state={self.workdir / 'sim-state.json'}",

@@ -15,13 +15,13 @@ from temporalio.testing import ActivityEnvironment
 from activities.backend import BackendConfig, load_backend
 from activities.cgroups import FreezerCgroup, hierarchies, own_cgroup
 from activities.freeze import FreezeBackend
-from activities.processes import ProcessTable, RegistrationRefused, stopped
+from activities.processes import ProcessTable, RegistrationRefused, owner, stopped
 from activities.switch import SwitchActivities
 from tests.processes import detached, kill
 from timeshare.errors import FailedPrecondition
 from timeshare.models import NodeMove, SwitchInput
 from timeshare.registration import register_process
-from workers.agent_socket import serve_agent_socket
+from workers.agent_socket import registration, serve_agent_socket
 
 COUNTER = """
 import sys, time, pathlib
@@ -39,7 +39,7 @@ def counter(path: Path) -> int:
 
 
 def count(path: Path) -> int:
-    for _ in range(100):
+    for _ in range(1000):  # a loaded machine can take seconds to start Python
         text = path.read_text() if path.exists() else ""
         if text:
             return int(text)
@@ -55,7 +55,8 @@ async def test_a_frozen_job_stops_counting_until_restored(tmp_path: Path) -> Non
     try:
         for worker in workers:
             table.register("g", "a", worker)
-        await asyncio.sleep(0.2)
+        for i in range(2):
+            count(tmp_path / f"count-{i}")  # counting before they are frozen
         assert await backend.resident_jobs("g") == ["a"]
         assert (await backend.checkpoint("g", "a")).action == "checkpoint"
         assert (await backend.checkpoint("g", "a")).action == "noop"  # idempotent
@@ -203,3 +204,16 @@ async def test_a_job_in_its_own_cgroup_is_frozen_as_a_whole(tmp_path: Path, vers
                 cgroup.rmdir()
                 break
             await asyncio.sleep(0.05)
+
+
+def test_only_root_or_the_owner_registers_another_process() -> None:
+    sleeper = detached(sys.executable, "-c", "import time; time.sleep(30)")
+    try:
+        message = {"op": "register", "group": "g", "job": "a", "pid": sleeper}
+        with pytest.raises(RegistrationRefused, match="root or the owner"):
+            registration(message, peer_pid=12345, peer_uid=owner(sleeper) + 1000)
+        assert registration(message, peer_pid=12345, peer_uid=0) == ("g", "a", sleeper)
+        claimed = {"op": "register", "group": "g", "job": "a"}
+        assert registration(claimed, peer_pid=12345, peer_uid=1000)[2] == 12345
+    finally:
+        kill(sleeper)

@@ -15,6 +15,7 @@ import grpc.aio
 from timeshare import _protocol as protocol
 from timeshare.errors import Aborted, NotFound, TimeshareError, Unavailable, from_rpc_error
 from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
+from timeshare.registration import register_process
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 
@@ -52,8 +53,11 @@ class Client:
         job: str,
         nodes: list[str] | None = None,
         policy: GroupPolicy | None = None,
+        register: bool = False,
     ) -> Job:
         request = protocol.join_request(group, job, nodes, policy)
+        if register:
+            await asyncio.to_thread(register_process, request.group, request.job)
         response = await self._call(self._stub.Join, request)
         handle = Job(self, protocol.job_ref(request, response))
         self._jobs.append(handle)

@@ -14,6 +14,7 @@ import grpc
 from timeshare import _protocol as protocol
 from timeshare.errors import Aborted, NotFound, TimeshareError, Unavailable, from_rpc_error
 from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
+from timeshare.registration import register_process
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 
@@ -49,11 +50,16 @@ class Client:
         job: str,
         nodes: list[str] | None = None,
         policy: GroupPolicy | None = None,
+        register: bool = False,
     ) -> Job:
         """Join ``group`` as ``job``; ``nodes`` defaults to TIMESHARE_NODES, else the only
         node. ``policy`` applies if this join creates the group. The handle keeps the job's
-        lease alive from a background thread until ``leave()`` or ``close()``."""
+        lease alive from a background thread until ``leave()`` or ``close()``.
+        ``register=True`` also registers this process with the local agent: only for a
+        process that both uses the GPU and asks for turns (see register_process)."""
         request = protocol.join_request(group, job, nodes, policy)
+        if register:
+            register_process(request.group, request.job)
         handle = Job(self, protocol.job_ref(request, self._call(self._stub.Join, request)))
         self._jobs.append(handle)
         return handle

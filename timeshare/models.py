@@ -177,6 +177,8 @@ class BackendAction(BaseModel):
     action: Literal["checkpoint", "restore", "noop"]
     bytes: int = 0
     seconds: float = 0.0
+    # The processes acted on.
+    pids: list[int] = Field(default_factory=list)
 
 
 class SwitchOutput(BaseModel):
