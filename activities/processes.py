@@ -20,28 +20,27 @@ class RegistrationRefused(Exception):
     pass
 
 
-def alive(pid: int) -> bool:
-    stat = PROC / str(pid) / "stat"
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (state first); [] if gone."""
     try:
-        state = stat.read_text().rsplit(")", 1)[1].split()[0]
+        return (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+        return []
+
+
+def alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return bool(fields) and fields[0] not in ("Z", "X")
 
 
 def stopped(pid: int) -> bool:
-    try:
-        state = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state in ("T", "t")
+    fields = _stat(pid)
+    return bool(fields) and fields[0] in ("T", "t")
 
 
 def parent(pid: int) -> int:
-    try:
-        return int((PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
+    fields = _stat(pid)
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
 
 
 def children(pid: int) -> list[int]:

@@ -20,7 +20,7 @@ from activities.backend import BackendConfig
 from activities.processes import ProcessTable
 from activities.sim import SimBackend
 from activities.switch import SwitchActivities
-from tests.ports import free_port
+from bench.stack import free_port, timeshare_command
 from timeshare.names import SCHEDULER_TASK_QUEUE, node_task_queue
 from workers.service import connect_temporal
 from workflows.group import GroupWorkflow
@@ -42,10 +42,6 @@ def wait_for_line(process: subprocess.Popen[str], needle: str, timeout: float) -
         if needle in line:
             return lines
     raise AssertionError(f"no {needle!r} within {timeout} s: {lines}")
-
-
-def timeshare_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "timeshare", *args]
 
 
 def start_until_ready(

@@ -7,8 +7,8 @@ import socket
 import subprocess
 import sys
 
-from tests.conftest import REPO, timeshare_command
-from tests.ports import free_port
+from bench.stack import free_port, timeshare_command
+from tests.conftest import REPO
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

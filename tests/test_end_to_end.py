@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO, start_until_ready, timeshare_command
-from tests.ports import free_port
+from bench.stack import free_port, timeshare_command
+from tests.conftest import REPO, start_until_ready
 from timeshare.synthetic import SyntheticJobReport, TurnRecord, load_report
 from workers.temporal_server import temporal_binary
 

@@ -15,8 +15,8 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 import timeshare.aio
+from bench.stack import free_port
 from tests.conftest import SimNodes
-from tests.ports import free_port
 from timeshare import errors
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc

@@ -13,9 +13,9 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from bench.stack import free_port
 from tests.conftest import SimNodes
 from tests.groups import acquire, join
-from tests.ports import free_port
 from timeshare.models import GroupPolicy, GroupStatus, JobStatus
 from timeshare.v1 import llmd_compat_pb2 as llmd
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc

@@ -439,7 +439,7 @@ class LockQueue:
 
     def switch_target_waits(self) -> bool:
         plan = self.state.switching
-        return plan is not None and any(w.ticket == plan.waiter.ticket for w in self.state.queue)
+        return plan is not None and self.switch_target_waits_for(plan)
 
     def switch_failed(self, cause: str, done: list[str], failed: list[str]) -> None:
         """Record an attempt that some nodes could not complete: the nodes that

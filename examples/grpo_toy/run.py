@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel
 
 import timeshare
+from examples.grpo_toy.policy import rewards
 
 
 class ToyResult(BaseModel):
@@ -97,7 +98,7 @@ def run_toy(
         for step in range(steps):
             with gpu_phase():
                 rollout = worker.ask(op="sample", step=step)
-            scores = policy_rewards(rollout["prompts"], rollout["answers"])
+            scores = rewards(rollout["prompts"], rollout["answers"])
             curve.append(sum(map(sum, scores)) / sum(map(len, scores)))
             with gpu_phase():
                 worker.ask(op="train", step=step, rewards=scores, **rollout)
@@ -119,12 +120,6 @@ def run_toy(
         fingerprint=fingerprint,
         worker_pid=worker.pid,
     )
-
-
-def policy_rewards(prompts: list[int], answers: list[list[int]]) -> list[list[float]]:
-    from examples.grpo_toy.policy import rewards
-
-    return rewards(prompts, answers)
 
 
 def main() -> None:
