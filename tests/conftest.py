@@ -21,6 +21,7 @@ from activities.processes import ProcessTable
 from activities.sim import SimBackend
 from activities.switch import SwitchActivities
 from bench.stack import free_port, timeshare_command
+from tests.gateways import start_gateway
 from timeshare.names import SCHEDULER_TASK_QUEUE, node_task_queue
 from workers.service import connect_temporal
 from workflows.group import GroupWorkflow
@@ -159,3 +160,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_exit_status[0])
+
+
+@pytest.fixture(scope="session")
+async def gateway(temporal_address: str, scheduler: Worker) -> AsyncIterator[str]:
+    running = await start_gateway(temporal_address)
+    yield running.address
+    await running.close()

@@ -12,27 +12,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from temporalio.client import Client
-from temporalio.worker import Worker
 
 import timeshare.aio
-from bench.stack import free_port
 from tests.conftest import SimNodes
 from timeshare import errors
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
-from workers.gateway import serve_gateway
-
-
-@pytest.fixture(scope="session")
-async def gateway(temporal_address: str, scheduler: Worker) -> AsyncIterator[str]:
-    address = f"127.0.0.1:{free_port()}"
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve_gateway(stop, temporal_address, "default", address))
-    async with grpc.aio.insecure_channel(address) as channel:
-        await asyncio.wait_for(channel.channel_ready(), 30)
-    yield address
-    stop.set()
-    await task
 
 
 async def eventually_listed(api: timeshare.aio.Client, group: str) -> bool:

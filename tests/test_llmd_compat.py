@@ -13,13 +13,12 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from bench.stack import free_port
 from tests.conftest import SimNodes
+from tests.gateways import start_gateway
 from tests.groups import acquire, join
 from timeshare.models import GroupPolicy, GroupStatus, JobStatus
 from timeshare.v1 import llmd_compat_pb2 as llmd
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
-from workers.gateway import serve_gateway
 from workers.llmd_compat import CompatSettings, peer_address
 from workers.llmd_status import GroupState, JobState, group_status_response
 
@@ -29,23 +28,12 @@ METHOD = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/"
 Stub = Any
 
 
-async def start_gateway(
-    temporal_address: str, settings: CompatSettings
-) -> tuple[str, Callable[[], None], asyncio.Task[None]]:
-    address = f"127.0.0.1:{free_port()}"
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve_gateway(stop, temporal_address, "default", address, settings))
-    async with grpc.aio.insecure_channel(address) as channel:
-        await asyncio.wait_for(channel.channel_ready(), 30)
-    return address, stop.set, task
-
-
 @pytest.fixture(scope="session")
 async def compat_gateway(temporal_address: str, scheduler: Worker) -> AsyncIterator[str]:
-    address, stop, task = await start_gateway(temporal_address, CompatSettings())
+    running = await start_gateway(temporal_address, CompatSettings())
+    address = running.address
     yield address
-    stop()
-    await task
+    await running.close()
 
 
 @pytest.fixture
@@ -194,7 +182,8 @@ async def test_only_allowed_networks_and_groups_are_served(
     settings = CompatSettings(
         groups=frozenset({"only-this"}), allow=[ipaddress.ip_network("10.0.0.0/8")]
     )
-    address, stop, task = await start_gateway(temporal_address, settings)
+    running = await start_gateway(temporal_address, settings)
+    address = running.address
     try:
         async with grpc.aio.insecure_channel(address) as channel:
             stub = llmd_grpc.TimeSliceOrchestratorServiceStub(channel)
@@ -202,8 +191,7 @@ async def test_only_allowed_networks_and_groups_are_served(
                 await stub.Acquire(llmd.AcquireRequest(job_id="a", group_id="only-this"))
             assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     finally:
-        stop()
-        await task
+        await running.close()
     assert peer_address("ipv4:127.0.0.1:5000") == ipaddress.ip_address("127.0.0.1")
     assert peer_address("ipv6:[::1]:5000") == ipaddress.ip_address("::1")
     assert peer_address("ipv6:%5B::1%5D:5000") == ipaddress.ip_address("::1")

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
@@ -16,6 +17,7 @@ from timeshare import _protocol as protocol
 from timeshare.errors import Aborted, NotFound, TimeshareError, Unavailable, from_rpc_error
 from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
 from timeshare.registration import register_process
+from timeshare.transport import Transport
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 
@@ -23,9 +25,10 @@ Response = TypeVar("Response")
 
 
 class Client:
-    def __init__(self, address: str | None = None) -> None:
+    def __init__(self, address: str | None = None, transport: Transport | None = None) -> None:
         self.address = protocol.resolve_address(address)
-        self._channel = grpc.aio.insecure_channel(self.address)
+        self._transport = transport or Transport.resolve()
+        self._channel = self._transport.aio_channel(self.address)
         self._stub = pb_grpc.TimeSlicerStub(self._channel)
         self._jobs: list[Job] = []
 
@@ -33,7 +36,7 @@ class Client:
         self, method: Callable[..., Awaitable[Response]], request: object, **kwargs: object
     ) -> Response:
         try:
-            return await method(request, **kwargs)
+            return await method(request, metadata=self._transport.metadata, **kwargs)
         except grpc.RpcError as error:
             raise from_rpc_error(error, self.address) from None
 
@@ -181,5 +184,12 @@ class Job(protocol.JobIdentity):
         self._client._forget(self)
 
 
-def connect(address: str | None = None) -> Client:
-    return Client(address)
+def connect(
+    address: str | None = None,
+    token: str | None = None,
+    tls_ca: str | Path | None = None,
+    tls_cert: str | Path | None = None,
+    tls_key: str | Path | None = None,
+) -> Client:
+    """The asyncio twin of ``timeshare.connect``."""
+    return Client(address, Transport.resolve(token, tls_ca, tls_cert, tls_key))

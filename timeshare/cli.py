@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from activities.backend import BackendConfig
+    from workers.temporal_settings import TemporalSettings
 
 DEFAULT_TEMPORAL = "localhost:7233"
 DEFAULT_LISTEN = "127.0.0.1:50051"
@@ -26,16 +27,54 @@ def default_node_name() -> str:
 
 
 def _temporal_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    # Defaults are None so that the environment and the config file can apply;
+    # workers/temporal_settings.py merges the three.
+    temporal = parser.add_argument_group("Temporal connection (flags > env > --config file)")
+    temporal.add_argument(
         "--temporal",
-        default=os.environ.get("TIMESHARE_TEMPORAL", DEFAULT_TEMPORAL),
-        help="Temporal frontend HOST:PORT (env TIMESHARE_TEMPORAL; default %(default)s)",
+        help=f"frontend HOST:PORT (env TIMESHARE_TEMPORAL; default {DEFAULT_TEMPORAL})",
     )
-    parser.add_argument(
-        "--namespace",
-        default=os.environ.get("TIMESHARE_NAMESPACE", "default"),
-        help="Temporal namespace (env TIMESHARE_NAMESPACE; default %(default)s)",
+    temporal.add_argument(
+        "--namespace", help="namespace (env TIMESHARE_NAMESPACE; default default)"
     )
+    temporal.add_argument(
+        "--config", type=Path, help="TOML file with a [temporal] table (env TIMESHARE_CONFIG)"
+    )
+    temporal.add_argument(
+        "--temporal-tls", action="store_const", const=True, help="TLS with the system's roots"
+    )
+    temporal.add_argument("--temporal-tls-ca", type=Path, help="CA certificate (PEM) of the server")
+    temporal.add_argument("--temporal-tls-cert", type=Path, help="client certificate (mTLS)")
+    temporal.add_argument("--temporal-tls-key", type=Path, help="client key (mTLS)")
+    temporal.add_argument("--temporal-tls-server-name", help="server name to verify")
+    temporal.add_argument(
+        "--temporal-api-key-file",
+        type=Path,
+        help="file holding an API key, e.g. Temporal Cloud's (env TIMESHARE_TEMPORAL_API_KEY)",
+    )
+
+
+def temporal_settings(args: argparse.Namespace) -> TemporalSettings:
+    """Raises SettingsError with one line naming each bad field."""
+    from workers.temporal_settings import SettingsError, load_temporal_settings
+
+    api_key = None
+    if args.temporal_api_key_file is not None:
+        try:
+            api_key = args.temporal_api_key_file.read_text().strip()
+        except OSError as error:
+            raise SettingsError(f"--temporal-api-key-file: {error.strerror}") from None
+    flags = {
+        "address": args.temporal,
+        "namespace": args.namespace,
+        "tls": args.temporal_tls,
+        "tls_ca": args.temporal_tls_ca,
+        "tls_cert": args.temporal_tls_cert,
+        "tls_key": args.temporal_tls_key,
+        "tls_server_name": args.temporal_tls_server_name,
+        "api_key": api_key,
+    }
+    return load_temporal_settings(flags, config_file=args.config)
 
 
 def _process_options(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +118,21 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = commands.add_parser("gateway", help="run the gRPC gateway")
     _temporal_options(gateway)
     gateway.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT (default %(default)s)")
+    callers = gateway.add_argument_group(
+        "who may call (required when --listen is not a loopback address)"
+    )
+    callers.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
+    callers.add_argument("--tls-key", type=Path, help="server private key (PEM)")
+    callers.add_argument("--tls-client-ca", type=Path, help="require client certificates (mTLS)")
+    callers.add_argument(
+        "--tokens-file", type=Path, help="TOML file of bearer tokens, each scoped to groups"
+    )
+    callers.add_argument(
+        "--insecure", action="store_true", help="plain text, no caller checks: for tests only"
+    )
+    gateway.add_argument(
+        "--max-groups", type=int, default=1000, help="groups per deployment (default %(default)s)"
+    )
     compat = gateway.add_argument_group(
         "llm-d compatibility (its clients send no job token: off by default)"
     )
@@ -201,27 +255,48 @@ def _cmd_temporal(args: argparse.Namespace) -> int:
 def _cmd_scheduler(args: argparse.Namespace) -> int:
     from workers.scheduler import serve_scheduler
     from workers.service import run_service
+    from workers.temporal_settings import SettingsError
 
-    run_service("scheduler", lambda stop: serve_scheduler(stop, args.temporal, args.namespace))
+    try:
+        temporal = temporal_settings(args)
+    except SettingsError as error:
+        return _fail(f"scheduler: {error}")
+    run_service("scheduler", lambda stop: serve_scheduler(stop, temporal))
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
-    from workers.gateway import serve_gateway
+    from pydantic import ValidationError
+
+    from workers.gateway import GatewayOptions, serve_gateway
+    from workers.gateway_access import GatewaySecurity, first_problem
     from workers.llmd_compat import compat_settings
     from workers.service import run_service
+    from workers.temporal_settings import SettingsError
 
-    compat = None
-    if args.llmd_compat:
-        try:
+    try:
+        compat = None
+        if args.llmd_compat:
             compat = compat_settings(
                 args.llmd_compat_groups, args.llmd_compat_allow, args.llmd_compat_lease_seconds
             )
-        except ValueError as error:
-            return _fail(f"gateway: {error}")
-    run_service(
-        "gateway",
-        lambda stop: serve_gateway(stop, args.temporal, args.namespace, args.listen, compat),
-    )
+        options = GatewayOptions(
+            temporal=temporal_settings(args),
+            security=GatewaySecurity(
+                listen=args.listen,
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
+                tls_client_ca=args.tls_client_ca,
+                tokens_file=args.tokens_file,
+                insecure=args.insecure,
+            ),
+            llmd_compat=compat,
+            max_groups=args.max_groups,
+        )
+    except ValidationError as error:
+        return _fail(f"gateway: {first_problem(error).removeprefix('Value error, ')}")
+    except (SettingsError, ValueError) as error:
+        return _fail(f"gateway: {error}")
+    run_service("gateway", lambda stop: serve_gateway(stop, options))
 
 
 def backend_config(args: argparse.Namespace) -> BackendConfig:
@@ -259,17 +334,20 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     from timeshare.names import check_name
     from workers.agent import serve_agent
     from workers.service import run_service
+    from workers.temporal_settings import SettingsError
 
     try:
         check_name("node", args.node)
     except ValueError as error:
         return _fail(f"--node: {error}")
+    try:
+        temporal = temporal_settings(args)
+    except SettingsError as error:
+        return _fail(f"agent: {error}")
     config = backend_config(args)
     run_service(
         "agent",
-        lambda stop: serve_agent(
-            stop, args.temporal, args.namespace, args.backend, config, args.socket
-        ),
+        lambda stop: serve_agent(stop, temporal, args.backend, config, args.socket),
     )
 
 

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
@@ -15,6 +16,7 @@ from timeshare import _protocol as protocol
 from timeshare.errors import Aborted, NotFound, TimeshareError, Unavailable, from_rpc_error
 from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
 from timeshare.registration import register_process
+from timeshare.transport import Transport
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 
@@ -24,15 +26,16 @@ Response = TypeVar("Response")
 class Client:
     """A connection to a timeshare gateway (or a node agent's socket)."""
 
-    def __init__(self, address: str | None = None) -> None:
+    def __init__(self, address: str | None = None, transport: Transport | None = None) -> None:
         self.address = protocol.resolve_address(address)
-        self._channel = grpc.insecure_channel(self.address)
+        self._transport = transport or Transport.resolve()
+        self._channel = self._transport.channel(self.address)
         self._stub = pb_grpc.TimeSlicerStub(self._channel)
         self._jobs: list[Job] = []
 
     def _call(self, method: Callable[..., Response], request: object, **kwargs: object) -> Response:
         try:
-            return method(request, **kwargs)
+            return method(request, metadata=self._transport.metadata, **kwargs)
         except grpc.RpcError as error:
             raise from_rpc_error(error, self.address) from None
 
@@ -186,6 +189,15 @@ class Job(protocol.JobIdentity):
         self._client._forget(self)
 
 
-def connect(address: str | None = None) -> Client:
-    """Connect to ``address``, else TIMESHARE_ADDRESS, else localhost:50051."""
-    return Client(address)
+def connect(
+    address: str | None = None,
+    token: str | None = None,
+    tls_ca: str | Path | None = None,
+    tls_cert: str | Path | None = None,
+    tls_key: str | Path | None = None,
+) -> Client:
+    """Connect to ``address``, else TIMESHARE_ADDRESS, else localhost:50051.
+    ``token`` (else TIMESHARE_TOKEN) is the gateway's bearer token, if it asks for
+    one; ``tls_ca`` (else TIMESHARE_TLS_CA) turns on TLS, ``tls_cert`` and
+    ``tls_key`` add a client certificate."""
+    return Client(address, Transport.resolve(token, tls_ca, tls_cert, tls_key))

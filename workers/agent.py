@@ -17,6 +17,7 @@ from timeshare.models import NodeInfo
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE, node_task_queue
 from workers.agent_socket import remove_socket, serve_agent_socket
 from workers.service import StartupError, connect_temporal, ready
+from workers.temporal_settings import TemporalSettings
 from workflows.registry import (
     NODE_HEARTBEAT_SECONDS,
     NodeDeparture,
@@ -29,8 +30,7 @@ log = logging.getLogger("timeshare.agent")
 
 async def serve_agent(
     stop: asyncio.Event,
-    temporal: str,
-    namespace: str,
+    temporal: TemporalSettings,
     backend_name: str,
     config: BackendConfig,
     socket_path: str,
@@ -41,7 +41,7 @@ async def serve_agent(
         raise StartupError(str(error)) from None
     processes = ProcessTable()
     backend.attach(processes)
-    client = await connect_temporal(temporal, namespace)
+    client = await connect_temporal(temporal)
     registrations = await serve_agent_socket(socket_path, processes)
     info = NodeInfo(
         node=config.node, backend=backend.name, simulated=backend.simulated, gpus=backend.gpus()

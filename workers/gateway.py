@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from pydantic import BaseModel, ConfigDict, Field
 from temporalio.client import Client
 from temporalio.service import RPCError
 
@@ -31,11 +32,14 @@ from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from workers import gateway_convert as convert
-from workers.gateway_errors import MESSAGE_SECONDS, InvalidRequest, rpc, within
+from workers.gateway_access import Access, GatewaySecurity
+from workers.gateway_errors import MESSAGE_SECONDS, AccessDenied, InvalidRequest, rpc, within
 from workers.group_client import (
     GroupHandle,
     acquire_or_withdraw,
+    count_running_groups,
     group_handle,
+    group_running,
     join_group,
     registered_nodes,
     running_groups,
@@ -43,12 +47,14 @@ from workers.group_client import (
 from workers.llmd_compat import SERVICE_NAME as LLMD_SERVICE_NAME
 from workers.llmd_compat import CompatSettings, TimeSliceOrchestratorCompat, log_llmd_compat
 from workers.service import StartupError, connect_temporal, ready
+from workers.temporal_settings import TemporalSettings
 from workflows.group import GroupWorkflow
 from workflows.registry import NodeRegistryWorkflow
 
 Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TimeSlicer"].full_name
 MAX_MESSAGE_BYTES = 4 * 2**20
+DEFAULT_MAX_GROUPS = 1000
 
 
 def token_hash(token: str) -> str:
@@ -56,8 +62,12 @@ def token_hash(token: str) -> str:
 
 
 class TimeSlicerService(pb_grpc.TimeSlicerServicer):
-    def __init__(self, client: Client) -> None:
+    def __init__(
+        self, client: Client, access: Access | None = None, max_groups: int = DEFAULT_MAX_GROUPS
+    ) -> None:
         self._client = client
+        self._access = access or Access(None)
+        self._max_groups = max_groups
         self._background: set[asyncio.Task[None]] = set()
 
     def _group(self, group: str) -> GroupHandle:
@@ -67,10 +77,12 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
 
     @rpc
     async def Join(self, request: pb.JoinRequest, context: Context) -> pb.JoinResponse:
+        self._access.require(context, request.group)
         group = convert.name("group", request.group)
         job = convert.name("job", request.job)
         nodes = convert.nodes(request.nodes) or await self._only_live_node()
         policy = convert.policy(request.policy) if request.HasField("policy") else None
+        await self._check_room_for(group)
         token = secrets.token_urlsafe(32)
         message = JoinInput(job=job, nodes=nodes, token_hash=token_hash(token))
         joined = await within(MESSAGE_SECONDS, join_group(self._client, group, message, policy))
@@ -80,6 +92,19 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
             created=joined.created,
             lease_seconds=joined.lease_seconds,
         )
+
+    async def _check_room_for(self, group: str) -> None:
+        """Refuse a new group beyond the deployment's limit (visibility lags, so
+        a burst of new groups can overshoot it by a few)."""
+        if await within(MESSAGE_SECONDS, group_running(self._client, group)):
+            return
+        running = await within(MESSAGE_SECONDS, count_running_groups(self._client))
+        if running >= self._max_groups:
+            raise AccessDenied(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"group: {running} groups already run here (limit {self._max_groups}, "
+                "gateway --max-groups); join an existing group or raise the limit",
+            )
 
     async def _only_live_node(self) -> list[str]:
         live = [node.node for node in await self._nodes() if node.alive]
@@ -93,6 +118,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
 
     @rpc
     async def Acquire(self, request: pb.AcquireRequest, context: Context) -> pb.AcquireResponse:
+        self._access.require(context, request.group)
         handle = self._group(request.group)
         message = AcquireInput(
             job=convert.name("job", request.job),
@@ -113,6 +139,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
 
     @rpc
     async def Yield(self, request: pb.YieldRequest, context: Context) -> pb.YieldResponse:
+        self._access.require(context, request.group)
         message = YieldInput(
             job=convert.name("job", request.job),
             token_hash=token_hash(request.job_token),
@@ -128,6 +155,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: Context
     ) -> pb.HeartbeatResponse:
+        self._access.require(context, request.group)
         handle = self._group(request.group)
         beat = await within(
             MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.heartbeat, self._job(request))
@@ -143,6 +171,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
 
     @rpc
     async def Leave(self, request: pb.LeaveRequest, context: Context) -> pb.LeaveResponse:
+        self._access.require(context, request.group)
         handle = self._group(request.group)
         await within(
             MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.leave, self._job(request))
@@ -159,6 +188,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
 
     @rpc
     async def GetGroup(self, request: pb.GetGroupRequest, context: Context) -> pb.GroupStatus:
+        self._access.require(context, request.group)
         status = await within(
             MESSAGE_SECONDS, self._group(request.group).query(GroupWorkflow.status)
         )
@@ -169,7 +199,8 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         self, request: pb.ListGroupsRequest, context: Context
     ) -> pb.ListGroupsResponse:
         statuses = []
-        for group in await within(MESSAGE_SECONDS, running_groups(self._client)):
+        groups = await within(MESSAGE_SECONDS, running_groups(self._client))
+        for group in self._access.visible(context, groups):
             query = group_handle(self._client, group).query(GroupWorkflow.status)
             statuses.append(convert.group_status(await within(MESSAGE_SECONDS, query)))
         return pb.ListGroupsResponse(groups=statuses)
@@ -178,6 +209,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
     async def ListNodes(
         self, request: pb.ListNodesRequest, context: Context
     ) -> pb.ListNodesResponse:
+        self._access.caller(context)
         return pb.ListNodesResponse(nodes=[convert.node_status(n) for n in await self._nodes()])
 
     def _registry(self) -> Any:
@@ -202,6 +234,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
 
     @rpc
     async def Evict(self, request: pb.EvictRequest, context: Context) -> pb.GroupStatus:
+        self._access.require(context, request.group, operator=True)
         handle = self._group(request.group)
         reason = convert.reason(request.reason) or "evicted by an operator"
         message = EvictInput(job=convert.name("job", request.job), reason=reason)
@@ -212,6 +245,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
 
     @rpc
     async def Pause(self, request: pb.PauseRequest, context: Context) -> pb.GroupStatus:
+        self._access.require(context, request.group, operator=True)
         handle = self._group(request.group)
         message = PauseInput(paused=request.paused)
         status = await within(MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.pause, message))
@@ -219,6 +253,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
 
     @rpc
     async def Drain(self, request: pb.DrainRequest, context: Context) -> pb.DrainResponse:
+        self._access.require(context, None, operator=True)
         message = DrainInput(node=convert.name("node", request.node), drained=request.drained)
         told = []
         for group in await within(MESSAGE_SECONDS, running_groups(self._client)):
@@ -231,33 +266,51 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         return pb.DrainResponse(groups=sorted(told))
 
 
-async def serve_gateway(
-    stop: asyncio.Event,
-    temporal: str,
-    namespace: str,
-    listen: str,
-    llmd_compat: CompatSettings | None = None,
-) -> None:
-    client = await connect_temporal(temporal, namespace)
+class GatewayOptions(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    temporal: TemporalSettings
+    security: GatewaySecurity
+    llmd_compat: CompatSettings | None = None
+    max_groups: int = Field(default=DEFAULT_MAX_GROUPS, ge=1)
+
+
+async def serve_gateway(stop: asyncio.Event, options: GatewayOptions) -> None:
+    security = options.security
+    security.check()
+    if options.llmd_compat is not None and security.access().enforced:
+        raise StartupError(
+            "--llmd-compat cannot check bearer tokens (the llm-d API has no place for them); "
+            "use --tls-client-ca for callers, or run the compat service on 127.0.0.1"
+        )
+    access = security.access()
+    credentials = security.server_credentials()
+    security.warn_if_insecure()
+    client = await connect_temporal(options.temporal)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
         ]
     )
-    pb_grpc.add_TimeSlicerServicer_to_server(TimeSlicerService(client), server)
+    service = TimeSlicerService(client, access, options.max_groups)
+    pb_grpc.add_TimeSlicerServicer_to_server(service, server)
     services = [SERVICE_NAME]
-    if llmd_compat is not None:
-        compat = TimeSliceOrchestratorCompat(client, llmd_compat)
+    if options.llmd_compat is not None:
+        compat = TimeSliceOrchestratorCompat(client, options.llmd_compat)
         llmd_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(compat, server)
         services.append(LLMD_SERVICE_NAME)
-        log_llmd_compat(llmd_compat)
+        log_llmd_compat(options.llmd_compat)
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
     health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
     reflection.enable_server_reflection([*services, health_name, reflection.SERVICE_NAME], server)
+    listen = security.listen
     try:
-        port = server.add_insecure_port(listen)
+        if credentials is None:
+            port = server.add_insecure_port(listen)
+        else:
+            port = server.add_secure_port(listen, credentials)
     except RuntimeError:
         port = 0
     if port == 0:
@@ -269,7 +322,14 @@ async def serve_gateway(
     await health_service.set("", health_pb2.HealthCheckResponse.SERVING)
     for name in services:
         await health_service.set(name, health_pb2.HealthCheckResponse.SERVING)
-    ready("gateway", f"{listen} (gRPC {', '.join(services)}), Temporal {temporal}/{namespace}")
+    transport = "TLS" if credentials is not None else "plain text"
+    callers = ", bearer tokens" if access.enforced else ""
+    callers += ", client certificates" if security.tls_client_ca else ""
+    ready(
+        "gateway",
+        f"{listen} ({transport}{callers}; gRPC {', '.join(services)}), "
+        f"Temporal {options.temporal.describe()}",
+    )
     await stop.wait()
     await health_service.enter_graceful_shutdown()
     await server.stop(grace=5)

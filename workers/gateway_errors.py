@@ -40,6 +40,14 @@ class InvalidRequest(ValueError):
     """A request refused before it reaches Temporal."""
 
 
+class AccessDenied(Exception):
+    """The caller may not make this call (UNAUTHENTICATED or PERMISSION_DENIED)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class SchedulerTimeout(Exception):
     """The scheduler did not answer a short message in time."""
 
@@ -54,6 +62,8 @@ def status_for(error: BaseException, group: str) -> tuple[grpc.StatusCode, str] 
     """The gRPC status for a failure, or None if it is not ours to translate."""
     if isinstance(error, InvalidRequest):
         return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, AccessDenied):
+        return error.code, str(error)
     if isinstance(error, SchedulerTimeout):
         return grpc.StatusCode.UNAVAILABLE, str(error)
     if isinstance(error, WorkflowUpdateFailedError | WorkflowQueryFailedError):
@@ -86,7 +96,7 @@ def rpc(method: Method[Servicer, Request, Response]) -> Method[Servicer, Request
     ) -> Response:
         try:
             return await method(self, request, context)
-        except (InvalidRequest, SchedulerTimeout, WorkflowUpdateFailedError,
+        except (InvalidRequest, AccessDenied, SchedulerTimeout, WorkflowUpdateFailedError,
                 WorkflowQueryFailedError, RPCError) as error:  # fmt: skip
             status = status_for(error, getattr(request, "group", ""))
             assert status is not None

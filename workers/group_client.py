@@ -11,6 +11,7 @@ import uuid
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
+    WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
@@ -41,6 +42,20 @@ async def running_groups(client: Client) -> list[str]:
         if execution.id.startswith(GROUP_ID_PREFIX)
     ]
     return sorted(names)
+
+
+async def group_running(client: Client, group: str) -> bool:
+    try:
+        description = await group_handle(client, group).describe()
+    except RPCError as error:
+        if error.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return description.status == WorkflowExecutionStatus.RUNNING
+
+
+async def count_running_groups(client: Client) -> int:
+    return (await client.count_workflows(RUNNING_GROUPS)).count
 
 
 async def registered_nodes(client: Client) -> list[NodeRecord]:

@@ -9,14 +9,15 @@ from temporalio.worker import Worker
 
 from timeshare.names import SCHEDULER_TASK_QUEUE
 from workers.service import connect_temporal, ready
+from workers.temporal_settings import TemporalSettings
 from workflows.group import GroupWorkflow
 from workflows.registry import NodeRegistryWorkflow
 
 STICKY_TIMEOUT = timedelta(seconds=2)
 
 
-async def serve_scheduler(stop: asyncio.Event, temporal: str, namespace: str) -> None:
-    client = await connect_temporal(temporal, namespace)
+async def serve_scheduler(stop: asyncio.Event, temporal: TemporalSettings) -> None:
+    client = await connect_temporal(temporal)
     worker = Worker(
         client,
         task_queue=SCHEDULER_TASK_QUEUE,
@@ -26,5 +27,5 @@ async def serve_scheduler(stop: asyncio.Event, temporal: str, namespace: str) ->
         sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
     )
     async with worker:
-        ready("scheduler", f"task queue {SCHEDULER_TASK_QUEUE} on {temporal}/{namespace}")
+        ready("scheduler", f"task queue {SCHEDULER_TASK_QUEUE} on {temporal.describe()}")
         await stop.wait()

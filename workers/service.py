@@ -13,19 +13,30 @@ from typing import NoReturn
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from workers.temporal_settings import TemporalSettings
+
 
 class StartupError(Exception):
     """The process cannot start; the message says why and what to do."""
 
 
-async def connect_temporal(address: str, namespace: str) -> Client:
+async def connect_temporal(target: str | TemporalSettings, namespace: str = "default") -> Client:
+    settings = (
+        target
+        if isinstance(target, TemporalSettings)
+        else TemporalSettings(address=target, namespace=namespace)
+    )
     try:
         return await Client.connect(
-            address, namespace=namespace, data_converter=pydantic_data_converter
+            settings.address,
+            namespace=settings.namespace,
+            data_converter=pydantic_data_converter,
+            tls=settings.tls_config(),
+            api_key=settings.api_key.get_secret_value() if settings.api_key else None,
         )
     except Exception as error:
         raise StartupError(
-            f"cannot reach Temporal at {address} (namespace {namespace}): {error}. "
+            f"cannot reach Temporal at {settings.describe()}: {error}. "
             "Start it with `timeshare temporal` (or `timeshare up`), "
             "or point --temporal / TIMESHARE_TEMPORAL at a running server"
         ) from None

@@ -43,6 +43,7 @@ ErrorCode = Literal[
     "INVALID_ARGUMENT",
     "NOT_FOUND",
     "UNAUTHENTICATED",
+    "PERMISSION_DENIED",
     "FAILED_PRECONDITION",
     "RESOURCE_EXHAUSTED",
     "ABORTED",
@@ -197,9 +198,24 @@ class LockQueue:
             raise QueueError(
                 "NOT_FOUND", f"job {job!r} is not in group {self.state.group!r}; Join first"
             )
-        if not hmac.compare_digest(entry.token_hash, token_hash):
-            raise QueueError("UNAUTHENTICATED", f"wrong job token for job {job!r}")
-        return entry
+        if hmac.compare_digest(entry.token_hash, token_hash):
+            return entry
+        owner = self._token_owner(token_hash)
+        if owner is not None:
+            raise QueueError(
+                "PERMISSION_DENIED",
+                f"the job token given belongs to job {owner!r}, not {job!r}; "
+                "each job acts only with the token its own Join returned",
+            )
+        raise QueueError(
+            "UNAUTHENTICATED", f"wrong or missing job token for job {job!r}; Join again for one"
+        )
+
+    def _token_owner(self, token_hash: str) -> str | None:
+        for name, entry in self.state.jobs.items():
+            if hmac.compare_digest(entry.token_hash, token_hash):
+                return name
+        return None
 
     def touch(self, job: str, now: float) -> None:
         """Any message from a job renews its lease."""

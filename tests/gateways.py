@@ -1,0 +1,46 @@
+"""Gateways started in the test process, on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from bench.stack import free_port
+from workers.gateway import GatewayOptions, serve_gateway
+from workers.gateway_access import GatewaySecurity
+from workers.llmd_compat import CompatSettings
+from workers.temporal_settings import TemporalSettings
+
+
+@dataclass
+class RunningGateway:
+    address: str
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+    async def close(self) -> None:
+        self.stop.set()
+        await self.task
+
+
+async def start_gateway(
+    temporal_address: str,
+    llmd_compat: CompatSettings | None = None,
+    tokens_file: Path | None = None,
+    max_groups: int = 1000,
+) -> RunningGateway:
+    address = f"127.0.0.1:{free_port()}"
+    options = GatewayOptions(
+        temporal=TemporalSettings(address=temporal_address),
+        security=GatewaySecurity(listen=address, tokens_file=tokens_file),
+        llmd_compat=llmd_compat,
+        max_groups=max_groups,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve_gateway(stop, options))
+    async with grpc.aio.insecure_channel(address) as channel:
+        await asyncio.wait_for(channel.channel_ready(), 30)
+    return RunningGateway(address, stop, task)
