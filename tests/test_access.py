@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -43,7 +44,7 @@ async def test_another_jobs_token_is_permission_denied(
         before = await api.get_group(group)
         async with grpc.aio.insecure_channel(gateway) as channel:
             stub = pb_grpc.TimeSlicerStub(channel)
-            calls = [
+            calls: list[Any] = [
                 stub.Acquire(pb.AcquireRequest(group=group, job="a", job_token=b.ref.token)),
                 stub.Heartbeat(pb.HeartbeatRequest(group=group, job="b", job_token=a.ref.token)),
                 stub.Leave(pb.LeaveRequest(group=group, job="a", job_token=b.ref.token)),
