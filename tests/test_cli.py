@@ -7,8 +7,11 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from bench.stack import free_port, timeshare_command
 from tests.conftest import REPO
+from timeshare import cli
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -76,3 +79,42 @@ def test_probe_says_in_one_line_when_there_is_no_gpu() -> None:
         assert result.stdout.strip() and "gpu0" in result.stdout
     else:
         assert_one_line_failure(result, "NVIDIA", "cuda backends")
+
+
+CLOSED = "127.0.0.1:1"
+BAD_ARGUMENTS = [
+    [],
+    ["nope"],
+    ["temporal", "--port", "99999"],
+    ["temporal", "--ui-port", "http"],
+    ["up", "--port", "0"],
+    ["agent", "--lock-timeout", "nan"],
+    ["agent", "--sim-capacity-gib", "-5"],
+    ["agent", "--call-timeout", "inf"],
+    ["gateway", "--max-groups", "0"],
+    ["gateway", "--listen"],
+    ["evict", "g"],
+    ["register", "--group", "g", "--job", "j", "--pid", "1"],
+    ["demo", "--iterations", "-1"],
+    ["synthetic-job", "--group", "g", "--job", "j", "--train-seconds", "-1"],
+    ["status", "--address", CLOSED],
+    ["status", "Bad Group", "--address", CLOSED],
+    ["pause", "g", "--address", CLOSED],
+    ["resume", "g\x00", "--address", CLOSED],
+    ["evict", "g", "j", "--address", CLOSED],
+    ["drain", "Node!", "--address", CLOSED],
+    ["undrain", "n", "--address", CLOSED],
+    ["register", "--group", "g", "--job", "j", "--pid", "4242", "--socket", "/nonexistent.sock"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD_ARGUMENTS, ids=lambda argv: " ".join(argv) or "(none)")
+def test_every_bad_argument_is_one_line_and_no_traceback(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code not in (0, None)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err

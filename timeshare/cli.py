@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -83,33 +84,64 @@ def _process_options(parser: argparse.ArgumentParser) -> None:
         "--cuda-checkpoint", help="path of the cuda-checkpoint utility (default: on PATH)"
     )
     backends.add_argument(
-        "--lock-timeout", type=float, default=10.0, help="seconds for a job to stop or lock"
+        "--lock-timeout", type=PERIOD, default=10.0, help="seconds for a job to stop or lock"
     )
     backends.add_argument(
-        "--call-timeout", type=float, default=300.0, help="seconds any one backend call may take"
+        "--call-timeout", type=PERIOD, default=300.0, help="seconds one backend call may take"
     )
 
 
 def _sim_options(parser: argparse.ArgumentParser) -> None:
     sim = parser.add_argument_group("sim backend (a SIMULATED GPU)")
-    sim.add_argument("--sim-capacity-gib", type=float, default=141.0)
-    sim.add_argument("--sim-bandwidth-gbps", type=float, default=20.0, help="GB/s host<->device")
-    sim.add_argument("--sim-state-gib", type=float, default=2.0, help="device state per job")
+    sim.add_argument("--sim-capacity-gib", type=AMOUNT, default=141.0)
+    sim.add_argument("--sim-bandwidth-gbps", type=AMOUNT, default=20.0, help="GB/s host<->device")
+    sim.add_argument("--sim-state-gib", type=AMOUNT, default=2.0, help="device state per job")
     sim.add_argument("--sim-record", type=Path, help="append the residency record here (JSONL)")
     sim.add_argument(
         "--sim-state", type=Path, help="keep what the simulated GPU holds here, across restarts"
     )
 
 
+def _number(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number in [low, high], else one clear error."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (low <= value <= high):  # also refuses NaN
+            raise argparse.ArgumentTypeError(f"{text} is outside {low:g}..{high:g}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+PORT = _number(int, 1, 65535)
+COUNT = _number(int, 1, 10**9)
+PID = _number(int, 2, 2**22)
+SECONDS = _number(float, 0.0, 7 * 86400.0)
+PERIOD = _number(float, 0.001, 7 * 86400.0)
+AMOUNT = _number(float, 1e-6, 1e6)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr, not the usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="timeshare", description="Cooperative GPU time-slicing for RL jobs, on Temporal."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     temporal = commands.add_parser("temporal", help="run the embedded Temporal dev server")
-    temporal.add_argument("--port", type=int, default=7233)
-    temporal.add_argument("--ui-port", type=int, default=8233)
+    temporal.add_argument("--port", type=PORT, default=7233)
+    temporal.add_argument("--ui-port", type=PORT, default=8233)
     temporal.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
 
     scheduler = commands.add_parser("scheduler", help="run the scheduler worker")
@@ -131,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--insecure", action="store_true", help="plain text, no caller checks: for tests only"
     )
     gateway.add_argument(
-        "--max-groups", type=int, default=1000, help="groups per deployment (default %(default)s)"
+        "--max-groups", type=COUNT, default=1000, help="groups per deployment (default %(default)s)"
     )
     compat = gateway.add_argument_group(
         "llm-d compatibility (its clients send no job token: off by default)"
@@ -171,8 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = commands.add_parser("up", help="run the whole stack on this machine")
     up.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
-    up.add_argument("--port", type=int, default=7233, help="Temporal gRPC port")
-    up.add_argument("--ui-port", type=int, default=8233, help="Temporal Web UI port")
+    up.add_argument("--port", type=PORT, default=7233, help="Temporal gRPC port")
+    up.add_argument("--ui-port", type=PORT, default=8233, help="Temporal Web UI port")
     up.add_argument("--listen", default=DEFAULT_LISTEN, help="gateway HOST:PORT")
     up.add_argument("--node", default=default_node_name(), help="this host's node name")
     up.add_argument("--backend", default="sim")
@@ -205,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
         control.add_argument("--address", help="gateway HOST:PORT (env TIMESHARE_ADDRESS)")
 
     demo = commands.add_parser("demo", help="run two synthetic RL jobs through the stack")
-    demo.add_argument("--iterations", type=int, default=6)
+    demo.add_argument("--iterations", type=COUNT, default=6)
     demo.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
 
     register = commands.add_parser(
@@ -213,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     register.add_argument("--group", required=True)
     register.add_argument("--job", required=True)
-    register.add_argument("--pid", type=int, required=True)
+    register.add_argument("--pid", type=PID, required=True)
     register.add_argument("--socket", help="agent socket (env TIMESHARE_AGENT_SOCKET)")
 
     job = commands.add_parser("synthetic-job", help="run one synthetic RL job (demo, tests)")
@@ -221,14 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--job", required=True)
     job.add_argument("--address")
     job.add_argument("--nodes", help="comma-separated node names")
-    job.add_argument("--iterations", type=int, default=5)
-    job.add_argument("--sample-seconds", type=float, default=0.8)
-    job.add_argument("--reward-seconds", type=float, default=1.8)
-    job.add_argument("--train-seconds", type=float, default=0.6)
-    job.add_argument("--start-delay-seconds", type=float, default=0.0)
+    job.add_argument("--iterations", type=COUNT, default=5)
+    job.add_argument("--sample-seconds", type=SECONDS, default=0.8)
+    job.add_argument("--reward-seconds", type=SECONDS, default=1.8)
+    job.add_argument("--train-seconds", type=SECONDS, default=0.6)
+    job.add_argument("--start-delay-seconds", type=SECONDS, default=0.0)
     job.add_argument("--report", type=Path, help="write the job's record here (JSON)")
-    job.add_argument("--lease-seconds", type=float, help="group policy, if this job creates it")
-    job.add_argument("--agent-timeout-seconds", type=float, help="group policy, likewise")
+    job.add_argument("--lease-seconds", type=PERIOD, help="group policy, if this job makes it")
+    job.add_argument("--agent-timeout-seconds", type=PERIOD, help="group policy, likewise")
     return parser
 
 
