@@ -21,6 +21,8 @@ class GpuInfo(BaseModel):
     memory_used_bytes: int
     driver_version: str
     checkpoint_api: bool
+    # Percent of the last sample period a kernel ran (NVML); None if unreadable.
+    utilization_percent: float | None = None
 
     def describe(self) -> str:
         api = "checkpoint API" if self.checkpoint_api else "no checkpoint API"
@@ -94,6 +96,10 @@ def gpu_inventory() -> list[GpuInfo]:
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            try:
+                utilization: float | None = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            except Exception:  # some GPUs (MIG slices) have no utilization counter
+                utilization = None
             gpus.append(
                 GpuInfo(
                     index=index,
@@ -103,6 +109,7 @@ def gpu_inventory() -> list[GpuInfo]:
                     memory_used_bytes=int(memory.used),
                     driver_version=driver,
                     checkpoint_api=major >= CHECKPOINT_API_DRIVER,
+                    utilization_percent=utilization,
                 )
             )
         return gpus

@@ -9,11 +9,13 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable
 
+from opentelemetry import propagate, trace
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.backend import Backend, BackendError
 from activities.processes import ProcessTable
+from timeshare.instruments import record_switch
 from timeshare.models import (
     CHECKPOINT_FAILED,
     RESTORE_FAILED,
@@ -24,6 +26,8 @@ from timeshare.models import (
 
 HEARTBEAT_SECONDS = 1.0
 log = logging.getLogger("timeshare.agent")
+tracer = trace.get_tracer("timeshare.agent")
+PHASE_OF_FAILURE = {CHECKPOINT_FAILED: "checkpoint", RESTORE_FAILED: "restore"}
 
 
 class SwitchActivities:
@@ -60,7 +64,21 @@ class SwitchActivities:
                     non_retryable=True,
                 )
             self._latest_plan[input.group] = input.plan
-            return await self._switch(input)
+            # The span joins the trace of the acquire this switch serves.
+            with tracer.start_as_current_span(
+                "timeshare.switch",
+                context=propagate.extract(input.trace_context),
+                attributes={
+                    "timeshare.group": input.group,
+                    "timeshare.node": self.node,
+                    "timeshare.epoch": input.epoch,
+                    "timeshare.admit": move.admit,
+                    "timeshare.backend": self.backend.name,
+                },
+            ):
+                output = await self._switch(input)
+            record_switch(input.group, output)
+            return output
 
     async def _switch(self, input: SwitchInput) -> SwitchOutput:
         move = input.move
@@ -112,10 +130,14 @@ class SwitchActivities:
 
 
 async def _step(action: Awaitable[BackendAction], failure_type: str) -> BackendAction:
-    try:
-        return await action
-    except BackendError as error:
-        raise ApplicationError(str(error), type=failure_type) from None
+    with tracer.start_as_current_span(f"timeshare.{PHASE_OF_FAILURE[failure_type]}") as span:
+        try:
+            done = await action
+        except BackendError as error:
+            span.set_status(trace.StatusCode.ERROR, str(error))
+            raise ApplicationError(str(error), type=failure_type) from None
+        span.set_attributes({"timeshare.job": done.job, "timeshare.bytes": done.bytes})
+        return done
 
 
 @contextlib.asynccontextmanager

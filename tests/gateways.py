@@ -12,6 +12,7 @@ from bench.stack import free_port
 from workers.gateway import GatewayOptions, serve_gateway
 from workers.gateway_access import GatewaySecurity
 from workers.llmd_compat import CompatSettings
+from workers.telemetry import Telemetry
 from workers.temporal_settings import TemporalSettings
 
 
@@ -31,6 +32,7 @@ async def start_gateway(
     llmd_compat: CompatSettings | None = None,
     tokens_file: Path | None = None,
     max_groups: int = 1000,
+    telemetry: Telemetry | None = None,
 ) -> RunningGateway:
     address = f"127.0.0.1:{free_port()}"
     options = GatewayOptions(
@@ -40,7 +42,7 @@ async def start_gateway(
         max_groups=max_groups,
     )
     stop = asyncio.Event()
-    task = asyncio.create_task(serve_gateway(stop, options))
+    task = asyncio.create_task(serve_gateway(stop, options, telemetry))
     async with grpc.aio.insecure_channel(address) as channel:
         await asyncio.wait_for(channel.channel_ready(), 30)
     return RunningGateway(address, stop, task)

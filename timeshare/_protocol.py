@@ -8,7 +8,10 @@ import os
 import uuid
 from dataclasses import dataclass
 
+from google.protobuf import json_format
+
 from timeshare.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy, GroupStatus, JobStatus, NodeRecord
 from timeshare.names import check_name
 from timeshare.v1 import timeshare_pb2 as pb
@@ -173,6 +176,13 @@ def pause_request(group: str, paused: bool) -> pb.PauseRequest:
 
 def drain_request(node: str, drained: bool) -> pb.DrainRequest:
     return pb.DrainRequest(node=valid("node", node), drained=drained)
+
+
+def group_history(message: pb.GroupHistory) -> GroupHistory:
+    fields = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return GroupHistory.model_validate(fields)
 
 
 def group_status(message: pb.GroupStatus) -> GroupStatus:

@@ -15,8 +15,10 @@ import grpc.aio
 
 from timeshare import _protocol as protocol
 from timeshare.errors import Aborted, NotFound, TimeshareError, Unavailable, from_rpc_error
+from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
 from timeshare.registration import register_process
+from timeshare.tracing import client_span
 from timeshare.transport import Transport
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
@@ -36,7 +38,8 @@ class Client:
         self, method: Callable[..., Awaitable[Response]], request: object, **kwargs: object
     ) -> Response:
         try:
-            return await method(request, metadata=self._transport.metadata, **kwargs)
+            with client_span(method, self._transport.metadata) as metadata:
+                return await method(request, metadata=metadata, **kwargs)
         except grpc.RpcError as error:
             raise from_rpc_error(error, self.address) from None
 
@@ -65,6 +68,10 @@ class Client:
         handle = Job(self, protocol.job_ref(request, response))
         self._jobs.append(handle)
         return handle
+
+    async def group_history(self, group: str) -> GroupHistory:
+        request = pb.GetGroupHistoryRequest(group=protocol.valid("group", group))
+        return protocol.group_history(await self._call(self._stub.GetGroupHistory, request))
 
     async def get_group(self, group: str) -> GroupStatus:
         request = pb.GetGroupRequest(group=protocol.valid("group", group))

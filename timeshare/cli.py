@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from activities.backend import BackendConfig
+    from workers.telemetry import Telemetry
     from workers.temporal_settings import TemporalSettings
 
 DEFAULT_TEMPORAL = "localhost:7233"
@@ -53,6 +54,26 @@ def _temporal_options(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="file holding an API key, e.g. Temporal Cloud's (env TIMESHARE_TEMPORAL_API_KEY)",
     )
+
+
+def _telemetry_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("telemetry (OpenTelemetry; OTEL_* variables apply)")
+    exporters = ["otlp", "console", "none"]
+    group.add_argument("--traces", choices=exporters, help="env OTEL_TRACES_EXPORTER; default none")
+    group.add_argument(
+        "--metrics", choices=exporters, help="env OTEL_METRICS_EXPORTER; default none"
+    )
+    group.add_argument("--metrics-port", type=PORT, help="serve Prometheus /metrics on this port")
+
+
+def telemetry(args: argparse.Namespace) -> Telemetry:
+    """Raises StartupError with one line."""
+    from workers.telemetry import TelemetrySettings, setup_telemetry
+
+    settings = TelemetrySettings.resolve(
+        f"timeshare-{args.command}", args.traces, args.metrics, args.metrics_port
+    )
+    return setup_telemetry(settings)
 
 
 def temporal_settings(args: argparse.Namespace) -> TemporalSettings:
@@ -146,9 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     scheduler = commands.add_parser("scheduler", help="run the scheduler worker")
     _temporal_options(scheduler)
+    _telemetry_options(scheduler)
 
     gateway = commands.add_parser("gateway", help="run the gRPC gateway")
     _temporal_options(gateway)
+    _telemetry_options(gateway)
     gateway.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT (default %(default)s)")
     callers = gateway.add_argument_group(
         "who may call (required when --listen is not a loopback address)"
@@ -189,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     agent = commands.add_parser("agent", help="run the node agent of this host")
     _temporal_options(agent)
+    _telemetry_options(agent)
     agent.add_argument("--node", default=default_node_name(), help="node name (env TIMESHARE_NODE)")
     agent.add_argument("--backend", default="sim", help="snapshot backend (default %(default)s)")
     agent.add_argument(
@@ -286,14 +310,15 @@ def _cmd_temporal(args: argparse.Namespace) -> int:
 
 def _cmd_scheduler(args: argparse.Namespace) -> int:
     from workers.scheduler import serve_scheduler
-    from workers.service import run_service
+    from workers.service import StartupError, run_service
     from workers.temporal_settings import SettingsError
 
     try:
         temporal = temporal_settings(args)
-    except SettingsError as error:
+        traced = telemetry(args)
+    except (SettingsError, StartupError) as error:
         return _fail(f"scheduler: {error}")
-    run_service("scheduler", lambda stop: serve_scheduler(stop, temporal))
+    run_service("scheduler", lambda stop: serve_scheduler(stop, temporal, traced))
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
@@ -302,7 +327,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     from workers.gateway import GatewayOptions, serve_gateway
     from workers.gateway_access import GatewaySecurity, first_problem
     from workers.llmd_compat import compat_settings
-    from workers.service import run_service
+    from workers.service import StartupError, run_service
     from workers.temporal_settings import SettingsError
 
     try:
@@ -324,11 +349,12 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
             llmd_compat=compat,
             max_groups=args.max_groups,
         )
+        traced = telemetry(args)
     except ValidationError as error:
         return _fail(f"gateway: {first_problem(error).removeprefix('Value error, ')}")
-    except (SettingsError, ValueError) as error:
+    except (SettingsError, StartupError, ValueError) as error:
         return _fail(f"gateway: {error}")
-    run_service("gateway", lambda stop: serve_gateway(stop, options))
+    run_service("gateway", lambda stop: serve_gateway(stop, options, traced))
 
 
 def backend_config(args: argparse.Namespace) -> BackendConfig:
@@ -365,7 +391,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         return _probe()
     from timeshare.names import check_name
     from workers.agent import serve_agent
-    from workers.service import run_service
+    from workers.service import StartupError, run_service
     from workers.temporal_settings import SettingsError
 
     try:
@@ -374,12 +400,13 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         return _fail(f"--node: {error}")
     try:
         temporal = temporal_settings(args)
-    except SettingsError as error:
+        traced = telemetry(args)
+    except (SettingsError, StartupError) as error:
         return _fail(f"agent: {error}")
     config = backend_config(args)
     run_service(
         "agent",
-        lambda stop: serve_agent(stop, temporal, args.backend, config, args.socket),
+        lambda stop: serve_agent(stop, temporal, args.backend, config, args.socket, traced),
     )
 
 

@@ -14,8 +14,10 @@ import grpc
 
 from timeshare import _protocol as protocol
 from timeshare.errors import Aborted, NotFound, TimeshareError, Unavailable, from_rpc_error
+from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
 from timeshare.registration import register_process
+from timeshare.tracing import client_span
 from timeshare.transport import Transport
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
@@ -35,7 +37,8 @@ class Client:
 
     def _call(self, method: Callable[..., Response], request: object, **kwargs: object) -> Response:
         try:
-            return method(request, metadata=self._transport.metadata, **kwargs)
+            with client_span(method, self._transport.metadata) as metadata:
+                return method(request, metadata=metadata, **kwargs)
         except grpc.RpcError as error:
             raise from_rpc_error(error, self.address) from None
 
@@ -66,6 +69,11 @@ class Client:
         handle = Job(self, protocol.job_ref(request, self._call(self._stub.Join, request)))
         self._jobs.append(handle)
         return handle
+
+    def group_history(self, group: str) -> GroupHistory:
+        """The group's recent turns and switches, as `timeshare report` draws them."""
+        request = pb.GetGroupHistoryRequest(group=protocol.valid("group", group))
+        return protocol.group_history(self._call(self._stub.GetGroupHistory, request))
 
     def get_group(self, group: str) -> GroupStatus:
         request = pb.GetGroupRequest(group=protocol.valid("group", group))

@@ -47,6 +47,8 @@ class AcquireInput(BaseModel):
     request_id: str
     # 0 waits until granted.
     timeout_seconds: float = 0.0
+    # W3C trace context of the caller (traceparent, tracestate), if traced.
+    trace_context: dict[str, str] = Field(default_factory=dict)
     # Names the gateway call waiting for this request (see CancelAcquireInput).
     call_id: str = ""
 
@@ -163,6 +165,8 @@ class SwitchInput(BaseModel):
     move: NodeMove
     # The plan's number in its group: an agent refuses one older than it ran.
     plan: int = 0
+    # The trace context of the acquire this switch serves.
+    trace_context: dict[str, str] = Field(default_factory=dict)
 
 
 # Failure types of the switch activity. The workflow tells a failed restore

@@ -11,12 +11,15 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.backend import BackendConfig, BackendError, BackendNotFound, load_backend
+from activities.gpus import NoGpus, gpu_inventory
 from activities.processes import ProcessTable
 from activities.switch import SwitchActivities
+from timeshare.instruments import GpuSample, observe_gpus
 from timeshare.models import NodeInfo
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE, node_task_queue
 from workers.agent_socket import remove_socket, serve_agent_socket
 from workers.service import StartupError, connect_temporal, ready
+from workers.telemetry import Telemetry
 from workers.temporal_settings import TemporalSettings
 from workflows.registry import (
     NODE_HEARTBEAT_SECONDS,
@@ -34,6 +37,7 @@ async def serve_agent(
     backend_name: str,
     config: BackendConfig,
     socket_path: str,
+    telemetry: Telemetry | None = None,
 ) -> None:
     try:
         backend = load_backend(backend_name, config)
@@ -41,7 +45,11 @@ async def serve_agent(
         raise StartupError(str(error)) from None
     processes = ProcessTable()
     backend.attach(processes)
-    client = await connect_temporal(temporal)
+    telemetry = telemetry or Telemetry()
+    client = await connect_temporal(temporal, telemetry=telemetry)
+    telemetry.start()
+    if not backend.simulated and backend.gpus():  # else the GPU series are absent, not 0
+        observe_gpus(config.node, gpu_samples)
     registrations = await serve_agent_socket(socket_path, processes)
     info = NodeInfo(
         node=config.node, backend=backend.name, simulated=backend.simulated, gpus=backend.gpus()
@@ -65,6 +73,22 @@ async def serve_agent(
         with contextlib.suppress(Exception):
             handle = client.get_workflow_handle(NODE_REGISTRY_WORKFLOW_ID)
             await handle.signal(NodeRegistryWorkflow.depart, NodeDeparture(node=config.node))
+    await telemetry.close()
+
+
+def gpu_samples() -> list[GpuSample]:
+    try:
+        gpus = gpu_inventory()
+    except NoGpus:
+        return []
+    return [
+        (
+            gpu.uuid,
+            None if gpu.utilization_percent is None else gpu.utilization_percent / 100,
+            gpu.memory_used_bytes,
+        )
+        for gpu in gpus
+    ]
 
 
 async def announce(client: Client, info: NodeInfo) -> None:

@@ -13,10 +13,13 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import propagate
+from opentelemetry.instrumentation.grpc import aio_server_interceptor
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from timeshare.instruments import record_grant, record_turn
 from timeshare.models import (
     AcquireInput,
     DrainInput,
@@ -47,6 +50,7 @@ from workers.group_client import (
 from workers.llmd_compat import SERVICE_NAME as LLMD_SERVICE_NAME
 from workers.llmd_compat import CompatSettings, TimeSliceOrchestratorCompat, log_llmd_compat
 from workers.service import StartupError, connect_temporal, ready
+from workers.telemetry import Telemetry
 from workers.temporal_settings import TemporalSettings
 from workflows.group import GroupWorkflow
 from workflows.registry import NodeRegistryWorkflow
@@ -120,7 +124,10 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
     async def Acquire(self, request: pb.AcquireRequest, context: Context) -> pb.AcquireResponse:
         self._access.require(context, request.group)
         handle = self._group(request.group)
+        trace_context: dict[str, str] = {}
+        propagate.inject(trace_context)
         message = AcquireInput(
+            trace_context=trace_context,
             job=convert.name("job", request.job),
             token_hash=token_hash(request.job_token),
             request_id=convert.request_id(request.request_id) or uuid.uuid4().hex,
@@ -129,6 +136,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
             ),
         )
         grant = await acquire_or_withdraw(handle, message, self._background)
+        record_grant(request.group, message.job, grant.waited_seconds)
         return pb.AcquireResponse(
             epoch=grant.resumes_epoch or grant.epoch,
             ticket=grant.ticket,
@@ -149,6 +157,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         result = await within(
             MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.yield_turn, message)
         )
+        record_turn(request.group, message.job, result.held_seconds)
         return pb.YieldResponse(held_seconds=result.held_seconds)
 
     @rpc
@@ -193,6 +202,16 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
             MESSAGE_SECONDS, self._group(request.group).query(GroupWorkflow.status)
         )
         return convert.group_status(status)
+
+    @rpc
+    async def GetGroupHistory(
+        self, request: pb.GetGroupHistoryRequest, context: Context
+    ) -> pb.GroupHistory:
+        self._access.require(context, request.group)
+        history = await within(
+            MESSAGE_SECONDS, self._group(request.group).query(GroupWorkflow.history)
+        )
+        return convert.group_history(history)
 
     @rpc
     async def ListGroups(
@@ -275,7 +294,9 @@ class GatewayOptions(BaseModel):
     max_groups: int = Field(default=DEFAULT_MAX_GROUPS, ge=1)
 
 
-async def serve_gateway(stop: asyncio.Event, options: GatewayOptions) -> None:
+async def serve_gateway(
+    stop: asyncio.Event, options: GatewayOptions, telemetry: Telemetry | None = None
+) -> None:
     security = options.security
     security.check()
     if options.llmd_compat is not None and security.access().enforced:
@@ -286,12 +307,15 @@ async def serve_gateway(stop: asyncio.Event, options: GatewayOptions) -> None:
     access = security.access()
     credentials = security.server_credentials()
     security.warn_if_insecure()
-    client = await connect_temporal(options.temporal)
+    telemetry = telemetry or Telemetry()
+    client = await connect_temporal(options.temporal, telemetry=telemetry)
+    telemetry.start()
     server = grpc.aio.server(
+        interceptors=[aio_server_interceptor()],  # type: ignore[no-untyped-call]
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
     service = TimeSlicerService(client, access, options.max_groups)
     pb_grpc.add_TimeSlicerServicer_to_server(service, server)
@@ -333,3 +357,4 @@ async def serve_gateway(stop: asyncio.Event, options: GatewayOptions) -> None:
     await stop.wait()
     await health_service.enter_graceful_shutdown()
     await server.stop(grace=5)
+    await telemetry.close()

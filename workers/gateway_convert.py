@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from google.protobuf import json_format
 from pydantic import ValidationError
 
+from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
 from timeshare.names import check_name
 from timeshare.v1 import timeshare_pb2 as pb
@@ -72,6 +74,10 @@ def acquire_timeout(requested: float, time_remaining: float | None) -> float:
     # Leave the waiter's own deadline a moment to report DEADLINE_EXCEEDED.
     by_deadline = max(0.001, time_remaining - 0.2)
     return min(requested, by_deadline) if requested > 0 else by_deadline
+
+
+def group_history(history: GroupHistory) -> pb.GroupHistory:
+    return json_format.ParseDict(history.model_dump(), pb.GroupHistory())
 
 
 def group_status(status: GroupStatus) -> pb.GroupStatus:

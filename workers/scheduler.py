@@ -3,21 +3,63 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import timedelta
 
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from timeshare.names import SCHEDULER_TASK_QUEUE
-from workers.service import connect_temporal, ready
+from workers.service import StartupError, connect_temporal, ready
+from workers.telemetry import Telemetry
 from workers.temporal_settings import TemporalSettings
 from workflows.group import GroupWorkflow
 from workflows.registry import NodeRegistryWorkflow
+from workflows.visibility import SEARCH_ATTRIBUTES
+
+log = logging.getLogger("timeshare.scheduler")
 
 STICKY_TIMEOUT = timedelta(seconds=2)
 
 
-async def serve_scheduler(stop: asyncio.Event, temporal: TemporalSettings) -> None:
-    client = await connect_temporal(temporal)
+async def check_search_attributes(client: Client) -> None:
+    """Refuse to start where the group workflow could not publish its state:
+    an upsert of an unknown search attribute fails every workflow task."""
+    request = ListSearchAttributesRequest(namespace=client.namespace)
+    try:
+        known = await client.operator_service.list_search_attributes(request)
+    except RPCError as error:
+        # Temporal Cloud registers attributes through its own API, not this one.
+        log.warning("cannot list search attributes (%s); assuming they exist", error.message)
+        return
+    kinds = {k: IndexedValueType.Name(v) for k, v in known.custom_attributes.items()}
+    missing = [
+        name
+        for name, kind in SEARCH_ATTRIBUTES.items()
+        if kinds.get(name) != f"INDEXED_VALUE_TYPE_{kind.upper()}"
+    ]
+    if missing:
+        commands = "; ".join(
+            f"temporal operator search-attribute create --namespace {client.namespace} "
+            f"--name {name} --type {SEARCH_ATTRIBUTES[name]}"
+            for name in missing
+        )
+        raise StartupError(
+            f"namespace {client.namespace!r} lacks the search attributes {', '.join(missing)}; "
+            f"register them: {commands}"
+        )
+
+
+async def serve_scheduler(
+    stop: asyncio.Event, temporal: TemporalSettings, telemetry: Telemetry | None = None
+) -> None:
+    telemetry = telemetry or Telemetry()
+    client = await connect_temporal(temporal, telemetry=telemetry)
+    await check_search_attributes(client)
+    telemetry.start()
     worker = Worker(
         client,
         task_queue=SCHEDULER_TASK_QUEUE,
@@ -29,3 +71,4 @@ async def serve_scheduler(stop: asyncio.Event, temporal: TemporalSettings) -> No
     async with worker:
         ready("scheduler", f"task queue {SCHEDULER_TASK_QUEUE} on {temporal.describe()}")
         await stop.wait()
+    await telemetry.close()

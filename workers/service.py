@@ -8,19 +8,24 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from workers.temporal_settings import TemporalSettings
 
+if TYPE_CHECKING:
+    from workers.telemetry import Telemetry
+
 
 class StartupError(Exception):
     """The process cannot start; the message says why and what to do."""
 
 
-async def connect_temporal(target: str | TemporalSettings, namespace: str = "default") -> Client:
+async def connect_temporal(
+    target: str | TemporalSettings, namespace: str = "default", telemetry: Telemetry | None = None
+) -> Client:
     settings = (
         target
         if isinstance(target, TemporalSettings)
@@ -33,6 +38,8 @@ async def connect_temporal(target: str | TemporalSettings, namespace: str = "def
             data_converter=pydantic_data_converter,
             tls=settings.tls_config(),
             api_key=settings.api_key.get_secret_value() if settings.api_key else None,
+            interceptors=telemetry.interceptors if telemetry else [],
+            runtime=telemetry.runtime if telemetry and telemetry.runtime else None,
         )
     except Exception as error:
         raise StartupError(

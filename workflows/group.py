@@ -21,6 +21,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
+    from timeshare.history import GroupHistory, SwitchRecord
     from timeshare.models import (
         RESTORE_FAILED,
         AcquireInput,
@@ -42,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from timeshare.names import node_task_queue
     from workflows.lockqueue import GroupState, LockQueue, QueueError, SwitchPlan
+    from workflows.visibility import GroupVisibility
 
 # An acquire waits inside one update at most this long, then returns "still
 # waiting" and the gateway asks again: no update stays open for long, so the
@@ -97,10 +99,12 @@ class GroupWorkflow:
         self._changed = False
         # Set just before continuing as new: waiting acquires return "ask again".
         self._closing = False
+        self._visibility = GroupVisibility()
 
     @workflow.run
     async def run(self, input: GroupInput) -> None:
         while True:
+            self._publish()
             deadline = self._queue.next_deadline()
             timeout = None
             if deadline is not None:
@@ -140,6 +144,9 @@ class GroupWorkflow:
     def _now(self) -> float:
         return workflow.now().timestamp()
 
+    def _publish(self) -> None:
+        self._visibility.publish(self._queue.status())
+
     def _mark_changed(self) -> None:
         self._changed = True
 
@@ -165,7 +172,9 @@ class GroupWorkflow:
     async def acquire(self, input: AcquireInput) -> AcquireResult:
         job, request_id = input.job, input.request_id
         with _refusals():
-            grant = self._queue.request(job, request_id, self._now(), input.call_id)
+            grant = self._queue.request(
+                job, request_id, self._now(), input.call_id, input.trace_context
+            )
         self._mark_changed()
         if grant is not None:
             return AcquireResult(grant=grant)
@@ -271,11 +280,16 @@ class GroupWorkflow:
     def status(self) -> GroupStatus:
         return self._queue.status()
 
+    @workflow.query
+    def history(self) -> GroupHistory:
+        return self._queue.history(self._now())
+
     # -- switches -------------------------------------------------------------
 
     async def _switch(self) -> None:
         plan = self._queue.begin_switch(self._now())
         while True:
+            self._publish()
             results = await asyncio.gather(*(self._move(plan, move) for move in plan.moves))
             failures = [r for r in results if isinstance(r, MoveFailure)]
             if not failures:
@@ -333,11 +347,16 @@ class GroupWorkflow:
     async def _move(self, plan: SwitchPlan, move: NodeMove) -> SwitchOutput | MoveFailure:
         """Run one node's part of a switch: what it did, or why it failed."""
         agent_timeout = timedelta(seconds=self._queue.state.policy.agent_timeout_seconds)
+        started = self._now()
         try:
             output: SwitchOutput = await workflow.execute_activity(
                 "switch",
                 SwitchInput(
-                    group=self._queue.state.group, epoch=plan.epoch, move=move, plan=plan.number
+                    group=self._queue.state.group,
+                    epoch=plan.epoch,
+                    move=move,
+                    plan=plan.number,
+                    trace_context=plan.waiter.trace_context,
                 ),
                 result_type=SwitchOutput,
                 task_queue=node_task_queue(move.node),
@@ -358,5 +377,33 @@ class GroupWorkflow:
             else:
                 reason = str(cause or failure)
             restore_failed = isinstance(cause, ApplicationError) and cause.type == RESTORE_FAILED
+            self._record_move(plan, move, started, None, reason)
             return MoveFailure(node=move.node, cause=reason, restore_failed=restore_failed)
+        self._record_move(plan, move, started, output, "")
         return output
+
+    def _record_move(
+        self,
+        plan: SwitchPlan,
+        move: NodeMove,
+        started: float,
+        output: SwitchOutput | None,
+        error: str,
+    ) -> None:
+        actions = output.actions if output is not None else []
+        self._queue.record_switches(
+            [
+                SwitchRecord(
+                    node=move.node,
+                    epoch=plan.epoch,
+                    started_at=started,
+                    finished_at=self._now(),
+                    evicted=[a.job for a in actions if a.action == "checkpoint"] or move.evict,
+                    admitted=move.admit if output is not None else "",
+                    bytes_moved=sum(a.bytes for a in actions),
+                    backend=output.backend if output is not None else "",
+                    ok=output is not None,
+                    error=error,
+                )
+            ]
+        )

@@ -29,6 +29,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from timeshare.history import (
+    HISTORY_SWITCHES,
+    HISTORY_TURNS,
+    GroupHistory,
+    SwitchRecord,
+    TurnRecord,
+)
 from timeshare.models import (
     Grant,
     GroupPolicy,
@@ -85,6 +92,9 @@ class Waiter(BaseModel):
     request_id: str
     ticket: int
     since: float
+    # W3C trace context of the acquire call, so the switch made for this
+    # waiter joins the caller's trace.
+    trace_context: dict[str, str] = Field(default_factory=dict)
     # The call that waits for this request now: a withdrawal from an older
     # call (superseded by a retry of the same request) is ignored.
     call_id: str = ""
@@ -136,6 +146,9 @@ class GroupState(BaseModel):
     runs: int = 1
     # When the turn, a switch or an outage last began or ended.
     since: float = 0.0
+    # Recent turns and per-node switches, bounded, for `timeshare report`.
+    recent_turns: list[TurnRecord] = Field(default_factory=list)
+    recent_switches: list[SwitchRecord] = Field(default_factory=list)
 
 
 def _remember(reasons: dict[str, str], key: str, reason: str) -> None:
@@ -275,7 +288,14 @@ class LockQueue:
                     f"job {job!r} already waits ({what}: {waiter.request_id!r})",
                 )
 
-    def request(self, job: str, request_id: str, now: float, call_id: str = "") -> Grant | None:
+    def request(
+        self,
+        job: str,
+        request_id: str,
+        now: float,
+        call_id: str = "",
+        trace_context: dict[str, str] | None = None,
+    ) -> Grant | None:
         """Queue an acquire (once per request_id); return its grant if it is granted now.
         ``call_id`` names the caller now waiting (a retry of the request takes it over)."""
         self.check_acquire(job, request_id)
@@ -295,6 +315,7 @@ class LockQueue:
                     ticket=self.state.next_ticket,
                     since=now,
                     call_id=call_id,
+                    trace_context=dict(trace_context or {}),
                 )
             )
             self.state.next_ticket += 1
@@ -378,6 +399,7 @@ class LockQueue:
         held = max(0.0, now - turn.granted_at)
         if entry is not None:
             entry.held_seconds += held
+        self._end_turn(turn, now, "")
         self.state.turn = None
         self.state.since = now
         self._grant_ready(now)
@@ -528,6 +550,18 @@ class LockQueue:
 
     # -- status ---------------------------------------------------------------
 
+    def record_switches(self, records: list[SwitchRecord]) -> None:
+        self.state.recent_switches.extend(records)
+        del self.state.recent_switches[:-HISTORY_SWITCHES]
+
+    def history(self, now: float) -> GroupHistory:
+        return GroupHistory(
+            group=self.state.group,
+            captured_at=now,
+            turns=[t.model_copy() for t in self.state.recent_turns],
+            switches=[s.model_copy() for s in self.state.recent_switches],
+        )
+
     def status(self) -> GroupStatus:
         s = self.state
         state: GroupStateName = "idle"
@@ -622,6 +656,7 @@ class LockQueue:
         entry = self.state.jobs[turn.job]
         entry.held_seconds += held
         entry.preempted = True
+        self._end_turn(turn, now, "preempted")
         self.state.turn = None
         self.state.since = now
         self.state.preemptions += 1
@@ -643,6 +678,7 @@ class LockQueue:
         turn = self.state.turn
         if turn is not None and turn.job == job:
             self.state.jobs[job].held_seconds += max(0.0, now - turn.granted_at)
+            self._end_turn(turn, now, "evicted" if reason else "left")
             self.state.turn = None
             self.state.since = now
         if reason:
@@ -655,6 +691,13 @@ class LockQueue:
         self.state.served_requests.pop(job, None)
         del self.state.jobs[job]
         self._grant_ready(now)
+
+    def _end_turn(self, turn: Grant, now: float, ended_by: str) -> None:
+        for record in reversed(self.state.recent_turns):
+            if record.epoch == turn.epoch:
+                record.released_at = now
+                record.ended_by = ended_by
+                return
 
     def _grant_ready(self, now: float, switched: tuple[int, float, bool] | None = None) -> None:
         """Grant the next waiter at once when it needs no node to move."""
@@ -684,3 +727,13 @@ class LockQueue:
             resumes_epoch=waiter.resumes_epoch,
             context_restored=bool(switched and after_switch and switched[2]),
         )
+        self.state.recent_turns.append(
+            TurnRecord(
+                job=waiter.job,
+                epoch=self.state.epoch,
+                requested_at=waiter.since,
+                granted_at=now,
+                switch_seconds=switch_seconds,
+            )
+        )
+        del self.state.recent_turns[:-HISTORY_TURNS]

@@ -1,0 +1,255 @@
+"""Traces, metrics, search attributes and history: what an engineer looks at
+when a step time doubles."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+import timeshare.aio
+from bench.stack import free_port, timeshare_command
+from tests.conftest import REPO, SimNodes, wait_for_line
+from tests.gateways import RunningGateway, start_gateway
+from timeshare.names import group_workflow_id
+from workers.service import connect_temporal
+from workers.telemetry import Telemetry
+
+STATE_BYTES = 2**26
+TURNS_EACH = 3
+
+
+@dataclass
+class Observed:
+    spans: InMemorySpanExporter
+    metrics: InMemoryMetricReader
+
+
+@pytest.fixture(scope="module")
+def observed() -> Iterator[Observed]:
+    """In-memory exporters behind the global providers (installed once per process)."""
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    trace.set_tracer_provider(tracer_provider)
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    if trace.get_tracer_provider() is not tracer_provider:
+        pytest.skip("another test installed OpenTelemetry providers first")
+    yield Observed(spans, reader)
+
+
+@dataclass
+class TracedStack:
+    gateway: RunningGateway
+    nodes: SimNodes
+    client: Client
+
+
+@pytest.fixture(scope="module")
+async def traced(
+    observed: Observed, temporal_address: str, scheduler: Worker
+) -> AsyncIterator[TracedStack]:
+    """A gateway and node agents whose Temporal clients carry the tracing interceptor."""
+    telemetry = Telemetry.with_global_providers()
+    client = await connect_temporal(temporal_address, telemetry=telemetry)
+    gateway = await start_gateway(temporal_address, telemetry=telemetry)
+    nodes = SimNodes(client)
+    yield TracedStack(gateway, nodes, client)
+    await nodes.stop()
+    await gateway.close()
+
+
+async def take_turns(address: str, group: str, node: str) -> None:
+    api = timeshare.aio.connect(address)
+    try:
+        a = await api.join(group, "a", [node])
+        b = await api.join(group, "b", [node])
+        for _ in range(TURNS_EACH):
+            for job in (a, b):
+                async with job.turn():
+                    pass
+        await a.leave()
+        await b.leave()
+    finally:
+        await api.close()
+
+
+def trace_of(spans: list[ReadableSpan], trace_id: int) -> list[ReadableSpan]:
+    return [s for s in spans if s.context is not None and s.context.trace_id == trace_id]
+
+
+async def test_one_trace_from_acquire_to_the_backend_restore(
+    traced: TracedStack, observed: Observed, unique: str
+) -> None:
+    node, group = f"n-{unique}", f"traced-{unique}"
+    await traced.nodes.start(node, state_bytes=STATE_BYTES)
+    await take_turns(traced.gateway.address, group, node)
+    spans = list(observed.spans.get_finished_spans())
+    restores = [
+        s
+        for s in spans
+        if s.name == "timeshare.restore"
+        and s.attributes is not None
+        and s.attributes.get("timeshare.job") == "b"
+        and any(
+            p.name == "timeshare.switch"
+            and p.attributes is not None
+            and p.attributes.get("timeshare.group") == group
+            for p in spans
+            if p.context is not None
+            and s.parent is not None
+            and p.context.span_id == s.parent.span_id
+        )
+    ]
+    assert restores, "no restore span for job b in this group"
+    whole = trace_of(spans, restores[0].context.trace_id)
+    names = {s.name for s in whole}
+    assert "/timeshare.v1.TimeSlicer/Acquire" in names  # the job's own call, and the gateway's
+    assert {"timeshare.switch", "timeshare.checkpoint", "timeshare.restore"} <= names
+    kinds = {s.kind for s in whole if s.name == "/timeshare.v1.TimeSlicer/Acquire"}
+    assert kinds == {trace.SpanKind.CLIENT, trace.SpanKind.SERVER}
+    # Connected: one root (the client's call), every other span's parent in the trace.
+    ids = {s.context.span_id for s in whole if s.context is not None}
+    roots = [s for s in whole if s.parent is None or s.parent.span_id not in ids]
+    assert len(roots) == 1 and roots[0].kind == trace.SpanKind.CLIENT, [r.name for r in roots]
+
+
+def metric_points(reader: InMemoryMetricReader, name: str, group: str) -> list[object]:
+    data = reader.get_metrics_data()
+    points: list[object] = []
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    points += [
+                        p
+                        for p in metric.data.data_points
+                        if p.attributes is not None and p.attributes.get("group") == group
+                    ]
+    return points
+
+
+async def test_metrics_count_turns_switches_and_bytes_exactly(
+    traced: TracedStack, observed: Observed, unique: str
+) -> None:
+    node, group = f"n-{unique}", f"metered-{unique}"
+    await traced.nodes.start(node, state_bytes=STATE_BYTES)
+    await take_turns(traced.gateway.address, group, node)
+    reader = observed.metrics
+    turns = 2 * TURNS_EACH
+    waits = metric_points(reader, "timeshare.acquire.wait", group)
+    assert sum(p.count for p in waits) == turns  # type: ignore[attr-defined]
+    held = metric_points(reader, "timeshare.turn.duration", group)
+    assert sum(p.count for p in held) == turns  # type: ignore[attr-defined]
+    phases = {
+        p.attributes["phase"]: p.count  # type: ignore[attr-defined]
+        for p in metric_points(reader, "timeshare.switch.duration", group)
+    }
+    # Each turn needs a switch (the other job is resident); the first evicts nothing.
+    assert phases == {"restore": turns, "checkpoint": turns - 1}
+    moved = sum(p.value for p in metric_points(reader, "timeshare.bytes.moved", group))  # type: ignore[attr-defined]
+    # Every checkpoint moves the state; every restore but the first of each job too.
+    assert moved == ((turns - 1) + (turns - 2)) * STATE_BYTES
+    # The group's own history agrees with the agents' metrics.
+    api = timeshare.aio.connect(traced.gateway.address)
+    try:
+        history = await api.group_history(group)
+    finally:
+        await api.close()
+    assert [t.job for t in history.turns] == ["a", "b"] * TURNS_EACH
+    assert all(t.released_at >= t.granted_at >= t.requested_at for t in history.turns)
+    assert len(history.switches) == turns and all(s.ok for s in history.switches)
+    assert sum(s.bytes_moved for s in history.switches) == moved
+
+
+async def test_search_attributes_and_details_show_the_group(
+    traced: TracedStack, unique: str
+) -> None:
+    node, group = f"n-{unique}", f"visible-{unique}"
+    await traced.nodes.start(node, state_bytes=STATE_BYTES)
+    api = timeshare.aio.connect(traced.gateway.address)
+    client = traced.client
+    workflow_id = group_workflow_id(group)
+    try:
+        a = await api.join(group, "a", [node])
+        b = await api.join(group, "b", [node])
+        await a.acquire()
+        waiting = asyncio.create_task(b.acquire())
+        query = (
+            f"WorkflowId = '{workflow_id}' AND TimeshareHolder = 'a' AND TimeshareQueueDepth = 1"
+        )
+        assert await eventually_found(client, query)
+        details = await current_details(client, workflow_id)
+        assert "| holder | a |" in details and "| queue | b |" in details
+        assert f"| node {node} | a |" in details
+        await a.yield_()
+        await waiting
+        await b.yield_()
+        assert await eventually_found(
+            client, f"WorkflowId = '{workflow_id}' AND TimeshareState = 'idle'"
+        )
+        await a.leave()
+        await b.leave()
+    finally:
+        await api.close()
+
+
+async def eventually_found(client: Client, query: str) -> bool:
+    for _ in range(100):  # visibility lags the workflow
+        if [w async for w in client.list_workflows(query)]:
+            return True
+        await asyncio.sleep(0.2)
+    return False
+
+
+async def current_details(client: Client, workflow_id: str) -> str:
+    metadata = await client.get_workflow_handle(workflow_id).query(
+        "__temporal_workflow_metadata", result_type=WorkflowMetadata
+    )
+    return str(metadata.current_details)
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+async def test_an_agent_serves_prometheus_metrics_with_temporals_own(
+    gateway: str, temporal_address: str, unique: str, tmp_path: Path
+) -> None:
+    node, port = f"prom-{unique}", free_port()
+    agent = subprocess.Popen(
+        timeshare_command(
+            "agent", f"--node={node}", f"--temporal={temporal_address}",
+            f"--socket={tmp_path / 'agent.sock'}", f"--metrics-port={port}",
+        ),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        wait_for_line(agent, "ready:", 60)
+        await take_turns(gateway, f"prom-{unique}", node)
+        text = scrape(port)
+        assert (
+            f'timeshare_switch_duration_seconds_count{{backend="sim",group="prom-{unique}"' in text
+        )
+        assert "timeshare_bytes_moved_bytes_total" in text
+        assert "temporal_" in text  # the SDK's own metrics, same endpoint
+        assert "timeshare_gpu_utilization" not in text  # no GPU here: absent, not zero
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)

@@ -1,0 +1,87 @@
+"""The metrics timeshare records. Instruments come from the global meter
+provider, which telemetry.setup_telemetry (or a test) installs; until then
+they record nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from timeshare.models import SwitchOutput
+
+_meter = metrics.get_meter("timeshare")
+# Switches take milliseconds (sim, co-resident) to minutes (100 GB over PCIe);
+# waits and turns up to an hour.
+SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+                   600, 1800, 3600)  # fmt: skip
+
+SWITCH_DURATION = _meter.create_histogram(
+    "timeshare.switch.duration",
+    unit="s",
+    description="Seconds a node spent on one phase (checkpoint or restore) of a switch",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+)
+ACQUIRE_WAIT = _meter.create_histogram(
+    "timeshare.acquire.wait",
+    unit="s",
+    description="Seconds from a job's acquire to its grant",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+)
+TURN_DURATION = _meter.create_histogram(
+    "timeshare.turn.duration",
+    unit="s",
+    description="Seconds a job held the turn",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+)
+BYTES_MOVED = _meter.create_counter(
+    "timeshare.bytes.moved", unit="By", description="Device state bytes checkpointed or restored"
+)
+PHASES = {"checkpoint": "checkpoint", "restore": "restore"}
+
+
+def record_grant(group: str, job: str, waited_seconds: float) -> None:
+    ACQUIRE_WAIT.record(waited_seconds, {"group": group, "job": job})
+
+
+def record_turn(group: str, job: str, held_seconds: float) -> None:
+    TURN_DURATION.record(held_seconds, {"group": group, "job": job})
+
+
+def record_switch(group: str, output: SwitchOutput) -> None:
+    for action in output.actions:
+        phase = PHASES.get(action.action)
+        if phase is None:
+            continue
+        labels = {"group": group, "node": output.node, "backend": output.backend}
+        SWITCH_DURATION.record(action.seconds, {**labels, "phase": phase})
+        BYTES_MOVED.add(action.bytes, labels)
+
+
+GpuSample = tuple[str, float | None, int]  # uuid, utilization 0..1 (None: unknown), bytes used
+
+
+def observe_gpus(node: str, sample: Callable[[], list[GpuSample]]) -> None:
+    """Gauges of each GPU's utilisation and memory, sampled at each collection.
+    Call only where there are GPUs: elsewhere the series are absent, not zero."""
+
+    def utilization(options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(busy, {"node": node, "gpu": uuid})
+            for uuid, busy, _ in sample()
+            if busy is not None
+        ]
+
+    def memory(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(used, {"node": node, "gpu": uuid}) for uuid, _, used in sample()]
+
+    _meter.create_observable_gauge(
+        "timeshare.gpu.utilization",
+        [utilization],
+        unit="1",
+        description="Fraction of the last sample period the GPU ran a kernel (NVML)",
+    )
+    _meter.create_observable_gauge(
+        "timeshare.gpu.memory.used", [memory], unit="By", description="GPU memory in use (NVML)"
+    )

@@ -1,0 +1,61 @@
+"""What a group shows outside its workflow: search attributes, the current
+details in the Temporal UI, and the queue-depth gauge."""
+
+from __future__ import annotations
+
+from temporalio import workflow
+from temporalio.common import SearchAttributeKey
+
+with workflow.unsafe.imports_passed_through():
+    from timeshare.models import GroupStatus
+
+HOLDER = SearchAttributeKey.for_keyword("TimeshareHolder")
+QUEUE_DEPTH = SearchAttributeKey.for_int("TimeshareQueueDepth")
+STATE = SearchAttributeKey.for_keyword("TimeshareState")
+# Registered by `timeshare temporal`; on another cluster, by the operator
+# (deploy/temporal/values.yaml). The scheduler checks at start.
+SEARCH_ATTRIBUTES = {HOLDER.name: "Keyword", QUEUE_DEPTH.name: "Int", STATE.name: "Keyword"}
+# Workflows started before search attributes existed replay without them.
+PATCH = "timeshare-search-attributes"
+
+
+class GroupVisibility:
+    """Publishes what changed since the last call; call it after every change."""
+
+    def __init__(self) -> None:
+        self._published: tuple[str, int, str] | None = None
+        self._details = ""
+
+    def publish(self, status: GroupStatus) -> None:
+        shown = (status.holder, len(status.queue), status.state)
+        if shown != self._published and workflow.patched(PATCH):
+            workflow.upsert_search_attributes(
+                [
+                    HOLDER.value_set(status.holder or "-"),
+                    QUEUE_DEPTH.value_set(len(status.queue)),
+                    STATE.value_set(status.state),
+                ]
+            )
+            workflow.metric_meter().create_gauge(
+                "timeshare.queue.depth", "Jobs waiting for the turn", "{job}"
+            ).set(len(status.queue), {"group": status.group})
+            self._published = shown
+        details = current_details(status)
+        if details != self._details:
+            workflow.set_current_details(details)
+            self._details = details
+
+
+def current_details(status: GroupStatus) -> str:
+    """A small markdown table for the Temporal UI."""
+    state = status.state + (f" ({status.degraded_cause})" if status.degraded_cause else "")
+    lines = [
+        f"**{status.group}**: {state}, epoch {status.epoch}, {status.switches} switches",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| holder | {status.holder or '-'} |",
+        f"| queue | {', '.join(status.queue) or '-'} |",
+    ]
+    lines += [f"| node {node} | {job} |" for node, job in sorted(status.resident.items())]
+    return "\n".join(lines)
