@@ -260,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
         control.add_argument("node")
         control.add_argument("--address", help="gateway HOST:PORT (env TIMESHARE_ADDRESS)")
 
+    report = commands.add_parser("report", help="draw a group's recent history as a timeline")
+    report.add_argument("group")
+    report.add_argument("--out", type=Path, required=True, help="FILE.html or FILE.png")
+    report.add_argument("--from-json", type=Path, help="draw a saved GroupHistory JSON instead")
+    report.add_argument("--address", help="gateway HOST:PORT (env TIMESHARE_ADDRESS)")
+
     demo = commands.add_parser("demo", help="run two synthetic RL jobs through the stack")
     demo.add_argument("--iterations", type=COUNT, default=6)
     demo.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
@@ -446,6 +452,12 @@ def _cmd_control(args: argparse.Namespace) -> int:
     return run_control(args)
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from timeshare.report_cli import cmd_report
+
+    return cmd_report(args)
+
+
 def _cmd_register(args: argparse.Namespace) -> int:
     from timeshare.errors import TimeshareError
     from timeshare.registration import register_process
@@ -507,6 +519,7 @@ COMMANDS = {
     "evict": _cmd_control,
     "drain": _cmd_control,
     "undrain": _cmd_control,
+    "report": _cmd_report,
     "demo": _cmd_demo,
     "synthetic-job": _cmd_synthetic_job,
     "register": _cmd_register,
