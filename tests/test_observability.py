@@ -224,6 +224,24 @@ async def current_details(client: Client, workflow_id: str) -> str:
     return str(metadata.current_details)
 
 
+async def test_report_draws_a_live_group(traced: TracedStack, unique: str, tmp_path: Path) -> None:
+    node, group = f"n-{unique}", f"drawn-{unique}"
+    await traced.nodes.start(node, state_bytes=STATE_BYTES)
+    await take_turns(traced.gateway.address, group, node)
+    out = tmp_path / "timeline.html"
+    report = await asyncio.create_subprocess_exec(
+        *timeshare_command("report", group, f"--out={out}", f"--address={traced.gateway.address}"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=REPO,
+    )
+    stdout, stderr = await report.communicate()
+    assert report.returncode == 0, stderr.decode()
+    assert stdout.decode().strip() == str(out)
+    page = out.read_text()
+    assert group in page and f">{node}<" in page.replace("\n", "")
+
+
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         return str(response.read().decode())

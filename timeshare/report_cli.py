@@ -7,7 +7,6 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
@@ -16,21 +15,9 @@ from timeshare.history import GroupHistory
 from timeshare.report import check_format, write_report
 from timeshare.report_png import MissingMatplotlib
 
-# No such RPC on the gateway (yet): distinct from a failure so scripts can tell.
-EXIT_UNAVAILABLE = 2
-
 
 class ReportInputError(Exception):
     pass
-
-
-class HistoryUnavailable(Exception):
-    pass
-
-
-@runtime_checkable
-class HistoryClient(Protocol):
-    def group_history(self, group: str) -> GroupHistory: ...
 
 
 def load_history(path: Path) -> GroupHistory:
@@ -53,13 +40,6 @@ def gateway_history(address: str | None, group: str) -> GroupHistory:
     import timeshare
 
     with timeshare.connect(address) as client:
-        # The Client learns group_history once the gateway serves GetGroupHistory;
-        # until then say so plainly instead of failing on an unknown RPC.
-        if not isinstance(client, HistoryClient):
-            raise HistoryUnavailable(
-                "the gateway has no GetGroupHistory RPC yet; "
-                "pass --from-json FILE with a saved group history"
-            )
         return client.group_history(group)
 
 
@@ -71,8 +51,6 @@ def run_report(group: str, out: Path, fetch: Callable[[], GroupHistory]) -> int:
         if history.group != group:
             raise ReportInputError(f"the history is of group {history.group!r}, not {group!r}")
         written = write_report(history, out)
-    except HistoryUnavailable as error:
-        return _fail(str(error), EXIT_UNAVAILABLE)
     except (ReportInputError, TimeshareError, ValueError) as error:
         return _fail(str(error))
     except OSError as error:
@@ -90,6 +68,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return run_report(args.group, args.out, lambda: gateway_history(args.address, args.group))
 
 
-def _fail(message: str, code: int = 1) -> int:
+def _fail(message: str) -> int:
     print(f"timeshare report: {message}", file=sys.stderr)
-    return code
+    return 1

@@ -17,6 +17,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from timeshare.errors import TimeshareError
+from timeshare.report import write_report
 from timeshare.synthetic import load_report
 from timeshare.timeline import chart, summary, turns_table, utilisation
 from workers.children import spawn, stop_process
@@ -106,6 +108,15 @@ def run_jobs(
     return paths
 
 
+def write_timeline(data_dir: Path) -> Path:
+    """The scheduler's own record of the run, drawn as `timeshare report` does."""
+    import timeshare
+
+    with timeshare.connect(DEMO_ADDRESS) as client:
+        history = client.group_history(DEMO_GROUP)
+    return write_report(history, (data_dir / "demo-report.html").resolve())
+
+
 def run_demo(iterations: int, data_dir: Path) -> int:
     stack = None
     try:
@@ -126,8 +137,10 @@ def run_demo(iterations: int, data_dir: Path) -> int:
         print(turns_table(reports))
         print()
         print(summary(utilisation(reports)))
+        print()
+        say(f"timeline of the group's turns and switches: {write_timeline(data_dir)}")
         return 0
-    except RuntimeError as error:
+    except (RuntimeError, TimeshareError) as error:
         print(f"timeshare demo: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
