@@ -121,6 +121,7 @@ async def test_one_trace_from_acquire_to_the_backend_restore(
     names = {s.name for s in whole}
     assert "/timeshare.v1.TimeSlicer/Acquire" in names  # the job's own call, and the gateway's
     assert {"timeshare.switch", "timeshare.checkpoint", "timeshare.restore"} <= names
+    assert "StartWorkflowUpdate:acquire" in names  # Temporal's own interceptor, same trace
     kinds = {s.kind for s in whole if s.name == "/timeshare.v1.TimeSlicer/Acquire"}
     assert kinds == {trace.SpanKind.CLIENT, trace.SpanKind.SERVER}
     # Connected: one root (the client's call), every other span's parent in the trace.
