@@ -1,0 +1,734 @@
+"""The deployment files under deploy/.
+
+The kustomizations render with kubectl, and every object they produce (and the
+example jobs, and the Job in the Temporal Helm values) validates strictly
+against Kubernetes 1.34's own schemas, offline, with kubernetes-validate. The
+PodMonitor is a Prometheus Operator custom resource with no schema there, so
+its shape is checked field by field. Beyond the schemas, the tests check that
+the files agree with the code: container arguments are accepted by
+timeshare's own CLI parser, the agent's probe really answers against a served
+agent socket, network policies select the pods they mean to, and the Temporal
+values register exactly the search attributes the scheduler writes. The
+systemd units pass `systemd-analyze verify`, and the Slurm scripts parse and
+do what they say against a real agent socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import importlib.metadata
+import importlib.resources
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml  # type: ignore[import-untyped]
+
+from activities.processes import ProcessTable
+from tests.conftest import REPO
+from timeshare.cli import build_parser, temporal_settings
+from workers.agent_socket import serve_agent_socket
+from workers.gateway import SERVICE_NAME
+from workers.temporal_server import MAX_IN_FLIGHT_UPDATES, SEARCH_ATTRIBUTES
+
+Obj = dict[str, Any]
+
+DEPLOY = REPO / "deploy"
+KUBE = DEPLOY / "kubernetes"
+KUBERNETES_VERSION = "1.34.0"
+# Custom resources: no schema for them ships with Kubernetes.
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
+METRICS_PORT = 9464
+
+KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl is not on PATH: it renders the kustomizations"
+)
+
+
+# -- helpers ------------------------------------------------------------------------
+
+
+@functools.cache
+def render(directory: str) -> tuple[Obj, ...]:
+    assert KUBECTL is not None
+    result = subprocess.run(
+        [KUBECTL, "kustomize", str(KUBE / directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def load(path: Path) -> list[Obj]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def validate_strictly(objects: tuple[Obj, ...] | list[Obj]) -> list[Obj]:
+    """Validate every object with a built-in schema; return the custom resources."""
+    custom = []
+    for obj in objects:
+        if (obj["apiVersion"], obj["kind"]) in CUSTOM_KINDS:
+            custom.append(obj)
+            continue
+        try:
+            used = kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {error.message}")
+        assert used == "1.34", f"validated against Kubernetes {used}, not 1.34"
+    return custom
+
+
+def one(objects: tuple[Obj, ...] | list[Obj], kind: str, name: str) -> Obj:
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return found[0]
+
+
+def pod_spec(workload: Obj) -> Obj:
+    spec: Obj = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def container(workload: Obj) -> Obj:
+    containers: list[Obj] = pod_spec(workload)["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def pod_labels(workload: Obj) -> dict[str, str]:
+    labels: dict[str, str] = workload["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def settings(objects: tuple[Obj, ...]) -> dict[str, str]:
+    maps = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert len(maps) == 1
+    assert maps[0]["metadata"]["name"].startswith("timeshare-settings-")  # hashed name
+    data: dict[str, str] = maps[0]["data"]
+    return data
+
+
+def env_file(path: Path) -> dict[str, str]:
+    values = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            values[key.strip()] = value.strip()
+    return values
+
+
+def plain_env(item: Obj) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in item.get("env", []) if "value" in e}
+
+
+def parse_cli(
+    arguments: list[str], environment: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[argparse.Namespace, list[str]]:
+    """What `timeshare ARGS` makes of these arguments in this environment (the
+    CLI reads its TIMESHARE_* defaults from the environment)."""
+    for key in [k for k in os.environ if k.startswith("TIMESHARE_")]:
+        monkeypatch.delenv(key)
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+    return build_parser().parse_known_args(arguments)
+
+
+def container_cli(
+    workload: Obj, config: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[argparse.Namespace, list[str]]:
+    """The container's arguments as Kubernetes expands $(VAR) and as the CLI parses them."""
+    item = container(workload)
+    environment = {**config, **plain_env(item)}
+    arguments = [
+        re.sub(r"\$\((\w+)\)", lambda match: environment[match.group(1)], argument)
+        for argument in item["args"]
+    ]
+    return parse_cli(arguments, environment, monkeypatch)
+
+
+def selects(selector: Obj, labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels and matchExpressions) against labels."""
+    for key, value in selector.get("matchLabels", {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator = expression["key"], expression["operator"]
+        values = expression.get("values", [])
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and labels.get(key) in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def workloads(objects: tuple[Obj, ...]) -> dict[str, Obj]:
+    return {
+        "scheduler": one(objects, "Deployment", "timeshare-scheduler"),
+        "gateway": one(objects, "Deployment", "timeshare-gateway"),
+        "agent": one(objects, "DaemonSet", "timeshare-agent"),
+    }
+
+
+# -- schemas ----------------------------------------------------------------------------
+
+
+def test_kubernetes_validate_ships_the_pinned_schemas() -> None:
+    # kubernetes-validate silently falls back to the newest schemas not newer
+    # than the version asked for: make sure 1.34's own are installed.
+    schemas = importlib.resources.files("kubernetes_validate") / "kubernetes-json-schema"
+    strict = schemas / f"v{KUBERNETES_VERSION}-local-strict"
+    assert (strict / "daemonset-apps-v1.json").is_file()
+    assert (strict / "resourceclaim-resource-v1.json").is_file()
+
+
+# -- the base -----------------------------------------------------------------------------
+
+
+@needs_kubectl
+def test_base_renders_and_validates() -> None:
+    objects = render(".")
+    assert objects == render("base")
+    assert validate_strictly(objects) == []
+    kinds = Counter(o["kind"] for o in objects)
+    assert kinds == Counter(
+        {
+            "Namespace": 1,
+            "ServiceAccount": 3,
+            "ConfigMap": 1,
+            "Deployment": 2,
+            "DaemonSet": 1,
+            "Service": 1,
+            "PodDisruptionBudget": 2,
+            "NetworkPolicy": 4,
+        }
+    )
+    for obj in objects:
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == "timeshare", obj["metadata"]["name"]
+    namespace = one(objects, "Namespace", "timeshare")
+    # The privileged agent is refused at any lower Pod Security level.
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    for workload in workloads(objects).values():
+        assert container(workload)["image"] == "registry.example.com/timeshare:0.1.0"
+        assert pod_labels(workload)["app.kubernetes.io/part-of"] == "timeshare"
+
+
+@needs_kubectl
+def test_agent_daemonset_is_privileged_on_gpu_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = render(".")
+    agent = one(objects, "DaemonSet", "timeshare-agent")
+    spec, item = pod_spec(agent), container(agent)
+    assert spec["hostPID"] is True
+    assert item["securityContext"]["privileged"] is True
+    assert item["securityContext"]["runAsUser"] == 0
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert any(
+        t["key"] == "nvidia.com/gpu" and t["operator"] == "Exists" for t in spec["tolerations"]
+    )
+    resources = item["resources"]
+    assert {"cpu", "memory"} <= resources["requests"].keys()
+    assert "memory" in resources["limits"]
+    # The agent moves the jobs' state; it must not take a GPU from them.
+    assert not any("gpu" in name for name in [*resources["requests"], *resources["limits"]])
+    assert "resourceClaims" not in spec
+
+    node = next(e for e in item["env"] if e["name"] == "TIMESHARE_NODE")
+    assert node["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    socket_path = plain_env(item)["TIMESHARE_AGENT_SOCKET"]
+    assert socket_path.startswith("/run/timeshare/")
+    mount = next(m for m in item["volumeMounts"] if m["mountPath"] == "/run/timeshare")
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["hostPath"]["path"] == "/run/timeshare"
+
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        command = item[probe]["exec"]["command"]
+        assert command[0] == "python" and command[-1] == socket_path, probe
+
+    config = settings(objects)
+    args, unknown = container_cli(agent, config, monkeypatch)
+    assert unknown == []
+    assert args.command == "agent"
+    assert args.socket == socket_path
+    backends = {e.name for e in importlib.metadata.entry_points(group="timeshare.backends")}
+    assert set(args.backend.split("+")) <= backends, args.backend
+    assert args.backend == config["TIMESHARE_AGENT_BACKEND"]
+
+
+async def test_agent_probe_answers_only_while_the_agent_socket_serves(tmp_path: Path) -> None:
+    agent = one(load(KUBE / "base" / "agent.yaml"), "DaemonSet", "timeshare-agent")
+    command = container(agent)["livenessProbe"]["exec"]["command"]
+    socket_path = tmp_path / "agent.sock"
+    probe = [sys.executable, *command[1:-1], str(socket_path)]
+
+    async def run_probe() -> int:
+        process = await asyncio.create_subprocess_exec(
+            *probe, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+        )
+        return await asyncio.wait_for(process.wait(), 30)
+
+    assert await run_probe() != 0  # nothing serves yet
+    server = await serve_agent_socket(str(socket_path), ProcessTable())
+    try:
+        assert await run_probe() == 0
+    finally:
+        server.close()
+        await server.wait_closed()
+        socket_path.unlink()
+    assert await run_probe() != 0
+
+
+@needs_kubectl
+def test_gateway_serves_grpc_health_on_its_service_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = render(".")
+    gateway = one(objects, "Deployment", "timeshare-gateway")
+    item = container(gateway)
+    args, unknown = container_cli(gateway, settings(objects), monkeypatch)
+    assert unknown == []
+    assert args.command == "gateway"
+    host, _, port = args.listen.rpartition(":")
+    assert host == "0.0.0.0"  # reachable by the Service and the kubelet
+    ports = {p["name"]: p["containerPort"] for p in item["ports"]}
+    assert ports["grpc"] == int(port)
+    assert item["readinessProbe"]["grpc"] == {"port": int(port), "service": SERVICE_NAME}
+    assert item["livenessProbe"]["grpc"] == {"port": int(port)}
+    assert item["startupProbe"]["grpc"] == {"port": int(port)}
+    assert gateway["spec"]["replicas"] >= 2
+
+    service = one(objects, "Service", "timeshare-gateway")
+    assert selects({"matchLabels": service["spec"]["selector"]}, pod_labels(gateway))
+    [service_port] = service["spec"]["ports"]
+    assert service_port["port"] == 50051 and service_port["targetPort"] == "grpc"
+
+
+@needs_kubectl
+def test_scheduler_runs_two_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = render(".")
+    scheduler = one(objects, "Deployment", "timeshare-scheduler")
+    assert scheduler["spec"]["replicas"] == 2
+    args, unknown = container_cli(scheduler, settings(objects), monkeypatch)
+    assert (args.command, unknown) == ("scheduler", [])
+    temporal = temporal_settings(args)  # flags, then the environment
+    assert temporal.address == settings(objects)["TIMESHARE_TEMPORAL"]
+    assert temporal.namespace == settings(objects)["TIMESHARE_NAMESPACE"]
+    budget = one(objects, "PodDisruptionBudget", "timeshare-scheduler")
+    assert selects(budget["spec"]["selector"], pod_labels(scheduler))
+
+
+@needs_kubectl
+def test_service_accounts_carry_no_token_and_no_role() -> None:
+    objects = render(".")
+    assert not any(o["kind"] in {"Role", "RoleBinding", "ClusterRole"} for o in objects)
+    accounts = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ServiceAccount"}
+    for name, workload in workloads(objects).items():
+        spec = pod_spec(workload)
+        assert spec["serviceAccountName"] == f"timeshare-{name}"
+        assert accounts[f"timeshare-{name}"]["automountServiceAccountToken"] is False
+        assert spec["automountServiceAccountToken"] is False
+    for name in ("scheduler", "gateway"):
+        security = pod_spec(workloads(objects)[name])["securityContext"]
+        assert security["runAsNonRoot"] is True
+
+
+@needs_kubectl
+def test_network_policies_admit_only_what_is_needed() -> None:
+    objects = render(".")
+    policies = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "NetworkPolicy"}
+    pods = {name: pod_labels(w) for name, w in workloads(objects).items()}
+
+    deny = policies["default-deny"]
+    assert deny["podSelector"] == {} and set(deny["policyTypes"]) == {"Ingress", "Egress"}
+    assert "ingress" not in deny and "egress" not in deny
+
+    # Only the gateway takes connections, only from job namespaces, only on its port.
+    ingress = {name: spec for name, spec in policies.items() if spec.get("ingress") is not None}
+    assert list(ingress) == ["gateway-from-job-namespaces"]
+    gateway_policy = ingress["gateway-from-job-namespaces"]
+    assert [n for n, labels in pods.items() if selects(gateway_policy["podSelector"], labels)] == [
+        "gateway"
+    ]
+    [rule] = gateway_policy["ingress"]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"timeshare.io/jobs": "true"}}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 50051}]
+
+    # Every process reaches the Temporal frontend the settings name.
+    host, _, port = settings(objects)["TIMESHARE_TEMPORAL"].rpartition(":")
+    service, temporal_namespace = host.split(".")[:2]
+    temporal = policies["temporal-frontend"]
+    assert all(selects(temporal["podSelector"], labels) for labels in pods.values())
+    [rule] = temporal["egress"]
+    [peer] = rule["to"]
+    assert peer["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": temporal_namespace
+    }
+    assert service == "temporal-frontend"
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "frontend"
+    assert rule["ports"] == [{"protocol": "TCP", "port": int(port)}]
+
+    dns = policies["dns"]
+    assert dns["podSelector"] == {}
+    assert {p["port"] for p in dns["egress"][0]["ports"]} == {53}
+
+
+# -- monitoring -----------------------------------------------------------------------------
+
+
+@needs_kubectl
+def test_monitoring_overlay_scrapes_every_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = render("overlays/monitoring")
+    custom = validate_strictly(objects)
+    assert [o["kind"] for o in custom] == ["PodMonitor"]
+    base_names = {(o["kind"], o["metadata"]["name"]) for o in render(".")}
+    assert base_names <= {(o["kind"], o["metadata"]["name"]) for o in objects}
+
+    for name, workload in workloads(objects).items():
+        item = container(workload)
+        ports = {p["name"]: p["containerPort"] for p in item["ports"]}
+        assert ports["metrics"] == METRICS_PORT, name
+        assert f"--metrics-port={METRICS_PORT}" in item["args"], name
+        args, unknown = container_cli(workload, settings(objects), monkeypatch)
+        assert args.command == name
+        # --metrics-port is added to the CLI by its own change; until then it is
+        # the only argument the parser may not know.
+        assert unknown in ([], [f"--metrics-port={METRICS_PORT}"]), unknown
+
+    # No schema for the PodMonitor custom resource ships with Kubernetes: its
+    # shape, by hand, after the Prometheus Operator's monitoring.coreos.com/v1.
+    [monitor] = custom
+    assert monitor["metadata"]["namespace"] == "timeshare"
+    assert set(monitor) == {"apiVersion", "kind", "metadata", "spec"}
+    assert set(monitor["spec"]) == {"selector", "podMetricsEndpoints"}
+    selected = [
+        n
+        for n, w in workloads(objects).items()
+        if selects(monitor["spec"]["selector"], pod_labels(w))
+    ]
+    assert selected == ["scheduler", "gateway", "agent"]
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint == {"port": "metrics", "path": "/metrics", "interval": "15s"}
+
+    scrape = one(objects, "NetworkPolicy", "metrics-from-monitoring")["spec"]
+    assert all(selects(scrape["podSelector"], pod_labels(w)) for w in workloads(objects).values())
+    [rule] = scrape["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": "metrics"}]
+
+
+# -- the example jobs ------------------------------------------------------------------------
+
+
+def test_example_jobs_validate() -> None:
+    assert validate_strictly(load(KUBE / "examples" / "rl-jobs.yaml")) == []
+
+
+@needs_kubectl
+def test_example_jobs_share_one_claim_and_reach_the_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = load(KUBE / "examples" / "rl-jobs.yaml")
+    base = render(".")
+    [namespace] = [o for o in objects if o["kind"] == "Namespace"]
+    jobs = [o for o in objects if o["kind"] == "Job"]
+    [claim] = [o for o in objects if o["kind"] == "ResourceClaim"]
+    assert len(jobs) == 2
+    assert {o["metadata"]["namespace"] for o in [claim, *jobs]} == {namespace["metadata"]["name"]}
+    assert claim["spec"]["devices"]["requests"][0]["exactly"]["allocationMode"] == "All"
+
+    # The gateway's policy admits this namespace.
+    gateway_policy = one(base, "NetworkPolicy", "gateway-from-job-namespaces")["spec"]
+    [rule] = gateway_policy["ingress"]
+    assert selects(rule["from"][0]["namespaceSelector"], namespace["metadata"]["labels"])
+
+    service = one(base, "Service", "timeshare-gateway")
+    gateway_address = (
+        f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc:"
+        f"{service['spec']['ports'][0]['port']}"
+    )
+    agent = container(one(base, "DaemonSet", "timeshare-agent"))
+    agent_socket = plain_env(agent)["TIMESHARE_AGENT_SOCKET"]
+
+    seen_jobs, seen_groups = set(), set()
+    for job in jobs:
+        spec, item = pod_spec(job), container(job)
+        [claim_ref] = spec["resourceClaims"]
+        assert claim_ref["resourceClaimName"] == claim["metadata"]["name"]
+        assert item["resources"]["claims"] == [{"name": claim_ref["name"]}]
+        environment = plain_env(item)
+        assert environment["TIMESHARE_ADDRESS"] == gateway_address
+        assert environment["TIMESHARE_AGENT_SOCKET"] == agent_socket
+        nodes = next(e for e in item["env"] if e["name"] == "TIMESHARE_NODES")
+        assert nodes["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+        mount = next(m for m in item["volumeMounts"] if m["mountPath"] == "/run/timeshare")
+        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        assert volume["hostPath"] == {"path": "/run/timeshare", "type": "Directory"}
+        # The agent's socket is root's, mode 0660.
+        assert 0 in spec["securityContext"]["supplementalGroups"]
+        args, unknown = container_cli(job, {}, monkeypatch)
+        assert (args.command, unknown) == ("synthetic-job", [])
+        assert (args.group, args.job) == (
+            environment["TIMESHARE_GROUP"],
+            environment["TIMESHARE_JOB"],
+        )
+        seen_jobs.add(args.job)
+        seen_groups.add(args.group)
+    assert len(seen_jobs) == 2 and len(seen_groups) == 1
+
+
+# -- Temporal -------------------------------------------------------------------------------------
+
+# The chart's helpers the values use (temporalio/helm-charts templates/_helpers.tpl),
+# with what they give for release "temporal" in namespace "temporal".
+HELM_EXPRESSIONS = {
+    'include "temporal.fullname" .': "temporal",
+    'include "temporal.frontendAddress" .': "temporal-frontend:7233",
+    ".Release.Namespace": "temporal",
+    ".Values.admintools.image.repository": "temporalio/admin-tools",
+    ".Values.admintools.image.tag": "1.31.2",
+}
+
+
+def fill_helm_template(text: str) -> str:
+    def value(match: re.Match[str]) -> str:
+        expression = match.group(1).strip()
+        assert expression in HELM_EXPRESSIONS, f"unknown template expression: {expression}"
+        return HELM_EXPRESSIONS[expression]
+
+    return re.sub(r"\{\{(.*?)\}\}", value, text)
+
+
+@pytest.fixture(scope="module")
+def temporal_values() -> Obj:
+    values: Obj = yaml.safe_load((DEPLOY / "temporal" / "values.yaml").read_text())
+    return values
+
+
+def test_temporal_values_register_the_scheduler_search_attributes(temporal_values: Obj) -> None:
+    [template] = temporal_values["extraObjects"]
+    job: Obj = yaml.safe_load(fill_helm_template(template))
+    assert validate_strictly([job]) == []
+    assert job["kind"] == "Job"
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "post-install,post-upgrade"
+    # After the chart's namespace job, whose hook weight is 0.
+    assert int(annotations["helm.sh/hook-weight"]) > 0
+    item = pod_spec(job)["containers"][0]
+    script = "\n".join(item["args"])
+    registered = dict(re.findall(r"\b(\w+)=(Keyword|Int|Bool|Double|Datetime|Text)\b", script))
+    assert registered == SEARCH_ATTRIBUTES
+    assert "search-attribute create" in script and "search-attribute list" in script
+
+    namespace = plain_env(item)["TIMESHARE_NAMESPACE"]
+    created = [n["name"] for n in temporal_values["server"]["config"]["namespaces"]["namespace"]]
+    assert temporal_values["server"]["config"]["namespaces"]["create"] is True
+    assert namespace in created
+    assert namespace == env_file(KUBE / "base" / "settings.env")["TIMESHARE_NAMESPACE"]
+
+
+def test_temporal_values_use_postgresql_and_admit_every_waiter(temporal_values: Obj) -> None:
+    server = temporal_values["server"]
+    persistence = server["config"]["persistence"]
+    stores = persistence["datastores"]
+    assert persistence["defaultStore"] in stores and persistence["visibilityStore"] in stores
+    for name in ("default", "visibility"):
+        sql = stores[name]["sql"]
+        assert sql["pluginName"].startswith("postgres"), name
+        assert "existingSecret" in sql and "password" not in sql, name
+    [limit] = server["dynamicConfig"]["history.maxInFlightUpdates"]
+    assert limit["value"] == MAX_IN_FLIGHT_UPDATES
+
+
+# -- systemd -------------------------------------------------------------------------------------
+
+UNITS = ("agent", "scheduler", "gateway")
+
+
+def unit_settings(path: Path) -> dict[str, str]:
+    found = {}
+    for line in path.read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            found[key] = value
+    return found
+
+
+def exec_start_arguments(command_line: str, environment: dict[str, str]) -> list[str]:
+    """systemd's expansion: ${VAR} is one argument, $VAR splits at whitespace."""
+    arguments = []
+    for word in shlex.split(command_line):
+        if whole := re.fullmatch(r"\$\{(\w+)\}", word):
+            arguments.append(environment[whole.group(1)])
+        elif split := re.fullmatch(r"\$(\w+)", word):
+            arguments += environment.get(split.group(1), "").split()
+        else:
+            assert "$" not in word, word
+            arguments.append(word)
+    return arguments
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_systemd_unit_runs_a_command_the_cli_accepts(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unit = unit_settings(DEPLOY / "systemd" / f"timeshare-{name}.service")
+    assert unit["EnvironmentFile"] == f"/etc/timeshare/{name}.env"
+    environment = env_file(DEPLOY / "systemd" / f"{name}.env")
+    program, *arguments = exec_start_arguments(unit["ExecStart"], environment)
+    assert program == "/opt/timeshare/bin/timeshare"
+    args, unknown = parse_cli(arguments, environment, monkeypatch)
+    assert (args.command, unknown) == (name, [])
+    temporal = temporal_settings(args)  # flags, then the environment file
+    assert temporal.address == environment["TIMESHARE_TEMPORAL"]
+    assert temporal.namespace == environment["TIMESHARE_NAMESPACE"]
+    if name == "agent":
+        assert unit["User"] == "root"
+        assert args.socket == environment["TIMESHARE_AGENT_SOCKET"]
+        assert Path(args.socket).parent == Path("/run") / unit["RuntimeDirectory"]
+        assert args.backend == environment["TIMESHARE_BACKEND"]
+    else:
+        assert unit["DynamicUser"] == "yes"
+
+
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here"
+)
+def test_systemd_units_verify(tmp_path: Path) -> None:
+    # verify insists that ExecStart's program exists: point the units at this
+    # checkout's own `timeshare` instead of /opt/timeshare's.
+    timeshare = Path(sys.executable).parent / "timeshare"
+    assert timeshare.exists()
+    for name in UNITS:
+        text = (DEPLOY / "systemd" / f"timeshare-{name}.service").read_text()
+        assert "/opt/timeshare/bin/timeshare" in text
+        (tmp_path / f"timeshare-{name}.service").write_text(
+            text.replace("/opt/timeshare/bin/timeshare", str(timeshare))
+        )
+    result = subprocess.run(
+        ["systemd-analyze", "verify", *sorted(str(p) for p in tmp_path.glob("*.service"))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # Unknown keys and bad values are only warnings (exit 0): no output at all.
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+# -- Slurm ---------------------------------------------------------------------------------------
+
+SLURM = DEPLOY / "slurm"
+
+
+@pytest.mark.parametrize("name", ["prolog.sh", "epilog.sh", "grpo-pair.sbatch"])
+def test_slurm_script_parses(name: str) -> None:
+    result = subprocess.run(
+        ["bash", "-n", str(SLURM / name)], capture_output=True, text=True, timeout=30
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+
+
+def test_slurm_example_oversubscribes_a_partition_that_allows_it() -> None:
+    options = re.findall(r"^#SBATCH (\S+)", (SLURM / "grpo-pair.sbatch").read_text(), re.M)
+    assert "--oversubscribe" in options
+    assert not any(o.startswith("--gres") for o in options)  # a GRES is never shared
+    partition = next(o.split("=", 1)[1] for o in options if o.startswith("--partition="))
+    readme = (SLURM / "README.md").read_text()
+    assert re.search(rf"PartitionName={partition} .*OverSubscribe=YES:2", readme)
+
+
+@pytest.fixture
+def orphan() -> Iterator[int]:
+    """A process that is not the test's child: the agent refuses its own tree."""
+    output = subprocess.run(
+        ["sh", "-c", "sleep 120 >/dev/null 2>&1 & echo $!"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    pid = int(output.stdout)
+    yield pid
+    os.kill(pid, signal.SIGKILL)
+
+
+def run_task_prolog(environment: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SLURM / "prolog.sh")],
+        env={"PATH": os.environ["PATH"], **environment},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def test_task_prolog_registers_the_task_with_the_agent(tmp_path: Path, orphan: int) -> None:
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(
+        '#!/bin/sh\n[ "$*" = "show hostnames gpu[01-02]" ] && printf "gpu01\\ngpu02\\n"\n'
+    )
+    scontrol.chmod(0o755)
+    socket_path = tmp_path / "agent.sock"
+    processes = ProcessTable()
+    server = await serve_agent_socket(str(socket_path), processes)
+    slurm = {
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": "gpu[01-02]",
+        "SLURM_TASK_PID": str(orphan),
+        "TIMESHARE_BIN": str(Path(sys.executable).parent / "timeshare"),
+        "SCONTROL_BIN": str(scontrol),
+        "TIMESHARE_AGENT_SOCKET": str(socket_path),
+    }
+    try:
+        untouched = await asyncio.to_thread(run_task_prolog, slurm)
+        assert (untouched.returncode, untouched.stdout) == (0, "")  # not a timeshare job
+
+        grouped = {**slurm, "TIMESHARE_GROUP": "grpo-pair"}
+        exported = await asyncio.to_thread(run_task_prolog, grouped)
+        assert exported.returncode == 0, exported.stdout + exported.stderr
+        assert exported.stdout.splitlines() == [
+            "export TIMESHARE_JOB=slurm-42",
+            "export TIMESHARE_NODES=gpu01,gpu02",
+        ]
+        assert processes.jobs("grpo-pair") == []  # registering is per step, on request
+
+        registering = {**grouped, "TIMESHARE_REGISTER_TASK": "1"}
+        registered = await asyncio.to_thread(run_task_prolog, registering)
+        assert registered.returncode == 0, registered.stdout + registered.stderr
+        assert processes.processes("grpo-pair", "slurm-42") == [orphan]
+
+        refused = await asyncio.to_thread(run_task_prolog, {**registering, "SLURM_TASK_PID": "1"})
+        assert refused.returncode == 1
+        assert refused.stdout.splitlines()[-1].startswith("print timeshare: task 1 of slurm-42")
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_epilog_never_fails_when_the_gateway_is_unreachable(tmp_path: Path) -> None:
+    # Slurm sets a node DOWN when its Epilog fails.
+    result = subprocess.run(
+        ["bash", str(SLURM / "epilog.sh")],
+        env={
+            "SLURM_JOB_ID": "42",
+            "TIMESHARE_SLURM_ENV": str(tmp_path / "absent.env"),
+            "TIMESHARE_PYTHON": sys.executable,
+            "TIMESHARE_ADDRESS": "127.0.0.1:1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
