@@ -32,15 +32,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml  # type: ignore[import-untyped]
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from activities.processes import ProcessTable
 from tests.conftest import REPO
+from tests.test_access import make_certificates
 from timeshare.cli import build_parser, temporal_settings
 from workers.agent_socket import serve_agent_socket
 from workers.gateway import SERVICE_NAME
+from workers.gateway_access import GatewaySecurity
 from workers.temporal_server import MAX_IN_FLIGHT_UPDATES, SEARCH_ATTRIBUTES
 
 Obj = dict[str, Any]
@@ -116,9 +120,12 @@ def pod_labels(workload: Obj) -> dict[str, str]:
 
 
 def settings(objects: tuple[Obj, ...]) -> dict[str, str]:
-    maps = [o for o in objects if o["kind"] == "ConfigMap"]
-    assert len(maps) == 1
-    assert maps[0]["metadata"]["name"].startswith("timeshare-settings-")  # hashed name
+    maps = [
+        o
+        for o in objects
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("timeshare-settings-")
+    ]
+    assert len(maps) == 1  # one, under a hashed name
     data: dict[str, str] = maps[0]["data"]
     return data
 
@@ -213,7 +220,7 @@ def test_base_renders_and_validates() -> None:
         {
             "Namespace": 1,
             "ServiceAccount": 3,
-            "ConfigMap": 1,
+            "ConfigMap": 2,
             "Deployment": 2,
             "DaemonSet": 1,
             "Service": 1,
@@ -296,27 +303,103 @@ async def test_agent_probe_answers_only_while_the_agent_socket_serves(tmp_path: 
     assert await run_probe() != 0
 
 
+def volume_of(workload: Obj, path: Path | str) -> Obj:
+    """The volume a container path lies on (the longest mount that holds it)."""
+    mounts = [
+        m for m in container(workload)["volumeMounts"] if Path(path).is_relative_to(m["mountPath"])
+    ]
+    assert mounts, f"{path} is on no volume"
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    volume: Obj = next(v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"])
+    return volume
+
+
 @needs_kubectl
-def test_gateway_serves_grpc_health_on_its_service_port(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gateway_serves_tls_with_tokens_and_probes_its_health(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     objects = render(".")
     gateway = one(objects, "Deployment", "timeshare-gateway")
     item = container(gateway)
     args, unknown = container_cli(gateway, settings(objects), monkeypatch)
-    assert unknown == []
-    assert args.command == "gateway"
+    assert (args.command, unknown) == ("gateway", [])
     host, _, port = args.listen.rpartition(":")
-    assert host == "0.0.0.0"  # reachable by the Service and the kubelet
+    assert host == "0.0.0.0"  # reachable by the Service
+    # What the gateway itself demands before serving beyond loopback.
+    security = GatewaySecurity(
+        listen=args.listen,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+        tokens_file=args.tokens_file,
+        insecure=args.insecure,
+    )
+    security.check()
+    assert not args.insecure
+    tls = volume_of(gateway, args.tls_cert)
+    assert tls == volume_of(gateway, args.tls_key)
+    assert tls["secret"]["secretName"] == "timeshare-gateway-tls"
+    assert volume_of(gateway, args.tokens_file)["secret"]["secretName"] == (
+        "timeshare-gateway-tokens"
+    )
     ports = {p["name"]: p["containerPort"] for p in item["ports"]}
     assert ports["grpc"] == int(port)
-    assert item["readinessProbe"]["grpc"] == {"port": int(port), "service": SERVICE_NAME}
-    assert item["livenessProbe"]["grpc"] == {"port": int(port)}
-    assert item["startupProbe"]["grpc"] == {"port": int(port)}
     assert gateway["spec"]["replicas"] >= 2
 
     service = one(objects, "Service", "timeshare-gateway")
     assert selects({"matchLabels": service["spec"]["selector"]}, pod_labels(gateway))
     [service_port] = service["spec"]["ports"]
     assert service_port["port"] == 50051 and service_port["targetPort"] == "grpc"
+    service_name = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+
+    script = KUBE / "base" / "probes" / "gateway_health.py"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        program, path, address, server_name, ca, *service_names = item[probe]["exec"]["command"]
+        assert program == "python", probe
+        assert address == f"127.0.0.1:{port}", probe
+        assert server_name == service_name, probe  # the name jobs verify
+        assert volume_of(gateway, ca) == tls, probe
+        assert service_names == ([SERVICE_NAME] if probe == "readinessProbe" else []), probe
+        probes = volume_of(gateway, path)["configMap"]["name"]
+        [shipped] = [o for o in objects if o["metadata"]["name"] == probes]
+        assert shipped["data"][Path(path).name] == script.read_text(), probe
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test certificates")
+async def test_gateway_probe_checks_health_over_tls(tmp_path: Path) -> None:
+    certificates = make_certificates(tmp_path)  # the server's names: localhost, 127.0.0.1
+    server = grpc.aio.server()
+    service = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(service, server)
+    key_and_chain = (
+        certificates["server.key"].read_bytes(),
+        certificates["server.pem"].read_bytes(),
+    )
+    port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([key_and_chain]))
+    script = KUBE / "base" / "probes" / "gateway_health.py"
+    ca = str(certificates["ca.pem"])
+
+    async def probe(server_name: str, *service_name: str) -> int:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, str(script), f"127.0.0.1:{port}", server_name, ca, *service_name,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        return await asyncio.wait_for(process.wait(), 30)
+
+    await server.start()
+    try:
+        await service.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        assert await probe("localhost") == 1
+        await service.set("", health_pb2.HealthCheckResponse.SERVING)
+        assert await probe("localhost") == 0
+        assert await probe("localhost", SERVICE_NAME) == 1  # unknown service: NOT_FOUND
+        await service.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        assert await probe("localhost", SERVICE_NAME) == 0
+        # A certificate that does not name what jobs call it by fails the probe.
+        assert await probe("timeshare-gateway.timeshare.svc") == 1
+    finally:
+        await server.stop(grace=None)
+    assert await probe("localhost") == 1
 
 
 @needs_kubectl
@@ -405,10 +488,8 @@ def test_monitoring_overlay_scrapes_every_process(monkeypatch: pytest.MonkeyPatc
         assert ports["metrics"] == METRICS_PORT, name
         assert f"--metrics-port={METRICS_PORT}" in item["args"], name
         args, unknown = container_cli(workload, settings(objects), monkeypatch)
-        assert args.command == name
-        # --metrics-port is added to the CLI by its own change; until then it is
-        # the only argument the parser may not know.
-        assert unknown in ([], [f"--metrics-port={METRICS_PORT}"]), unknown
+        assert (args.command, unknown) == (name, [])
+        assert args.metrics_port == METRICS_PORT
 
     # No schema for the PodMonitor custom resource ships with Kubernetes: its
     # shape, by hand, after the Prometheus Operator's monitoring.coreos.com/v1.
@@ -478,6 +559,11 @@ def test_example_jobs_share_one_claim_and_reach_the_agent(monkeypatch: pytest.Mo
         assert volume["hostPath"] == {"path": "/run/timeshare", "type": "Directory"}
         # The agent's socket is root's, mode 0660.
         assert 0 in spec["securityContext"]["supplementalGroups"]
+        # The gateway serves TLS and asks for a bearer token.
+        ca_volume = volume_of(job, environment["TIMESHARE_TLS_CA"])
+        assert ca_volume["configMap"]["name"] == "timeshare-gateway-ca"
+        token = next(e for e in item["env"] if e["name"] == "TIMESHARE_TOKEN")
+        assert token["valueFrom"]["secretKeyRef"] == {"name": "timeshare-token", "key": "token"}
         args, unknown = container_cli(job, {}, monkeypatch)
         assert (args.command, unknown) == ("synthetic-job", [])
         assert (args.group, args.job) == (
@@ -557,25 +643,28 @@ def test_temporal_values_use_postgresql_and_admit_every_waiter(temporal_values: 
 UNITS = ("agent", "scheduler", "gateway")
 
 
-def unit_settings(path: Path) -> dict[str, str]:
-    found = {}
+def unit_settings(path: Path) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
     for line in path.read_text().splitlines():
         if "=" in line and not line.startswith(("#", "[")):
             key, _, value = line.partition("=")
-            found[key] = value
+            found.setdefault(key, []).append(value)
     return found
 
 
-def exec_start_arguments(command_line: str, environment: dict[str, str]) -> list[str]:
-    """systemd's expansion: ${VAR} is one argument, $VAR splits at whitespace."""
+def exec_start_arguments(
+    command_line: str, environment: dict[str, str], credentials: Path
+) -> list[str]:
+    """systemd's expansion: ${VAR} is one argument, $VAR splits at whitespace,
+    %d is the service's credentials directory."""
     arguments = []
-    for word in shlex.split(command_line):
+    for word in shlex.split(command_line.replace("%d", str(credentials))):
         if whole := re.fullmatch(r"\$\{(\w+)\}", word):
             arguments.append(environment[whole.group(1)])
         elif split := re.fullmatch(r"\$(\w+)", word):
             arguments += environment.get(split.group(1), "").split()
         else:
-            assert "$" not in word, word
+            assert "$" not in word and "%" not in word, word
             arguments.append(word)
     return arguments
 
@@ -585,9 +674,11 @@ def test_systemd_unit_runs_a_command_the_cli_accepts(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     unit = unit_settings(DEPLOY / "systemd" / f"timeshare-{name}.service")
-    assert unit["EnvironmentFile"] == f"/etc/timeshare/{name}.env"
+    assert unit["EnvironmentFile"] == [f"/etc/timeshare/{name}.env"]
     environment = env_file(DEPLOY / "systemd" / f"{name}.env")
-    program, *arguments = exec_start_arguments(unit["ExecStart"], environment)
+    credentials = Path("/run/credentials") / f"timeshare-{name}.service"
+    [command_line] = unit["ExecStart"]
+    program, *arguments = exec_start_arguments(command_line, environment, credentials)
     assert program == "/opt/timeshare/bin/timeshare"
     args, unknown = parse_cli(arguments, environment, monkeypatch)
     assert (args.command, unknown) == (name, [])
@@ -595,12 +686,27 @@ def test_systemd_unit_runs_a_command_the_cli_accepts(
     assert temporal.address == environment["TIMESHARE_TEMPORAL"]
     assert temporal.namespace == environment["TIMESHARE_NAMESPACE"]
     if name == "agent":
-        assert unit["User"] == "root"
+        assert unit["User"] == ["root"]
         assert args.socket == environment["TIMESHARE_AGENT_SOCKET"]
-        assert Path(args.socket).parent == Path("/run") / unit["RuntimeDirectory"]
+        assert Path(args.socket).parent == Path("/run") / unit["RuntimeDirectory"][0]
         assert args.backend == environment["TIMESHARE_BACKEND"]
     else:
-        assert unit["DynamicUser"] == "yes"
+        assert unit["DynamicUser"] == ["yes"]
+    if name == "gateway":
+        security = GatewaySecurity(
+            listen=args.listen,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_client_ca=args.tls_client_ca,
+            tokens_file=args.tokens_file,
+            insecure=args.insecure,
+        )
+        security.check()  # it listens beyond loopback: TLS and tokens are there
+        assert not security.loopback_only and not args.insecure
+        # Every file it is given is a credential systemd copies in for it.
+        loaded = {c.split(":", 1)[0] for c in unit["LoadCredential"]}
+        for path in (args.tls_cert, args.tls_key, args.tokens_file):
+            assert path.parent == credentials and path.name in loaded, path
 
 
 @pytest.mark.skipif(
