@@ -186,3 +186,17 @@ async def test_a_caller_that_goes_away_gives_its_place_back(
             break
         await asyncio.sleep(0.1)
     assert ["b"] in queues and queues[-1] == []
+
+
+async def test_group_and_job_may_come_from_the_environment(
+    api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = f"n-{unique}"
+    await sim_nodes.start(node)
+    with pytest.raises(errors.InvalidArgument, match="TIMESHARE_GROUP"):
+        await api.join(job="a", nodes=[node])
+    monkeypatch.setenv("TIMESHARE_GROUP", f"env-{unique}")
+    monkeypatch.setenv("TIMESHARE_JOB", "from-env")
+    job = await api.join(nodes=[node])
+    assert (job.group, job.name) == (f"env-{unique}", "from-env")
+    await job.leave()

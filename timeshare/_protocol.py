@@ -39,6 +39,15 @@ def resolve_nodes(nodes: list[str] | None) -> list[str]:
     return [valid("node", n) for n in nodes]
 
 
+def from_env(kind: str, value: str | None, variable: str) -> str:
+    """A launcher (Kubernetes, Slurm) may name the group and job in the environment."""
+    if value is None:
+        value = os.environ.get(variable)
+    if value is None:
+        raise InvalidArgument(f"{kind}: none given; pass it or set {variable}")
+    return value
+
+
 def valid(kind: str, value: str) -> str:
     try:
         return check_name(kind, value)
@@ -146,11 +155,11 @@ class JobIdentity:
 
 
 def join_request(
-    group: str, job: str, nodes: list[str] | None, policy: GroupPolicy | None
+    group: str | None, job: str | None, nodes: list[str] | None, policy: GroupPolicy | None
 ) -> pb.JoinRequest:
     return pb.JoinRequest(
-        group=valid("group", group),
-        job=valid("job", job),
+        group=valid("group", from_env("group", group, "TIMESHARE_GROUP")),
+        job=valid("job", from_env("job", job, "TIMESHARE_JOB")),
         nodes=resolve_nodes(nodes),
         policy=pb.GroupPolicy(**policy.model_dump()) if policy is not None else None,
     )

@@ -55,8 +55,8 @@ class Client:
 
     async def join(
         self,
-        group: str,
-        job: str,
+        group: str | None = None,
+        job: str | None = None,
         nodes: list[str] | None = None,
         policy: GroupPolicy | None = None,
         register: bool = False,

@@ -52,15 +52,16 @@ class Client:
 
     def join(
         self,
-        group: str,
-        job: str,
+        group: str | None = None,
+        job: str | None = None,
         nodes: list[str] | None = None,
         policy: GroupPolicy | None = None,
         register: bool = False,
     ) -> Job:
-        """Join ``group`` as ``job``; ``nodes`` defaults to TIMESHARE_NODES, else the only
-        node. ``policy`` applies if this join creates the group. The handle keeps the job's
-        lease alive from a background thread until ``leave()`` or ``close()``.
+        """Join ``group`` as ``job`` (defaults: TIMESHARE_GROUP, TIMESHARE_JOB); ``nodes``
+        defaults to TIMESHARE_NODES, else the only node. ``policy`` applies if this join
+        creates the group. The handle keeps the job's lease alive from a background thread
+        until ``leave()`` or ``close()``.
         ``register=True`` also registers this process with the local agent: only for a
         process that both uses the GPU and asks for turns (see register_process)."""
         request = protocol.join_request(group, job, nodes, policy)
