@@ -81,7 +81,7 @@ class LocalStack:
         log_path = self.workdir / f"{name}.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
         with log_path.open("ab") as log:
-            self.processes[name] = spawn(self.commands()[name], stdout=log)
+            self.processes[name] = spawn(self.commands()[name], stdout=log, timeshare_child=True)
         deadline = time.monotonic() + READY_SECONDS
         while time.monotonic() < deadline:
             text = log_path.read_bytes()[offset:].decode(errors="replace")
@@ -120,6 +120,7 @@ class LocalStack:
                 f"--nodes={self.node}", f"--report={report}", *options,
             ),
             stdout=log,
+            timeshare_child=True,
         )  # fmt: skip
 
     def group(self, group: str) -> GroupStatus:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 _PR_SET_PDEATHSIG = 1
+PARENT_VARIABLE = "TIMESHARE_DIE_WITH_PARENT"
 # Looked up once here: between fork and exec only async-signal-safe work is
 # allowed, and loading a library is not.
 _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
@@ -22,16 +24,38 @@ def die_with_parent() -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def die_with_parent_if_asked() -> None:
+    """For a `timeshare` child started by spawn(..., timeshare_child=True)."""
+    parent = os.environ.pop(PARENT_VARIABLE, "")
+    if parent.isdigit():
+        die_with_parent()
+        if os.getppid() != int(parent):  # the parent died before we asked
+            os._exit(1)
+
+
 def spawn(
-    command: Sequence[str], *, stdout: IO[Any] | int | None = None, new_session: bool = False
+    command: Sequence[str],
+    *,
+    stdout: IO[Any] | int | None = None,
+    new_session: bool = False,
+    timeshare_child: bool = False,
 ) -> subprocess.Popen[bytes]:
+    """Start a child that dies with this process.
+
+    ``timeshare_child``: the command is `timeshare ...`, which asks the kernel
+    itself at start. Then no Python code runs between fork and exec, which a
+    parent with gRPC threads (a test or benchmark process) must avoid: gRPC's
+    fork handlers can kill the child before it execs.
+    """
+    env = {**os.environ, PARENT_VARIABLE: str(os.getpid())} if timeshare_child else None
     return subprocess.Popen(
         list(command),
         stdin=subprocess.DEVNULL,
         stdout=stdout,
         stderr=subprocess.STDOUT if stdout is not None else None,
-        preexec_fn=die_with_parent,
+        preexec_fn=None if timeshare_child else die_with_parent,
         start_new_session=new_session,
+        env=env,
     )
 
 

@@ -52,6 +52,7 @@ def start_stack(data_dir: Path) -> subprocess.Popen[bytes]:
         [sys.executable, "-m", "timeshare", "up", f"--data-dir={data_dir}", "--node=local"],
         stdout=subprocess.PIPE,
         new_session=True,
+        timeshare_child=True,
     )
     is_ready = threading.Event()
 
@@ -91,6 +92,7 @@ def run_jobs(
                 f"--start-delay-seconds={0.3 * index}",
             ],
             new_session=True,
+            timeshare_child=True,
         )
         for index, (job, path) in enumerate(zip(DEMO_JOBS, paths, strict=True))
     ]  # fmt: skip
