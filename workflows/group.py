@@ -337,7 +337,11 @@ class GroupWorkflow:
             output: SwitchOutput = await workflow.execute_activity(
                 "switch",
                 SwitchInput(
-                    group=self._queue.state.group, epoch=plan.epoch, move=move, plan=plan.number
+                    group=self._queue.state.group,
+                    epoch=plan.epoch,
+                    move=move,
+                    plan=plan.number,
+                    co_residency=self._queue.state.policy.co_residency,
                 ),
                 result_type=SwitchOutput,
                 task_queue=node_task_queue(move.node),
