@@ -146,13 +146,25 @@ class LocalStack:
 
 
 def overlaps(record: list[dict[str, Any]]) -> int:
-    """Times two jobs' state shared the simulated GPU, by the backend's own record."""
+    """Times the simulated GPU broke its invariant, by the backend's own
+    record: two jobs of a group running at once, or more resident than fits."""
     refused = sum(1 for e in record if e["event"] == "overlap")
-    crossing = 0
-    for node in {e["node"] for e in record}:
-        resident = sorted(
-            (e for e in record if e["event"] == "resident" and e["node"] == node),
-            key=lambda e: e["start"],
-        )
-        crossing += sum(1 for a, b in itertools.pairwise(resident) if b["start"] < a["end"])
-    return refused + crossing
+    broken = 0
+    for node, group in {(e["node"], e.get("group")) for e in record}:
+        mine = [e for e in record if e["node"] == node and e.get("group") == group]
+        running = sorted((e for e in mine if e["event"] == "running"), key=lambda e: e["start"])
+        broken += sum(1 for a, b in itertools.pairwise(running) if b["start"] < a["end"])
+        broken += overfull([e for e in mine if e["event"] == "resident"])
+    return refused + broken
+
+
+def overfull(resident: list[dict[str, Any]]) -> int:
+    """Residency intervals that began while the GPU held more than fits: more
+    bytes than its capacity, or a second job where it has none (one at a time)."""
+    count = 0
+    for interval in resident:
+        here = [e for e in resident if e["start"] <= interval["start"] < e["end"]]
+        capacity = interval.get("capacity")
+        if len(here) > 1 and (capacity is None or sum(e.get("bytes", 0) for e in here) > capacity):
+            count += 1
+    return count

@@ -16,6 +16,7 @@ from activities.backend import BackendConfig, BackendError
 from activities.checkpointing import ProcessCheckpointBackend
 from activities.cuda_checkpoint import CudaCheckpointBackend
 from activities.cuda_driver import CudaDriverBackend
+from activities.gpus import DeviceMemory
 from activities.processes import ProcessTable
 from tests.fakes.cuda_driver import FakeDriver
 from tests.processes import detached, kill
@@ -130,9 +131,8 @@ def test_each_backend_refuses_to_start_where_it_cannot_run(
 async def test_no_checkpoint_when_the_host_has_no_room(
     rig: Rig, ranks: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(
-        "activities.checkpointing.device_memory_by_pid", lambda: {ranks[0]: 80 * 2**30}
-    )
+    on_gpu = DeviceMemory(free_bytes=0, by_pid={ranks[0]: 80 * 2**30})
+    monkeypatch.setattr("activities.checkpointing.device_memory", lambda: {"gpu0": on_gpu})
     monkeypatch.setattr("activities.checkpointing.host_memory_available", lambda: 16 * 2**30)
     with pytest.raises(BackendError, match=r"80\.0 GiB of device memory"):
         await rig.backend.checkpoint("g", "a")

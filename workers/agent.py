@@ -11,6 +11,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.backend import BackendConfig, BackendError, BackendNotFound, load_backend
+from activities.hook_registry import HookRegistry
 from activities.processes import ProcessTable
 from activities.switch import SwitchActivities
 from timeshare.models import NodeInfo
@@ -40,9 +41,11 @@ async def serve_agent(
     except (BackendNotFound, BackendError) as error:
         raise StartupError(str(error)) from None
     processes = ProcessTable()
+    hooks = HookRegistry()
     backend.attach(processes)
+    backend.attach_hooks(hooks)
     client = await connect_temporal(temporal, namespace)
-    registrations = await serve_agent_socket(socket_path, processes)
+    registrations = await serve_agent_socket(socket_path, processes, hooks)
     info = NodeInfo(
         node=config.node, backend=backend.name, simulated=backend.simulated, gpus=backend.gpus()
     )
@@ -62,6 +65,8 @@ async def serve_agent(
             if not stop.is_set():
                 await announce(client, info)
         remove_socket(socket_path)
+        # Processes serving hooks see the agent go, and reconnect to the next one.
+        hooks.close_all()
         with contextlib.suppress(Exception):
             handle = client.get_workflow_handle(NODE_REGISTRY_WORKFLOW_ID)
             await handle.signal(NodeRegistryWorkflow.depart, NodeDeparture(node=config.node))
