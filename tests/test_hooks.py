@@ -7,6 +7,7 @@ a hook that hangs or fails fails the switch with its own message."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -17,12 +18,15 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from activities.app import AppBackend
 from activities.backend import Backend, BackendConfig, load_backend
+from activities.cuda_driver import CudaDriverBackend
 from activities.hook_registry import HookRegistry
 from activities.processes import ProcessTable
 from activities.sim import SimBackend
 from activities.stacked import StackedBackend
 from activities.switch import SwitchActivities
+from tests.fakes.cuda_driver import FakeDriver
 from tests.fakes.engine import FakeEngine, running_engine
 from tests.processes import detached, kill
 from timeshare.errors import FailedPrecondition
@@ -58,21 +62,26 @@ class Agent:
         raise AssertionError(f"job {job} never served its hooks")
 
 
-@pytest.fixture
-async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
-    config = BackendConfig(
-        node="n", sim_state_bytes=2**20, sim_bandwidth_bytes_per_second=1e10,
-        hook_timeout_seconds=HOOK_TIMEOUT,
-    )  # fmt: skip
-    backend = load_backend("app+sim", config)
+CONFIG = BackendConfig(
+    node="n", sim_state_bytes=2**20, sim_bandwidth_bytes_per_second=1e10,
+    hook_timeout_seconds=HOOK_TIMEOUT,
+)  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def running_agent(path: str, backend: Backend) -> AsyncIterator[Agent]:
     processes, hooks = ProcessTable(), HookRegistry()
     backend.attach(processes)
     backend.attach_hooks(hooks)
-    path = str(tmp_path / "agent.sock")
-    server = await serve_agent_socket(path, processes, hooks)
-    async with server:
+    async with await serve_agent_socket(path, processes, hooks):
         yield Agent(path, hooks, backend, SwitchActivities("n", backend, processes))
         hooks.close_all()
+
+
+@pytest.fixture
+async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
+    async with running_agent(str(tmp_path / "agent.sock"), load_backend("app+sim", CONFIG)) as up:
+        yield up
 
 
 @pytest.fixture
@@ -157,6 +166,39 @@ async def test_a_hook_that_fails_fails_the_restore_with_the_engines_words(
     assert failure.value.type == RESTORE_FAILED
     assert "admit() hook" in failure.value.message
     assert "HTTP 500 CUDA out of memory" in failure.value.message
+
+
+async def test_every_rank_puts_its_state_away_before_any_is_locked(
+    tmp_path: Path, engine: FakeEngine
+) -> None:
+    """app+cuda with two ranks of one job: both hooks, then both locks, then
+    both checkpoints; on the way back, both restores, both unlocks, then the
+    hooks (the CUDA driver is the fake of tests/fakes/cuda_driver.py)."""
+    driver = FakeDriver()
+    backend = StackedBackend([AppBackend(CONFIG), CudaDriverBackend(CONFIG, driver.module)])
+    command = ["-m", "tests.hook_process", str(tmp_path / "agent.sock"), "g", "a", "offload"]
+    ranks = [detached(sys.executable, *command, engine.url) for _ in range(2)]
+    try:
+        async with running_agent(str(tmp_path / "agent.sock"), backend) as agent:
+            for _ in range(600):
+                if len(agent.hooks.connections("g", "a")) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            await agent.admit("b", ["a"])
+            sleeps = [r.at for r in engine.requests]
+            assert engine.paths() == ["/sleep?level=1"] * 2
+            assert [c.split()[0] for c in driver.calls] == ["lock"] * 2 + ["checkpoint"] * 2
+            assert max(sleeps) <= min(driver.stamps)
+            restored_from = len(driver.calls)
+            await agent.admit("a", ["b"])
+            back = driver.calls[restored_from:]
+            assert [c.split()[0] for c in back] == ["restore"] * 2 + ["unlock"] * 2
+            assert engine.paths()[2:] == ["/wake_up"] * 2
+            assert min(r.at for r in engine.requests[2:]) >= max(driver.stamps)
+            assert sorted(int(c.split()[1]) for c in back[:2]) == sorted(ranks)
+    finally:
+        for rank in ranks:
+            kill(rank)
 
 
 class Recorder(WorkloadHooks):
