@@ -101,8 +101,12 @@ class Backend(abc.ABC):
         return False
 
     async def footprint(self, group: str, job: str) -> DeviceBytes | None:
-        """Device bytes the job's state takes where it is now, or will take
-        once restored; None when unknown."""
+        """Device bytes the job's state holds on the device now ({} when it
+        holds none there); None when unknown."""
+        return None
+
+    async def admission_footprint(self, group: str, job: str) -> DeviceBytes | None:
+        """Device bytes the job's state will hold once restored; None when unknown."""
         return None
 
     async def free_memory(self, group: str) -> DeviceBytes | None:

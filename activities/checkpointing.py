@@ -78,9 +78,12 @@ class ProcessCheckpointBackend(Backend):
 
     async def footprint(self, group: str, job: str) -> DeviceBytes | None:
         states = await self._states(group, job)
-        on_device = [pid for pid, state in states.items() if state in ON_DEVICE]
-        if on_device:
-            return footprint(device_memory(), on_device)
+        return footprint(device_memory(), [p for p, s in states.items() if s in ON_DEVICE])
+
+    async def admission_footprint(self, group: str, job: str) -> DeviceBytes | None:
+        states = await self._states(group, job)
+        if any(state in ON_DEVICE for state in states.values()):
+            return await self.footprint(group, job)
         return self._parked.get((group, job))
 
     async def free_memory(self, group: str) -> DeviceBytes | None:

@@ -17,6 +17,13 @@ class RoomPlan(BaseModel):
     keep: list[str]
 
 
+def extra(admitted: DeviceBytes | None, now: DeviceBytes | None) -> DeviceBytes | None:
+    """What a job's admission adds on each device, beyond what it holds there now."""
+    if admitted is None or now is None:
+        return None
+    return {device: count - now.get(device, 0) for device, count in admitted.items()}
+
+
 def fits(need: DeviceBytes, free: DeviceBytes) -> bool:
     return all(count <= free.get(device, 0) for device, count in need.items())
 

@@ -105,6 +105,9 @@ class SimBackend(Backend):
         )
 
     async def footprint(self, group: str, job: str) -> DeviceBytes:
+        return {DEVICE: self.state_bytes} if job in self.resident(group) else {}
+
+    async def admission_footprint(self, group: str, job: str) -> DeviceBytes:
         return {DEVICE: self.state_bytes}
 
     async def free_memory(self, group: str) -> DeviceBytes | None:

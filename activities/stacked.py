@@ -60,6 +60,9 @@ class StackedBackend(Backend):
     async def footprint(self, group: str, job: str) -> DeviceBytes | None:
         return await _first(lambda layer: layer.footprint(group, job), self.layers)
 
+    async def admission_footprint(self, group: str, job: str) -> DeviceBytes | None:
+        return await _first(lambda layer: layer.admission_footprint(group, job), self.layers)
+
     async def free_memory(self, group: str) -> DeviceBytes | None:
         return await _first(lambda layer: layer.free_memory(group), self.layers)
 

@@ -15,7 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.backend import Backend, BackendError
 from activities.processes import ProcessTable
-from activities.residency import RoomPlan, plan_room
+from activities.residency import RoomPlan, extra, plan_room
 from timeshare.hooks.protocol import EvictMode
 from timeshare.models import (
     CHECKPOINT_FAILED,
@@ -121,7 +121,10 @@ class SwitchActivities:
     ) -> RoomPlan:
         """Lock the others where the admitted job fits beside them; evict,
         least recently run first, only what it needs room for."""
-        need = {} if admit in seen else await self.backend.footprint(group, admit)
+        need = extra(
+            await self.backend.admission_footprint(group, admit),
+            await self.backend.footprint(group, admit),
+        )
         free = await self.backend.free_memory(group)
         on_device = sorted(
             (job for job in others if job in seen),

@@ -165,9 +165,11 @@ async def test_footprints_come_from_nvml_and_are_remembered_while_parked(
     on_gpu = {"gpu0": DeviceMemory(free_bytes=10 * gib, by_pid={first: 3 * gib, second: gib})}
     monkeypatch.setattr("activities.checkpointing.device_memory", lambda: on_gpu)
     assert await backend.footprint("g", "a") == {"gpu0": 4 * gib}
+    assert await backend.admission_footprint("g", "a") == {"gpu0": 4 * gib}
     assert await backend.free_memory("g") == {"gpu0": 8 * gib}  # less the 2 GiB margin
     assert (await backend.checkpoint("g", "a")).bytes == 4 * gib
     on_gpu["gpu0"] = DeviceMemory(free_bytes=14 * gib, by_pid={})
-    assert await backend.footprint("g", "a") == {"gpu0": 4 * gib}
+    assert await backend.footprint("g", "a") == {}
+    assert await backend.admission_footprint("g", "a") == {"gpu0": 4 * gib}
     restored = await backend.restore("g", "a")
     assert (restored.action, restored.bytes) == ("restore", 4 * gib)

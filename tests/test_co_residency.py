@@ -9,7 +9,7 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 from activities.backend import BackendConfig
-from activities.residency import plan_room
+from activities.residency import extra, plan_room
 from activities.sim import SimBackend
 from activities.switch import SwitchActivities
 from bench.stack import overlaps
@@ -111,6 +111,8 @@ def test_room_is_made_least_recent_first_and_never_guessed() -> None:
     # A figure missing anywhere: everything leaves.
     assert plan_room(None, {gpu: 5}, ["old", "new"], footprints).evict == ["old", "new"]
     assert plan_room({gpu: 1}, None, ["old"], footprints).evict == ["old"]
+    # A job partly on the device already needs only the rest.
+    assert extra({gpu: 4}, {gpu: 1}) == {gpu: 3} and extra({gpu: 4}, None) is None
     # A victim of unknown size frees nothing to count on.
     unknown = {"old": None, "new": {gpu: 4}}
     assert plan_room({gpu: 8}, {gpu: 5}, ["old", "new"], unknown).evict == ["old", "new"]
