@@ -41,6 +41,8 @@ class LocalStack:
     # The simulated device: state per job and host<->device bandwidth.
     state_gib: float = 0.25
     bandwidth_gbps: float = 10.0
+    # None: the simulated GPU holds one job at a time (no co-residency).
+    capacity_gib: float | None = None
     temporal_port: int = field(default_factory=free_port)
     ui_port: int = field(default_factory=free_port)
     gateway_port: int = field(default_factory=free_port)
@@ -58,6 +60,10 @@ class LocalStack:
     def record_path(self) -> Path:
         return self.workdir / "residency.jsonl"
 
+    @property
+    def socket_path(self) -> Path:
+        return self.workdir / "agent.sock"
+
     def commands(self) -> dict[str, list[str]]:
         common = [f"--temporal={self.temporal}"]
         return {
@@ -70,9 +76,10 @@ class LocalStack:
             "agent": timeshare_command(
                 "agent", *common, f"--node={self.node}", f"--backend={self.backend}",
                 f"--sim-state-gib={self.state_gib}", f"--sim-bandwidth-gbps={self.bandwidth_gbps}",
+                *([f"--sim-capacity-gib={self.capacity_gib}"] if self.capacity_gib else []),
                 f"--sim-record={self.record_path}",
                 f"--sim-state={self.workdir / 'sim-state.json'}",
-                f"--socket={self.workdir / 'agent.sock'}",
+                f"--socket={self.socket_path}",
             ),
         }  # fmt: skip
 
@@ -117,7 +124,8 @@ class LocalStack:
         return spawn(
             timeshare_command(
                 "synthetic-job", f"--group={group}", f"--job={job}", f"--address={self.address}",
-                f"--nodes={self.node}", f"--report={report}", *options,
+                f"--nodes={self.node}", f"--report={report}", f"--agent-socket={self.socket_path}",
+                *options,
             ),
             stdout=log,
         )  # fmt: skip
