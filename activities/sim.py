@@ -145,6 +145,10 @@ class SimBackend(Backend):
             start = time.time()
             if state.location == "running":
                 self._stop_running(group, job, state, start)
+                # Stopped from the first byte: an agent that dies mid-checkpoint
+                # comes back to a job on the device that does not run.
+                state.location = "locked"
+                self._save()
             dropped = int(self.state_bytes * self.discard_fraction) if mode == "discard" else 0
             moved = self.state_bytes - dropped
             await asyncio.sleep(moved / self.bandwidth)

@@ -160,8 +160,12 @@ def overlaps(record: list[dict[str, Any]]) -> int:
     broken = 0
     for node, group in {(e["node"], e.get("group")) for e in record}:
         mine = [e for e in record if e["node"] == node and e.get("group") == group]
-        running = sorted((e for e in mine if e["event"] == "running"), key=lambda e: e["start"])
-        broken += sum(1 for a, b in itertools.pairwise(running) if b["start"] < a["end"])
+        running = [e for e in mine if e["event"] == "running"]
+        broken += sum(
+            1
+            for a, b in itertools.combinations(running, 2)
+            if a["job"] != b["job"] and a["start"] < b["end"] and b["start"] < a["end"]
+        )
         broken += overfull([e for e in mine if e["event"] == "resident"])
     return refused + broken
 
@@ -172,6 +176,8 @@ def overfull(resident: list[dict[str, Any]]) -> int:
     count = 0
     for interval in resident:
         here = [e for e in resident if e["start"] <= interval["start"] < e["end"]]
+        # One job's interval recorded twice (an agent restarted) is not two jobs.
+        here = list({e["job"]: e for e in here}.values())
         capacity = interval.get("capacity")
         if len(here) > 1 and (capacity is None or sum(e.get("bytes", 0) for e in here) > capacity):
             count += 1

@@ -5,6 +5,10 @@ switch activity itself."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from pathlib import Path
+
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
@@ -116,3 +120,24 @@ def test_room_is_made_least_recent_first_and_never_guessed() -> None:
     # A victim of unknown size frees nothing to count on.
     unknown = {"old": None, "new": {gpu: 4}}
     assert plan_room({gpu: 8}, {gpu: 5}, ["old", "new"], unknown).evict == ["old", "new"]
+
+
+async def test_an_agent_that_dies_mid_checkpoint_leaves_a_stopped_job_on_the_device(
+    tmp_path: Path,
+) -> None:
+    config = BackendConfig(
+        node="n", sim_state_bytes=STATE, sim_bandwidth_bytes_per_second=STATE / 30,
+        sim_state_path=str(tmp_path / "gpu.json"), sim_record_path=str(tmp_path / "record"),
+    )  # fmt: skip
+    await SimBackend(config).restore("g", "a")
+    dying = SimBackend(config)
+    checkpoint = asyncio.create_task(dying.checkpoint("g", "a"))
+    await asyncio.sleep(0.2)
+    checkpoint.cancel()  # the agent died mid-checkpoint
+    restarted = SimBackend(config)
+    assert restarted.resident("g") == ["a"] and restarted.running("g") == []
+    assert (await restarted.checkpoint("g", "a")).bytes == STATE  # the retry moves it
+    record = [json.loads(line) for line in (tmp_path / "record").read_text().splitlines()]
+    assert [e["event"] for e in record if e["job"] == "a"] == [
+        "restore", "running", "checkpoint", "resident"]  # fmt: skip
+    assert overlaps(record) == 0
