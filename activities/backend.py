@@ -5,27 +5,39 @@ A job is named by its group and its name: two groups may both have a "job-a".
 Every action is idempotent: a backend reads the job's state first, so a
 retried checkpoint of a checkpointed job (or restore of a resident one) does
 nothing and reports ``noop``.
+
+A job's state is running (on the device, the job may use it), locked (on the
+device, the job may not run: co-residency) or parked (in host memory).
 """
 
 from __future__ import annotations
 
 import abc
 from importlib.metadata import entry_points
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel
 
 from activities.processes import ProcessTable
+from timeshare.hooks.protocol import EvictMode
 from timeshare.models import BackendAction
 
+if TYPE_CHECKING:
+    from activities.hook_registry import HookRegistry
+
 BACKEND_ENTRY_POINT_GROUP = "timeshare.backends"
+
+
+# Per-device byte counts, keyed by device name ("gpu0", "sim-gpu-0").
+DeviceBytes = dict[str, int]
 
 
 class BackendConfig(BaseModel):
     """Settings handed to a backend; each backend reads the fields it knows."""
 
     node: str
-    sim_capacity_bytes: int = 141 * 2**30
+    # None: a simulated GPU that holds one job at a time (and no co-residency).
+    sim_capacity_bytes: int | None = None
     sim_bandwidth_bytes_per_second: float = 20e9
     sim_state_bytes: int = 2 * 2**30
     # Where the sim backend appends its residency record (JSON lines).
@@ -41,6 +53,15 @@ class BackendConfig(BaseModel):
     cuda_checkpoint_path: str | None = None
     # No single call of a backend (one utility run) may take longer.
     call_timeout_seconds: float = 300.0
+    # The share of a job's simulated state that a discard drops (its KV cache,
+    # say) instead of moving it, and how fast the job rebuilds it on admission
+    # (0: at once, as a KV cache that is only reallocated).
+    sim_discard_fraction: float = 0.5
+    sim_rebuild_bytes_per_second: float = 0.0
+    # How long a job's evict or admit hook may take.
+    hook_timeout_seconds: float = 120.0
+    # Device memory co-residency leaves free on each GPU (NVML figures drift).
+    co_residency_margin_bytes: int = 2 * 2**30
 
 
 class BackendError(Exception):
@@ -56,16 +77,46 @@ class Backend(abc.ABC):
     def create(cls, config: BackendConfig) -> Backend: ...
 
     @abc.abstractmethod
-    async def checkpoint(self, group: str, job: str) -> BackendAction:
-        """Move the job's device state to host memory; no-op unless resident."""
+    async def checkpoint(self, group: str, job: str, mode: EvictMode = "offload") -> BackendAction:
+        """Move the job's device state to host memory (``discard``: what the
+        job can rebuild may be dropped instead); no-op unless on the device."""
 
     @abc.abstractmethod
     async def restore(self, group: str, job: str) -> BackendAction:
-        """Bring the job's state back to the device; no-op if already resident."""
+        """Bring the job's state back to the device and let it run; no-op if
+        it runs already. A job that was only locked is unlocked ("unlock")."""
 
     @abc.abstractmethod
     async def resident_jobs(self, group: str) -> list[str]:
-        """Jobs of ``group`` whose state is in device memory on this node now."""
+        """Jobs of ``group`` whose state is in device memory on this node now,
+        running or locked."""
+
+    async def lock(self, group: str, job: str) -> BackendAction:
+        """Stop the job running, leaving its state on the device; no-op unless running."""
+        raise BackendError(f"backend {self.name} cannot lock a job without checkpointing it")
+
+    def co_residency(self) -> bool:
+        """Whether policy "auto" lets jobs share the device here: the backend
+        can lock without checkpointing and knows how much memory is free."""
+        return False
+
+    async def footprint(self, group: str, job: str) -> DeviceBytes | None:
+        """Device bytes the job's state holds on the device now ({} when it
+        holds none there); None when unknown."""
+        return None
+
+    async def admission_footprint(self, group: str, job: str) -> DeviceBytes | None:
+        """Device bytes the job's state will hold once restored; None when unknown."""
+        return None
+
+    async def free_memory(self, group: str) -> DeviceBytes | None:
+        """Device bytes still free for ``group``'s jobs, less any safety
+        margin; None when unknown."""
+        return None
+
+    def evict_mode(self, group: str, job: str) -> EvictMode | None:
+        """How the job asked to be evicted, if it told this backend."""
+        return None
 
     def gpus(self) -> list[str]:
         return []
@@ -73,6 +124,11 @@ class Backend(abc.ABC):
     def attach(self, processes: ProcessTable) -> None:
         """Hand the backend the node's registered processes; only process
         backends keep them."""
+        return None
+
+    def attach_hooks(self, hooks: HookRegistry) -> None:
+        """Hand the backend the node's workload hook connections; only the
+        app backend keeps them."""
         return None
 
     def describe(self) -> str:

@@ -22,6 +22,7 @@ from activities.backend import Backend, BackendConfig, BackendError
 from activities.cgroups import own_cgroup
 from activities.gpus import node_gpus
 from activities.processes import ProcessTable, stopped
+from timeshare.hooks.protocol import EvictMode
 from timeshare.models import BackendAction
 
 POLL_SECONDS = 0.005
@@ -35,6 +36,8 @@ class FreezeBackend(Backend):
         self.lock_timeout = config.lock_timeout_seconds
         self.record_path = Path(config.record_path) if config.record_path else None
         self.processes = ProcessTable()
+        # Jobs frozen by lock() rather than checkpoint(): their thaw is an unlock.
+        self._locked: set[tuple[str, str]] = set()
 
     @classmethod
     def create(cls, config: BackendConfig) -> FreezeBackend:
@@ -59,7 +62,16 @@ class FreezeBackend(Backend):
     async def resident_jobs(self, group: str) -> list[str]:
         return [job for job in self.processes.jobs(group) if not self._is_frozen(group, job)]
 
-    async def checkpoint(self, group: str, job: str) -> BackendAction:
+    async def lock(self, group: str, job: str) -> BackendAction:
+        # Freezing never moves memory: a lock is the same freeze, reported as one.
+        action = await self.checkpoint(group, job)
+        if action.action == "noop":
+            return action
+        self._locked.add((group, job))
+        return action.model_copy(update={"action": "lock"})
+
+    async def checkpoint(self, group: str, job: str, mode: EvictMode = "offload") -> BackendAction:
+        self._locked.discard((group, job))
         pids = self.processes.processes(group, job)
         if not pids or self._is_frozen(group, job):
             return BackendAction(job=job, action="noop")
@@ -97,6 +109,13 @@ class FreezeBackend(Backend):
         )
 
     async def restore(self, group: str, job: str) -> BackendAction:
+        action = await self._thaw(group, job)
+        if action.action != "noop" and (group, job) in self._locked:
+            action = action.model_copy(update={"action": "unlock"})
+        self._locked.discard((group, job))
+        return action
+
+    async def _thaw(self, group: str, job: str) -> BackendAction:
         pids = self.processes.processes(group, job)
         cgroup = own_cgroup(pids)
         if cgroup is not None:

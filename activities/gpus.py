@@ -49,22 +49,42 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def device_memory_by_pid() -> dict[int, int]:
-    """Device bytes each process uses, over every GPU; empty without NVML."""
+class DeviceMemory(BaseModel):
+    """One GPU's memory as NVML reports it."""
+
+    free_bytes: int
+    by_pid: dict[int, int]
+
+
+def device_memory() -> dict[str, DeviceMemory]:
+    """Each GPU's free memory and the bytes each process uses on it, keyed
+    "gpu<index>"; empty without NVML."""
     nvml = _nvml()
     try:
         nvml.nvmlInit()
     except Exception:
         return {}
     try:
-        used: dict[int, int] = {}
+        found = {}
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            by_pid: dict[int, int] = {}
             for process in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                used[process.pid] = used.get(process.pid, 0) + int(process.usedGpuMemory or 0)
-        return used
+                by_pid[process.pid] = by_pid.get(process.pid, 0) + int(process.usedGpuMemory or 0)
+            free = int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
+            found[f"gpu{index}"] = DeviceMemory(free_bytes=free, by_pid=by_pid)
+        return found
     finally:
         nvml.nvmlShutdown()
+
+
+def device_memory_by_pid() -> dict[int, int]:
+    """Device bytes each process uses, over every GPU; empty without NVML."""
+    used: dict[int, int] = {}
+    for gpu in device_memory().values():
+        for pid, count in gpu.by_pid.items():
+            used[pid] = used.get(pid, 0) + count
+    return used
 
 
 def host_memory_available() -> int:

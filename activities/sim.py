@@ -2,10 +2,15 @@
 
 It holds no real device memory. Each group has simulated GPUs of its own on
 each node (groups share a host, not GPUs). Each job's state has a size; a
-checkpoint or restore takes size / bandwidth seconds. Every residency interval is recorded,
-and admitting a job while another job's state is on the simulated GPU raises
-SimOverlapError: the invariant "never two jobs' state on one GPU" is checked
-by the backend itself, not only by the scheduler that should uphold it.
+checkpoint or restore takes size / bandwidth seconds. A job's state is
+running, locked (on the device but stopped: co-residency) or parked in host
+memory.
+
+The backend checks its own invariant and records every interval, so that an
+overlap is caught by the device itself, not only by the scheduler that should
+prevent it: only one job of a group runs at a time, and the jobs resident on
+the GPU fit in its memory. Without a capacity the GPU holds one job at a time,
+and admitting a job while another's state is there raises SimOverlapError.
 """
 
 from __future__ import annotations
@@ -17,15 +22,30 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
-from activities.backend import Backend, BackendConfig, BackendError
+from pydantic import BaseModel
+
+from activities.backend import Backend, BackendConfig, BackendError, DeviceBytes
+from timeshare.hooks.protocol import EvictMode
 from timeshare.models import BackendAction
 
-Location = Literal["device", "host"]
+Location = Literal["running", "locked", "host"]
 JobKey = tuple[str, str]  # (group, job)
+DEVICE = "sim-gpu-0"
 
 
 class SimOverlapError(BackendError):
     pass
+
+
+class SimJob(BaseModel):
+    location: Location
+    # On the device since (running or locked), and running since.
+    resident_since: float | None = None
+    running_since: float | None = None
+    # Bytes parked in host memory, and bytes a discard dropped that the job
+    # rebuilds on its next admission.
+    host_bytes: int = 0
+    rebuild_bytes: int = 0
 
 
 class SimBackend(Backend):
@@ -34,13 +54,16 @@ class SimBackend(Backend):
 
     def __init__(self, config: BackendConfig) -> None:
         self.node = config.node
-        self.capacity_bytes = config.sim_capacity_bytes
+        # Without a capacity, one job at a time: the invariant of a GPU with no co-residency.
+        self.shared = config.sim_capacity_bytes is not None
+        self.capacity_bytes = config.sim_capacity_bytes or config.sim_state_bytes
         self.bandwidth = config.sim_bandwidth_bytes_per_second
         self.state_bytes = config.sim_state_bytes
+        self.discard_fraction = config.sim_discard_fraction
+        self.rebuild_rate = config.sim_rebuild_bytes_per_second
         self.record_path = Path(config.sim_record_path) if config.sim_record_path else None
         self.state_path = Path(config.sim_state_path) if config.sim_state_path else None
-        self.location: dict[JobKey, Location] = {}
-        self.resident_since: dict[JobKey, float] = {}
+        self.jobs: dict[JobKey, SimJob] = {}
         self._load()
         self.events: list[dict[str, Any]] = []
         # Failures to simulate, for tests: (action, job) -> how many more times.
@@ -52,22 +75,46 @@ class SimBackend(Backend):
     def create(cls, config: BackendConfig) -> SimBackend:
         return cls(config)
 
+    def _memory(self) -> str:
+        if not self.shared:
+            return "one job at a time"
+        return f"{self.capacity_bytes / 2**30:g} GiB"
+
     def describe(self) -> str:
         return (
-            f"sim (SIMULATED GPU: {self.capacity_bytes / 2**30:.0f} GiB, "
+            f"sim (SIMULATED GPU: {self._memory()}, "
             f"{self.bandwidth / 1e9:g} GB/s, {self.state_bytes / 2**30:g} GiB per job)"
         )
 
     def gpus(self) -> list[str]:
-        return [f"sim-gpu-0 (simulated, {self.capacity_bytes / 2**30:.0f} GiB)"]
+        return [f"{DEVICE} (simulated, {self._memory()})"]
+
+    def co_residency(self) -> bool:
+        return self.shared
 
     async def resident_jobs(self, group: str) -> list[str]:
         return self.resident(group)
 
     def resident(self, group: str) -> list[str]:
+        """The group's jobs on the device, running or locked."""
+        return sorted(j for (g, j), s in self.jobs.items() if g == group and s.location != "host")
+
+    def running(self, group: str) -> list[str]:
         return sorted(
-            j for (g, j), where in self.location.items() if where == "device" and g == group
+            j for (g, j), s in self.jobs.items() if g == group and s.location == "running"
         )
+
+    async def footprint(self, group: str, job: str) -> DeviceBytes:
+        return {DEVICE: self.state_bytes} if job in self.resident(group) else {}
+
+    async def admission_footprint(self, group: str, job: str) -> DeviceBytes:
+        return {DEVICE: self.state_bytes}
+
+    async def free_memory(self, group: str) -> DeviceBytes | None:
+        if not self.shared:
+            return None
+        used = self.state_bytes * len(self.resident(group))
+        return {DEVICE: self.capacity_bytes - used}
 
     def inject_failure(
         self, action: Literal["checkpoint", "restore"], job: str, times: int
@@ -79,86 +126,125 @@ class SimBackend(Backend):
             self.failures[(action, job)] -= 1
             raise BackendError(f"simulated {action} failure of {job!r} on node {self.node}")
 
-    async def checkpoint(self, group: str, job: str) -> BackendAction:
-        key = (group, job)
+    async def lock(self, group: str, job: str) -> BackendAction:
         async with self._lock:
-            if self.location.get(key) != "device":
+            state = self.jobs.get((group, job))
+            if state is None or state.location != "running":
+                return BackendAction(job=job, action="noop")
+            self._stop_running(group, job, state, time.time())
+            state.location = "locked"
+            self._save()
+            return BackendAction(job=job, action="lock")
+
+    async def checkpoint(self, group: str, job: str, mode: EvictMode = "offload") -> BackendAction:
+        async with self._lock:
+            state = self.jobs.get((group, job))
+            if state is None or state.location == "host":
                 return BackendAction(job=job, action="noop")
             self._maybe_fail("checkpoint", job)
             start = time.time()
-            await asyncio.sleep(self.state_bytes / self.bandwidth)
+            if state.location == "running":
+                self._stop_running(group, job, state, start)
+                # Stopped from the first byte: an agent that dies mid-checkpoint
+                # comes back to a job on the device that does not run.
+                state.location = "locked"
+                self._save()
+            dropped = int(self.state_bytes * self.discard_fraction) if mode == "discard" else 0
+            moved = self.state_bytes - dropped
+            await asyncio.sleep(moved / self.bandwidth)
             end = time.time()
-            self.location[key] = "host"
-            since = self.resident_since.pop(key)
+            since = state.resident_since if state.resident_since is not None else start
+            self.jobs[(group, job)] = SimJob(
+                location="host", host_bytes=moved, rebuild_bytes=dropped
+            )
             self._save()
             self._record(event="checkpoint", group=group, job=job, start=start, end=end,
-                         bytes=self.state_bytes)  # fmt: skip
-            self._record(event="resident", group=group, job=job, start=since, end=end)
-            return BackendAction(
-                job=job, action="checkpoint", bytes=self.state_bytes, seconds=end - start
-            )
+                         bytes=moved, mode=mode)  # fmt: skip
+            # No capacity recorded: a GPU that holds one job at a time.
+            capacity = self.capacity_bytes if self.shared else None
+            self._record(event="resident", group=group, job=job, start=since, end=end,
+                         bytes=self.state_bytes, capacity=capacity)  # fmt: skip
+            return BackendAction(job=job, action="checkpoint", bytes=moved, seconds=end - start)
 
     async def restore(self, group: str, job: str) -> BackendAction:
         key = (group, job)
         async with self._lock:
-            if self.location.get(key) == "device":
+            state = self.jobs.get(key)
+            if state is not None and state.location == "running":
                 return BackendAction(job=job, action="noop")
             self._maybe_fail("restore", job)
-            # Each group has GPUs of its own on a node: only its own jobs conflict.
-            others = [
-                f"{g}/{j}" for (g, j), w in self.location.items() if w == "device" and g == group
-            ]
-            if others:
-                self._record(event="overlap", group=group, job=job, others=others, at=time.time())
-                raise SimOverlapError(
-                    f"simulated GPU on node {self.node}: cannot admit {group}/{job} while "
-                    f"{others} still resident"
-                )
-            if self.state_bytes > self.capacity_bytes:
-                raise BackendError(
-                    f"job {job!r} needs {self.state_bytes} bytes; the simulated GPU has "
-                    f"{self.capacity_bytes}"
-                )
-            # A job never checkpointed has no host copy to bring back.
-            moved = self.state_bytes if self.location.get(key) == "host" else 0
+            self._check_admission(group, job, state)
             start = time.time()
-            self.resident_since[key] = start
-            self._save_admitting(key)
-            await asyncio.sleep(moved / self.bandwidth)
+            if state is not None and state.location == "locked":
+                state.location, state.running_since = "running", start
+                self._save()
+                self._record(event="unlock", group=group, job=job, at=start)
+                return BackendAction(job=job, action="unlock")
+            # A job never checkpointed has no host copy to bring back.
+            moved = state.host_bytes if state is not None else 0
+            rebuild = state.rebuild_bytes if state is not None else 0
+            # From the first byte of a restore the device holds part of the
+            # job: a crash mid-restore must not forget it.
+            self.jobs[key] = SimJob(location="locked", resident_since=start)
+            self._save()
+            seconds = moved / self.bandwidth
+            if rebuild and self.rebuild_rate > 0:
+                seconds += rebuild / self.rebuild_rate
+            await asyncio.sleep(seconds)
             end = time.time()
-            self.location[key] = "device"
+            self.jobs[key] = SimJob(location="running", resident_since=start, running_since=end)
             self._save()
             self._record(event="restore", group=group, job=job, start=start, end=end, bytes=moved)
             return BackendAction(job=job, action="restore", bytes=moved, seconds=end - start)
 
+    def _check_admission(self, group: str, job: str, state: SimJob | None) -> None:
+        """Only one job of a group runs; the resident jobs fit in memory (or,
+        without a capacity, are only this one)."""
+        others = self.resident(group) if not self.shared else self.running(group)
+        others = [f"{group}/{j}" for j in others if j != job]
+        if others:
+            self._record(event="overlap", group=group, job=job, others=others, at=time.time())
+            raise SimOverlapError(
+                f"simulated GPU on node {self.node}: cannot admit {group}/{job} while "
+                f"{others} {'run' if self.shared else 'still resident'}"
+            )
+        if self.state_bytes > self.capacity_bytes:
+            raise BackendError(
+                f"job {job!r} needs {self.state_bytes} bytes; the simulated GPU has "
+                f"{self.capacity_bytes}"
+            )
+        if state is not None and state.location == "locked":
+            return
+        used = self.state_bytes * len(self.resident(group))
+        if used + self.state_bytes > self.capacity_bytes:
+            resident = [f"{group}/{j}" for j in self.resident(group)]
+            self._record(event="overlap", group=group, job=job, others=resident, at=time.time())
+            raise SimOverlapError(
+                f"simulated GPU on node {self.node}: {group}/{job} does not fit beside "
+                f"{resident} ({used + self.state_bytes} of {self.capacity_bytes} bytes)"
+            )
+
+    def _stop_running(self, group: str, job: str, state: SimJob, at: float) -> None:
+        if state.running_since is not None:
+            self._record(event="running", group=group, job=job, start=state.running_since, end=at)
+        state.running_since = None
+
     def _load(self) -> None:
         if self.state_path is None or not self.state_path.exists():
             return
-        saved = json.loads(self.state_path.read_text())
-        for entry in saved:
-            key = (entry["group"], entry["job"])
-            self.location[key] = entry["location"]
-            if entry.get("resident_since") is not None:
-                self.resident_since[key] = entry["resident_since"]
-
-    def _save_admitting(self, key: JobKey) -> None:
-        # From the first byte of a restore the device holds part of the job:
-        # a crash mid-restore must not forget it.
-        self.location[key] = "device"
-        self._save()
+        for entry in json.loads(self.state_path.read_text()):
+            key = (entry.pop("group"), entry.pop("job"))
+            if entry.get("location") == "device":  # written before jobs could be locked
+                entry["location"] = "running"
+                entry["running_since"] = entry.get("resident_since")
+            elif entry.get("location") == "host" and "host_bytes" not in entry:
+                entry["host_bytes"] = self.state_bytes
+            self.jobs[key] = SimJob.model_validate(entry)
 
     def _save(self) -> None:
         if self.state_path is None:
             return
-        saved = [
-            {
-                "group": g,
-                "job": j,
-                "location": where,
-                "resident_since": self.resident_since.get((g, j)),
-            }
-            for (g, j), where in self.location.items()
-        ]
+        saved = [{"group": g, "job": j, **s.model_dump()} for (g, j), s in self.jobs.items()]
         partial = self.state_path.with_suffix(".tmp")
         partial.write_text(json.dumps(saved))
         partial.replace(self.state_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import defaultdict
@@ -15,6 +16,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities.backend import Backend, BackendError
 from activities.processes import ProcessTable
+from activities.residency import RoomPlan, extra, plan_room
+from timeshare.hooks.protocol import EvictMode
 from timeshare.instruments import record_switch
 from timeshare.models import (
     CHECKPOINT_FAILED,
@@ -45,10 +48,17 @@ class SwitchActivities:
         # the next plan has.
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._latest_plan: dict[str, int] = {}
+        # Whether each group's last switch here kept jobs co-resident, and
+        # when each job last ran here: the least recently used leaves first.
+        self._co_residency: dict[str, bool] = {}
+        self._clock = itertools.count(1)
+        self._last_ran: dict[tuple[str, str], int] = {}
 
     @activity.defn(name="switch")
     async def switch(self, input: SwitchInput) -> SwitchOutput:
-        """Checkpoint every other job of the group resident here, then restore the admitted one."""
+        """Make room for the admitted job and restore it: every other job of
+        the group resident here is checkpointed or, with co-residency, locked
+        where the admitted job fits beside it."""
         move = input.move
         if move.node != self.node:
             raise ApplicationError(
@@ -81,37 +91,71 @@ class SwitchActivities:
             return output
 
     async def _switch(self, input: SwitchInput) -> SwitchOutput:
-        move = input.move
+        move, group = input.move, input.group
         started = time.monotonic()
         # Evict what the backend itself sees resident too, not only what the
         # scheduler believes: after an agent restart the two can differ.
-        seen = await self.backend.resident_jobs(input.group)
-        evict = sorted((set(move.evict) | set(seen)) - {move.admit})
+        seen = await self.backend.resident_jobs(group)
+        others = sorted((set(move.evict) | set(seen)) - {move.admit})
+        shared = input.co_residency == "auto" and self.backend.co_residency()
+        self._co_residency[group] = shared
         async with _heartbeating():
+            room = RoomPlan(evict=others, keep=[])
+            if shared:
+                room = await self._plan_room(group, move.admit, others, seen)
             actions = [
-                await _step(self.backend.checkpoint(input.group, job), CHECKPOINT_FAILED)
-                for job in evict
+                await _step(self.backend.lock(group, job), CHECKPOINT_FAILED) for job in room.keep
             ]
-            actions.append(
-                await _step(self.backend.restore(input.group, move.admit), RESTORE_FAILED)
-            )
+            actions += [
+                await _step(
+                    self.backend.checkpoint(group, job, self._mode(group, job)), CHECKPOINT_FAILED
+                )
+                for job in room.evict
+            ]
+            actions.append(await _step(self.backend.restore(group, move.admit), RESTORE_FAILED))
         activity.logger.info(
-            "group %s epoch %d: node %s admitted %s (evicted %s)",
-            input.group,
+            "group %s epoch %d: node %s admitted %s (evicted %s; co-resident %s)",
+            group,
             input.epoch,
             self.node,
             move.admit,
-            evict or "nothing",
+            room.evict or "nothing",
+            room.keep or "none",
         )
-        self._admitted[input.group] = move.admit
-        gone = [job for job in [move.admit, *evict] if self.processes.gone(input.group, job)]
+        self._admitted[group] = move.admit
+        self._last_ran[(group, move.admit)] = next(self._clock)
+        gone = [job for job in [move.admit, *others] if self.processes.gone(group, job)]
         return SwitchOutput(
             node=self.node,
             backend=self.backend.name,
             actions=actions,
             seconds=time.monotonic() - started,
             gone=gone,
+            co_resident=room.keep,
         )
+
+    async def _plan_room(
+        self, group: str, admit: str, others: list[str], seen: list[str]
+    ) -> RoomPlan:
+        """Lock the others where the admitted job fits beside them; evict,
+        least recently run first, only what it needs room for."""
+        need = extra(
+            await self.backend.admission_footprint(group, admit),
+            await self.backend.footprint(group, admit),
+        )
+        free = await self.backend.free_memory(group)
+        on_device = sorted(
+            (job for job in others if job in seen),
+            key=lambda job: self._last_ran.get((group, job), 0),
+        )
+        footprints = {job: await self.backend.footprint(group, job) for job in on_device}
+        room = plan_room(need, free, on_device, footprints)
+        # Jobs the scheduler still names but that are off the device already:
+        # a checkpoint of them is a no-op, and never co-residency.
+        return RoomPlan(evict=room.evict + [j for j in others if j not in seen], keep=room.keep)
+
+    def _mode(self, group: str, job: str) -> EvictMode:
+        return self.backend.evict_mode(group, job) or "offload"
 
     def _registered(self, group: str, job: str) -> None:
         holder = self._admitted.get(group)
@@ -124,7 +168,10 @@ class SwitchActivities:
         async with self._locks[group]:
             if self._admitted.get(group) not in (None, job):
                 try:
-                    await self.backend.checkpoint(group, job)
+                    if self._co_residency.get(group):
+                        await self.backend.lock(group, job)
+                    else:
+                        await self.backend.checkpoint(group, job, self._mode(group, job))
                 except BackendError as error:
                     log.warning("could not lock newcomer %s/%s: %s", group, job, error)
 
@@ -136,6 +183,8 @@ async def _step(action: Awaitable[BackendAction], failure_type: str) -> BackendA
         except BackendError as error:
             span.set_status(trace.StatusCode.ERROR, str(error))
             raise ApplicationError(str(error), type=failure_type) from None
+        # A co-resident job is locked, not checkpointed; name what was done.
+        span.update_name(f"timeshare.{done.action}")
         span.set_attributes({"timeshare.job": done.job, "timeshare.bytes": done.bytes})
         return done
 

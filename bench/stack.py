@@ -41,6 +41,8 @@ class LocalStack:
     # The simulated device: state per job and host<->device bandwidth.
     state_gib: float = 0.25
     bandwidth_gbps: float = 10.0
+    # None: the simulated GPU holds one job at a time (no co-residency).
+    capacity_gib: float | None = None
     temporal_port: int = field(default_factory=free_port)
     ui_port: int = field(default_factory=free_port)
     gateway_port: int = field(default_factory=free_port)
@@ -58,6 +60,10 @@ class LocalStack:
     def record_path(self) -> Path:
         return self.workdir / "residency.jsonl"
 
+    @property
+    def socket_path(self) -> Path:
+        return self.workdir / "agent.sock"
+
     def commands(self) -> dict[str, list[str]]:
         common = [f"--temporal={self.temporal}"]
         return {
@@ -70,9 +76,10 @@ class LocalStack:
             "agent": timeshare_command(
                 "agent", *common, f"--node={self.node}", f"--backend={self.backend}",
                 f"--sim-state-gib={self.state_gib}", f"--sim-bandwidth-gbps={self.bandwidth_gbps}",
+                *([f"--sim-capacity-gib={self.capacity_gib}"] if self.capacity_gib else []),
                 f"--sim-record={self.record_path}",
                 f"--sim-state={self.workdir / 'sim-state.json'}",
-                f"--socket={self.workdir / 'agent.sock'}",
+                f"--socket={self.socket_path}",
             ),
         }  # fmt: skip
 
@@ -117,7 +124,8 @@ class LocalStack:
         return spawn(
             timeshare_command(
                 "synthetic-job", f"--group={group}", f"--job={job}", f"--address={self.address}",
-                f"--nodes={self.node}", f"--report={report}", *options,
+                f"--nodes={self.node}", f"--report={report}", f"--agent-socket={self.socket_path}",
+                *options,
             ),
             stdout=log,
             timeshare_child=True,
@@ -147,13 +155,31 @@ class LocalStack:
 
 
 def overlaps(record: list[dict[str, Any]]) -> int:
-    """Times two jobs' state shared the simulated GPU, by the backend's own record."""
+    """Times the simulated GPU broke its invariant, by the backend's own
+    record: two jobs of a group running at once, or more resident than fits."""
     refused = sum(1 for e in record if e["event"] == "overlap")
-    crossing = 0
-    for node in {e["node"] for e in record}:
-        resident = sorted(
-            (e for e in record if e["event"] == "resident" and e["node"] == node),
-            key=lambda e: e["start"],
+    broken = 0
+    for node, group in {(e["node"], e.get("group")) for e in record}:
+        mine = [e for e in record if e["node"] == node and e.get("group") == group]
+        running = [e for e in mine if e["event"] == "running"]
+        broken += sum(
+            1
+            for a, b in itertools.combinations(running, 2)
+            if a["job"] != b["job"] and a["start"] < b["end"] and b["start"] < a["end"]
         )
-        crossing += sum(1 for a, b in itertools.pairwise(resident) if b["start"] < a["end"])
-    return refused + crossing
+        broken += overfull([e for e in mine if e["event"] == "resident"])
+    return refused + broken
+
+
+def overfull(resident: list[dict[str, Any]]) -> int:
+    """Residency intervals that began while the GPU held more than fits: more
+    bytes than its capacity, or a second job where it has none (one at a time)."""
+    count = 0
+    for interval in resident:
+        here = [e for e in resident if e["start"] <= interval["start"] < e["end"]]
+        # One job's interval recorded twice (an agent restarted) is not two jobs.
+        here = list({e["job"]: e for e in here}.values())
+        capacity = interval.get("capacity")
+        if len(here) > 1 and (capacity is None or sum(e.get("bytes", 0) for e in here) > capacity):
+            count += 1
+    return count

@@ -4,7 +4,14 @@ workflow, agent, sim backend), with and without sharing one GPU.
 Default profile, after the llm-d time-slicing blog: two GRPO-like jobs whose
 GPUs are busy 40 % of the time on dedicated GPUs (sampler and trainer on the
 GPU, reward on the CPU), and a switch that costs a few per cent of an
-iteration. Also sweeps 2, 3 and 4 jobs at duty cycles of 40 % and 25 %.
+iteration. Also sweeps 2, 3 and 4 jobs at duty cycles of 40 % and 25 %; then
+the same jobs with co-residency (the simulated GPU has room for two jobs'
+state: a switch is a lock and an unlock until a third job needs the room),
+and with workload hooks asking for discard mode (half of each job's state,
+its KV cache say, is dropped instead of moved, and rebuilt at once).
+
+The agent runs `app+sim`: the app layer calls the hooks of jobs that serve
+them and does nothing for the others.
 
     python -m bench.utilization           # about 3 minutes
     python -m bench.utilization --quick   # about 1 minute
@@ -15,6 +22,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel
 
@@ -29,11 +37,25 @@ SAMPLE_SHARE = 0.6
 # Per job, at 20 GB/s: 2 x 27 ms per switch, about 2 % of an iteration.
 STATE_GIB = 0.5
 BANDWIDTH_GBPS = 20.0
+# Room for two jobs' state on the simulated GPU (used only where a group's
+# policy allows co-residency).
+CAPACITY_GIB = 2 * STATE_GIB
+Variant = Literal["", "co-resident", "discard"]
 
 
 class Profile(BaseModel):
     jobs: int
     duty: float
+    variant: Variant = ""
+
+    @property
+    def label(self) -> str:
+        return f"util-{self.jobs}-{int(self.duty * 100)}{'-' if self.variant else ''}{self.variant}"
+
+    def options(self) -> list[str]:
+        co_residency = "auto" if self.variant == "co-resident" else "off"
+        hooks = ["--hooks=discard"] if self.variant == "discard" else []
+        return [f"--co-residency={co_residency}", *hooks]
 
     def phases(self) -> tuple[float, float, float]:
         gpu = ITERATION_SECONDS * self.duty
@@ -49,6 +71,8 @@ class Result(BaseModel):
     overhead_frac: float
     alone_iteration_s: float
     shared_iteration_s: float
+    # Simulated device state moved (checkpoints and restores), per hand-over.
+    moved_gib_per_switch: float
 
     @property
     def slowdown(self) -> float:
@@ -57,13 +81,13 @@ class Result(BaseModel):
 
 def measure(stack: LocalStack, profile: Profile, iterations: int, workdir: Path) -> Result:
     sample, reward, train = profile.phases()
-    group = f"util-{profile.jobs}-{int(profile.duty * 100)}"
+    group = profile.label
     paths = [workdir / f"{group}-job-{i}.json" for i in range(profile.jobs)]
     jobs = [
         stack.job(
             group, f"job-{i}", path, f"--iterations={iterations}",
             f"--sample-seconds={sample}", f"--reward-seconds={reward}",
-            f"--train-seconds={train}", f"--start-delay-seconds={0.2 * i}",
+            f"--train-seconds={train}", f"--start-delay-seconds={0.2 * i}", *profile.options(),
         )
         for i, path in enumerate(paths)
     ]  # fmt: skip
@@ -74,6 +98,10 @@ def measure(stack: LocalStack, profile: Profile, iterations: int, workdir: Path)
     switch_frac = figures.switch_seconds / figures.span_seconds
     alone = sum(p.end - p.start for r in reports for p in r.phases) / (profile.jobs * iterations)
     shared = sum(r.finished - r.started for r in reports) / (profile.jobs * iterations)
+    moved = sum(
+        e["bytes"] for e in stack.record()
+        if e.get("group") == group and e["event"] in ("checkpoint", "restore")
+    )  # fmt: skip
     return Result(
         profile=profile,
         baseline_util=figures.dedicated_utilisation,
@@ -83,6 +111,7 @@ def measure(stack: LocalStack, profile: Profile, iterations: int, workdir: Path)
         overhead_frac=idle_while_waiting(reports) / figures.span_seconds - switch_frac,
         alone_iteration_s=alone,
         shared_iteration_s=shared,
+        moved_gib_per_switch=moved / 2**30 / max(1, figures.switches),
     )
 
 
@@ -112,43 +141,61 @@ def main() -> None:
     sweep = [(2, 0.25), (3, 0.4), (3, 0.25)] if args.quick else [
         (2, 0.25), (3, 0.4), (3, 0.25), (4, 0.4), (4, 0.25)]  # fmt: skip
     profiles += [Profile(jobs=n, duty=d) for n, d in sweep]
+    profiles += [
+        Profile(jobs=2, duty=0.4, variant="co-resident"),
+        Profile(jobs=3, duty=0.4, variant="co-resident"),
+        Profile(jobs=2, duty=0.4, variant="discard"),
+    ]
     sample, reward, train = profiles[0].phases()
     print(
         f"default profile: 2 jobs; per iteration sample {sample:.2f} s + train {train:.2f} s "
         f"on the GPU, reward {reward:.2f} s on the CPU (duty 40 %); "
-        f"{STATE_GIB} GiB of state per job at {BANDWIDTH_GBPS:g} GB/s (SIMULATED GPU); "
+        f"{STATE_GIB} GiB of state per job at {BANDWIDTH_GBPS:g} GB/s (SIMULATED GPU, "
+        f"room for {CAPACITY_GIB / STATE_GIB:g} jobs' state where co-residency is on); "
         f"{iterations} iterations per job",
         flush=True,
     )
     results = []
     with tempfile.TemporaryDirectory() as scratch:
-        stack = LocalStack(Path(scratch), state_gib=STATE_GIB, bandwidth_gbps=BANDWIDTH_GBPS)
+        stack = LocalStack(
+            Path(scratch), backend="app+sim", state_gib=STATE_GIB, bandwidth_gbps=BANDWIDTH_GBPS,
+            capacity_gib=CAPACITY_GIB,
+        )  # fmt: skip
         try:
             stack.start_all()
             for profile in profiles:
                 results.append(measure(stack, profile, iterations, Path(scratch)))
                 r = results[-1]
-                print(f"{profile.jobs} jobs at {profile.duty:.0%}: {r.baseline_util:.0%} -> "
-                      f"{r.shared_util:.0%}", flush=True)  # fmt: skip
+                print(f"{profile.jobs} jobs at {profile.duty:.0%} {profile.variant}: "
+                      f"{r.baseline_util:.0%} -> {r.shared_util:.0%}", flush=True)  # fmt: skip
         finally:
             stack.stop_all()
     rows = [
         [
-            str(r.profile.jobs), f"{r.profile.duty:.0%}", f"{r.baseline_util:.0%}",
+            str(r.profile.jobs), f"{r.profile.duty:.0%}", r.profile.variant or "-",
+            f"{r.baseline_util:.0%}",
             f"{r.shared_util:.0%}", f"{r.ideal_util:.0%}", f"{r.switch_frac:.1%}",
             f"{r.overhead_frac:.1%}", f"{r.alone_iteration_s:.2f}", f"{r.shared_iteration_s:.2f}",
-            f"{r.slowdown:.2f}x",
+            f"{r.slowdown:.2f}x", f"{r.moved_gib_per_switch:.2f}",
         ]
         for r in results
     ]  # fmt: skip
     print()
-    headers = ["jobs", "duty", "busy alone", "busy shared", "ideal", "switching",
-               "sched. overhead", "iter alone s", "iter shared s", "slowdown"]  # fmt: skip
+    headers = ["jobs", "duty", "variant", "busy alone", "busy shared", "ideal", "switching",
+               "sched. overhead", "iter alone s", "iter shared s", "slowdown",
+               "GiB moved/switch"]  # fmt: skip
     print(table(headers, rows))
     d = results[0]
+    by_variant = {
+        r.profile.variant: r for r in results if r.profile.jobs == 2 and r.profile.duty == 0.4
+    }
     print(
         f"baseline_util={d.baseline_util:.3f} shared_util={d.shared_util:.3f} "
-        f"ideal_util={d.ideal_util:.3f} switch_frac={d.switch_frac:.3f} slowdown={d.slowdown:.3f}"
+        f"ideal_util={d.ideal_util:.3f} switch_frac={d.switch_frac:.3f} slowdown={d.slowdown:.3f} "
+        f"co_resident_util={by_variant['co-resident'].shared_util:.3f} "
+        f"co_resident_switch_frac={by_variant['co-resident'].switch_frac:.3f} "
+        f"discard_util={by_variant['discard'].shared_util:.3f} "
+        f"discard_switch_frac={by_variant['discard'].switch_frac:.3f}"
     )
 
 

@@ -112,10 +112,17 @@ class SimNodes:
         self.workers: list[Worker] = []
 
     async def start(
-        self, node: str, state_bytes: int = 2**26, processes: ProcessTable | None = None
+        self,
+        node: str,
+        state_bytes: int = 2**26,
+        processes: ProcessTable | None = None,
+        capacity_bytes: int | None = None,
     ) -> SimBackend:
         config = BackendConfig(
-            node=node, sim_state_bytes=state_bytes, sim_bandwidth_bytes_per_second=1e10
+            node=node,
+            sim_state_bytes=state_bytes,
+            sim_bandwidth_bytes_per_second=1e10,
+            sim_capacity_bytes=capacity_bytes,
         )
         backend = SimBackend(config)
         worker = Worker(

@@ -16,6 +16,7 @@ from activities.backend import BackendConfig, BackendError
 from activities.checkpointing import ProcessCheckpointBackend
 from activities.cuda_checkpoint import CudaCheckpointBackend
 from activities.cuda_driver import CudaDriverBackend
+from activities.gpus import DeviceMemory
 from activities.processes import ProcessTable
 from tests.fakes.cuda_driver import FakeDriver
 from tests.processes import detached, kill
@@ -130,12 +131,45 @@ def test_each_backend_refuses_to_start_where_it_cannot_run(
 async def test_no_checkpoint_when_the_host_has_no_room(
     rig: Rig, ranks: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(
-        "activities.checkpointing.device_memory_by_pid", lambda: {ranks[0]: 80 * 2**30}
-    )
+    on_gpu = DeviceMemory(free_bytes=0, by_pid={ranks[0]: 80 * 2**30})
+    monkeypatch.setattr("activities.checkpointing.device_memory", lambda: {"gpu0": on_gpu})
     monkeypatch.setattr("activities.checkpointing.host_memory_available", lambda: 16 * 2**30)
     with pytest.raises(BackendError, match=r"80\.0 GiB of device memory"):
         await rig.backend.checkpoint("g", "a")
     assert rig.calls() == []  # nothing was locked
     monkeypatch.setattr("activities.checkpointing.host_memory_available", lambda: 100 * 2**30)
     assert (await rig.backend.checkpoint("g", "a")).bytes == 80 * 2**30
+
+
+async def test_a_co_resident_job_is_only_locked_and_unlocked(rig: Rig, ranks: list[int]) -> None:
+    backend, (first, second) = rig.backend, ranks
+    assert (await backend.lock("g", "a")).action == "lock"
+    assert rig.calls() == [f"lock {first}", f"lock {second}"]
+    assert await backend.resident_jobs("g") == ["a"]  # still on the device
+    assert (await backend.lock("g", "a")).action == "noop"
+    unlocked = await backend.restore("g", "a")
+    assert (unlocked.action, unlocked.bytes) == ("unlock", 0)
+    assert rig.calls() == [f"unlock {first}", f"unlock {second}"]
+    # A locked job that must make room after all is checkpointed, not locked again.
+    await backend.lock("g", "a")
+    rig.calls()
+    assert (await backend.checkpoint("g", "a")).action == "checkpoint"
+    assert rig.calls() == [f"checkpoint {first}", f"checkpoint {second}"]
+
+
+async def test_footprints_come_from_nvml_and_are_remembered_while_parked(
+    rig: Rig, ranks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend, (first, second) = rig.backend, ranks
+    gib = 2**30
+    on_gpu = {"gpu0": DeviceMemory(free_bytes=10 * gib, by_pid={first: 3 * gib, second: gib})}
+    monkeypatch.setattr("activities.checkpointing.device_memory", lambda: on_gpu)
+    assert await backend.footprint("g", "a") == {"gpu0": 4 * gib}
+    assert await backend.admission_footprint("g", "a") == {"gpu0": 4 * gib}
+    assert await backend.free_memory("g") == {"gpu0": 8 * gib}  # less the 2 GiB margin
+    assert (await backend.checkpoint("g", "a")).bytes == 4 * gib
+    on_gpu["gpu0"] = DeviceMemory(free_bytes=14 * gib, by_pid={})
+    assert await backend.footprint("g", "a") == {}
+    assert await backend.admission_footprint("g", "a") == {"gpu0": 4 * gib}
+    restored = await backend.restore("g", "a")
+    assert (restored.action, restored.bytes) == ("restore", 4 * gib)

@@ -63,7 +63,17 @@ def test_status_without_a_gateway_says_what_to_do() -> None:
 def test_client_library_imports_no_temporalio() -> None:
     probe = (
         "import sys, timeshare, timeshare.aio, timeshare.synthetic, timeshare.status;"
+        "import timeshare.hooks, timeshare.hooks.vllm, timeshare.hooks.sglang;"
         "sys.exit(1 if any(m.startswith('temporalio') for m in sys.modules) else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", probe], cwd=REPO).returncode == 0
+
+
+def test_ready_made_hooks_are_imported_only_when_used() -> None:
+    probe = (
+        "import sys, timeshare.hooks;"
+        "sys.exit(1 if {'torch', 'timeshare.hooks.vllm', 'timeshare.hooks.torch_offload'}"
+        " & set(sys.modules) else 0)"
     )
     assert subprocess.run([sys.executable, "-c", probe], cwd=REPO).returncode == 0
 

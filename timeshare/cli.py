@@ -110,13 +110,32 @@ def _process_options(parser: argparse.ArgumentParser) -> None:
     backends.add_argument(
         "--call-timeout", type=PERIOD, default=300.0, help="seconds one backend call may take"
     )
+    backends.add_argument(
+        "--hook-timeout", type=PERIOD, default=120.0,
+        help="seconds a job's evict or admit hook may take (backend app)",
+    )  # fmt: skip
+    backends.add_argument(
+        "--co-residency-margin-gib", type=RATE, default=2.0,
+        help="device memory co-residency leaves free on each GPU (NVML figures drift)",
+    )  # fmt: skip
 
 
 def _sim_options(parser: argparse.ArgumentParser) -> None:
     sim = parser.add_argument_group("sim backend (a SIMULATED GPU)")
-    sim.add_argument("--sim-capacity-gib", type=AMOUNT, default=141.0)
+    sim.add_argument(
+        "--sim-capacity-gib", type=AMOUNT,
+        help="device memory; unset, the GPU holds one job at a time (no co-residency)",
+    )  # fmt: skip
     sim.add_argument("--sim-bandwidth-gbps", type=AMOUNT, default=20.0, help="GB/s host<->device")
     sim.add_argument("--sim-state-gib", type=AMOUNT, default=2.0, help="device state per job")
+    sim.add_argument(
+        "--sim-discard-fraction", type=FRACTION, default=0.5,
+        help="share of a job's state an eviction in discard mode drops (its KV cache, say)",
+    )  # fmt: skip
+    sim.add_argument(
+        "--sim-rebuild-gbps", type=RATE, default=0.0,
+        help="GB/s at which a job rebuilds what a discard dropped (0: at once)",
+    )  # fmt: skip
     sim.add_argument("--sim-record", type=Path, help="append the residency record here (JSONL)")
     sim.add_argument(
         "--sim-state", type=Path, help="keep what the simulated GPU holds here, across restarts"
@@ -145,6 +164,8 @@ PID = _number(int, 2, 2**22)
 SECONDS = _number(float, 0.0, 7 * 86400.0)
 PERIOD = _number(float, 0.001, 7 * 86400.0)
 AMOUNT = _number(float, 1e-6, 1e6)
+RATE = _number(float, 0.0, 1e6)
+FRACTION = _number(float, 0.0, 1.0)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -291,6 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--report", type=Path, help="write the job's record here (JSON)")
     job.add_argument("--lease-seconds", type=PERIOD, help="group policy, if this job makes it")
     job.add_argument("--agent-timeout-seconds", type=PERIOD, help="group policy, likewise")
+    job.add_argument("--co-residency", choices=["auto", "off"], help="group policy, likewise")
+    job.add_argument(
+        "--hooks", choices=["offload", "discard"],
+        help="serve workload hooks to the agent, asking to be evicted this way",
+    )  # fmt: skip
+    job.add_argument("--agent-socket", help="the agent's socket, for --hooks")
     return parser
 
 
@@ -370,9 +397,10 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
 def backend_config(args: argparse.Namespace) -> BackendConfig:
     from activities.backend import BackendConfig
 
+    capacity = args.sim_capacity_gib
     return BackendConfig(
         node=args.node,
-        sim_capacity_bytes=int(args.sim_capacity_gib * 2**30),
+        sim_capacity_bytes=int(capacity * 2**30) if capacity is not None else None,
         sim_bandwidth_bytes_per_second=args.sim_bandwidth_gbps * 1e9,
         sim_state_bytes=int(args.sim_state_gib * 2**30),
         sim_record_path=str(args.sim_record) if args.sim_record else None,
@@ -381,6 +409,10 @@ def backend_config(args: argparse.Namespace) -> BackendConfig:
         cuda_checkpoint_path=getattr(args, "cuda_checkpoint", None),
         lock_timeout_seconds=getattr(args, "lock_timeout", 10.0),
         call_timeout_seconds=getattr(args, "call_timeout", 300.0),
+        sim_discard_fraction=args.sim_discard_fraction,
+        sim_rebuild_bytes_per_second=args.sim_rebuild_gbps * 1e9,
+        hook_timeout_seconds=getattr(args, "hook_timeout", 120.0),
+        co_residency_margin_bytes=int(getattr(args, "co_residency_margin_gib", 2.0) * 2**30),
     )
 
 
@@ -432,9 +464,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
         node=args.node,
         backend=args.backend,
         agent_args=[
-            f"--sim-capacity-gib={args.sim_capacity_gib}",
+            *([f"--sim-capacity-gib={args.sim_capacity_gib}"] if args.sim_capacity_gib else []),
             f"--sim-bandwidth-gbps={args.sim_bandwidth_gbps}",
             f"--sim-state-gib={args.sim_state_gib}",
+            f"--sim-discard-fraction={args.sim_discard_fraction}",
+            f"--sim-rebuild-gbps={args.sim_rebuild_gbps}",
             *([f"--sim-record={args.sim_record}"] if args.sim_record else []),
             f"--sim-state={args.sim_state or args.data_dir / f'sim-state-{args.node}.json'}",
             f"--socket={args.socket or args.data_dir / 'agent.sock'}",
@@ -498,7 +532,10 @@ def _cmd_synthetic_job(args: argparse.Namespace) -> int:
         policy=GroupPolicy(
             lease_seconds=args.lease_seconds or 30.0,
             agent_timeout_seconds=args.agent_timeout_seconds or 30.0,
+            co_residency=args.co_residency or "auto",
         ),
+        hooks=args.hooks,
+        agent_socket=args.agent_socket,
     )
     # SIGTERM unwinds like Ctrl-C, so the job leaves its group on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

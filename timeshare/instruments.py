@@ -38,7 +38,8 @@ TURN_DURATION = _meter.create_histogram(
 BYTES_MOVED = _meter.create_counter(
     "timeshare.bytes.moved", unit="By", description="Device state bytes checkpointed or restored"
 )
-PHASES = {"checkpoint": "checkpoint", "restore": "restore"}
+# Backend actions by phase; "noop" is not a phase. Co-residency locks and unlocks.
+PHASES = {"checkpoint": "checkpoint", "restore": "restore", "lock": "lock", "unlock": "unlock"}
 
 
 def record_grant(group: str, job: str, waited_seconds: float) -> None:

@@ -12,6 +12,10 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 GroupStateName = Literal["idle", "held", "switching", "degraded", "paused"]
+# auto: a job that yields stays on the device, locked, while the next job's
+# state fits beside it (the node agent decides, from its backend's memory
+# figures); off: every switch checkpoints the job that yielded.
+CoResidency = Literal["auto", "off"]
 
 
 class GroupPolicy(BaseModel):
@@ -27,6 +31,7 @@ class GroupPolicy(BaseModel):
     agent_timeout_seconds: float = Field(default=30.0, ge=1.0, le=3600.0)
     # Continue as new after this many grants even if Temporal does not ask; 0 = only when asked.
     continue_as_new_every: int = Field(default=0, ge=0)
+    co_residency: CoResidency = "auto"
 
 
 class JoinInput(BaseModel):
@@ -167,6 +172,8 @@ class SwitchInput(BaseModel):
     plan: int = 0
     # The trace context of the acquire this switch serves.
     trace_context: dict[str, str] = Field(default_factory=dict)
+    # The group's policy; "off" for a scheduler that predates it.
+    co_residency: CoResidency = "off"
 
 
 # Failure types of the switch activity. The workflow tells a failed restore
@@ -178,7 +185,9 @@ RESTORE_FAILED = "RestoreFailed"
 
 class BackendAction(BaseModel):
     job: str
-    action: Literal["checkpoint", "restore", "noop"]
+    # lock / unlock: the job stopped or resumed running with its state left
+    # on the device (co-residency); checkpoint / restore moved it.
+    action: Literal["checkpoint", "restore", "lock", "unlock", "noop"]
     bytes: int = 0
     seconds: float = 0.0
     # The processes acted on.
@@ -193,6 +202,8 @@ class SwitchOutput(BaseModel):
     # Jobs whose registered processes on this node have all exited: the
     # scheduler drops them instead of switching them in again and again.
     gone: list[str] = Field(default_factory=list)
+    # Jobs whose state stays on this node's device, locked, beside the admitted one.
+    co_resident: list[str] = Field(default_factory=list)
 
 
 class NodeInfo(BaseModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from typing import Any, BinaryIO
 
 from timeshare.errors import FailedPrecondition, PermissionDenied, Unavailable
 
@@ -24,21 +25,34 @@ def register_process(
 ) -> int:
     """Register this process (or, for root or its owner, ``pid``) as one of
     ``job``'s processes on this node; returns the process id the agent saw."""
-    path = agent_socket(socket_path)
     message = {"op": "register", "group": group, "job": job, "pid": pid}
+    conn, _lines, reply = open_agent_connection(agent_socket(socket_path), message)
+    conn.close()
+    return int(reply["pid"])
+
+
+def open_agent_connection(
+    path: str, message: dict[str, Any], timeout: float = 10.0
+) -> tuple[socket.socket, BinaryIO, dict[str, Any]]:
+    """Send the first line of a conversation with the agent and read its
+    answer; the connection stays open for what follows (workload hooks)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(10)
-            conn.connect(path)
-            conn.sendall(json.dumps(message).encode() + b"\n")
-            reply = json.loads(conn.makefile("rb").readline() or b"{}")
-    except OSError as error:
+        conn.settimeout(timeout)
+        conn.connect(path)
+        conn.sendall(json.dumps(message).encode() + b"\n")
+        lines = conn.makefile("rb")
+        reply = json.loads(lines.readline() or b"{}")
+    except (OSError, ValueError) as error:
+        conn.close()
         raise Unavailable(
             f"no node agent answers on {path} ({error}); start `timeshare agent`, "
             "or set TIMESHARE_AGENT_SOCKET"
         ) from None
-    if not reply.get("ok"):
-        error_text = str(reply.get("error", "refused"))
+    if not isinstance(reply, dict) or not reply.get("ok"):
+        conn.close()
+        error_text = str(reply.get("error", "refused") if isinstance(reply, dict) else reply)
         refused = PermissionDenied if "root or the owner" in error_text else FailedPrecondition
         raise refused(error_text)
-    return int(reply["pid"])
+    conn.settimeout(None)
+    return conn, lines, reply

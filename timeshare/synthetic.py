@@ -5,13 +5,17 @@ library, and writes what happened as JSON for the demo, tests and benchmarks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 import timeshare
+from timeshare.hooks import WorkloadHooks, serve_hooks
+from timeshare.hooks.protocol import EvictMode
 from timeshare.models import GroupPolicy
 
 
@@ -27,6 +31,9 @@ class SyntheticJobSpec(BaseModel):
     start_delay_seconds: float = 0.0
     # Applied if this job's join creates the group.
     policy: GroupPolicy | None = None
+    # Serve workload hooks to the agent, asking to be evicted this way.
+    hooks: EvictMode | None = None
+    agent_socket: str | None = None
 
 
 class TurnRecord(BaseModel):
@@ -56,6 +63,34 @@ class SyntheticJobReport(BaseModel):
     phases: list[PhaseRecord] = Field(default_factory=list)
     started: float = 0.0
     finished: float = 0.0
+    # Hook calls the agent made (with --hooks).
+    evictions: int = 0
+    admissions: int = 0
+
+
+class SyntheticHooks(WorkloadHooks):
+    """A synthetic job holds no device state: its hooks only count the calls."""
+
+    def __init__(self, report: SyntheticJobReport) -> None:
+        self.report = report
+
+    def evict(self, mode: EvictMode) -> None:
+        self.report.evictions += 1
+
+    def admit(self) -> None:
+        self.report.admissions += 1
+
+
+@contextlib.contextmanager
+def _hooks_served(spec: SyntheticJobSpec, report: SyntheticJobReport) -> Iterator[None]:
+    if spec.hooks is None:
+        yield
+        return
+    hooks = SyntheticHooks(report)
+    # The process that acquires turns is not registered: only its hooks are.
+    with serve_hooks(hooks, spec.group, spec.job, spec.agent_socket, mode=spec.hooks,
+                     register=False):  # fmt: skip
+        yield
 
 
 def run_synthetic_job(
@@ -63,7 +98,7 @@ def run_synthetic_job(
 ) -> SyntheticJobReport:
     report = SyntheticJobReport(spec=spec)
     time.sleep(spec.start_delay_seconds)
-    with timeshare.connect(spec.address) as client:
+    with timeshare.connect(spec.address) as client, _hooks_served(spec, report):
         job = client.join(spec.group, spec.job, spec.nodes, spec.policy)
         # A restarted job process starts afresh: drop any turn a previous
         # process of the same name left behind, then take a new place.

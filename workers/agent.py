@@ -12,6 +12,7 @@ from temporalio.worker import Worker
 
 from activities.backend import BackendConfig, BackendError, BackendNotFound, load_backend
 from activities.gpus import NoGpus, gpu_inventory
+from activities.hook_registry import HookRegistry
 from activities.processes import ProcessTable
 from activities.switch import SwitchActivities
 from timeshare.instruments import GpuSample, observe_gpus
@@ -44,13 +45,15 @@ async def serve_agent(
     except (BackendNotFound, BackendError) as error:
         raise StartupError(str(error)) from None
     processes = ProcessTable()
+    hooks = HookRegistry()
     backend.attach(processes)
+    backend.attach_hooks(hooks)
     telemetry = telemetry or Telemetry()
     client = await connect_temporal(temporal, telemetry=telemetry)
     telemetry.start()
     if not backend.simulated and backend.gpus():  # else the GPU series are absent, not 0
         observe_gpus(config.node, gpu_samples)
-    registrations = await serve_agent_socket(socket_path, processes)
+    registrations = await serve_agent_socket(socket_path, processes, hooks)
     info = NodeInfo(
         node=config.node, backend=backend.name, simulated=backend.simulated, gpus=backend.gpus()
     )
@@ -70,6 +73,8 @@ async def serve_agent(
             if not stop.is_set():
                 await announce(client, info)
         remove_socket(socket_path)
+        # Processes serving hooks see the agent go, and reconnect to the next one.
+        hooks.close_all()
         with contextlib.suppress(Exception):
             handle = client.get_workflow_handle(NODE_REGISTRY_WORKFLOW_ID)
             await handle.signal(NodeRegistryWorkflow.depart, NodeDeparture(node=config.node))

@@ -1,9 +1,11 @@
-"""The node agent's Unix socket, where a job's GPU worker processes register.
+"""The node agent's Unix socket, where a job's GPU worker processes register
+and serve their workload hooks.
 
 One JSON object per line each way. The process id comes from the kernel
 (SO_PEERCRED), never from the message; only root or the owner of a process
 may register it on its behalf (`timeshare register --pid`, for launchers
-such as a Slurm prolog)."""
+such as a Slurm prolog). A `register` conversation is one line each way; a
+`hooks` one stays open for the agent's calls (timeshare.hooks.protocol)."""
 
 from __future__ import annotations
 
@@ -16,11 +18,13 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from activities.hook_registry import HookConnection, HookRegistry
 from activities.processes import ProcessTable, RegistrationRefused, owner
+from timeshare.hooks.protocol import MAX_LINE_BYTES, HookHello
 from timeshare.names import check_name
 from workers.service import StartupError
-
-MAX_LINE_BYTES = 4096
 
 
 def peer_credentials(writer: asyncio.StreamWriter) -> tuple[int, int, int]:
@@ -30,13 +34,18 @@ def peer_credentials(writer: asyncio.StreamWriter) -> tuple[int, int, int]:
     return pid, uid, gid
 
 
-def registration(message: dict[str, Any], peer_pid: int, peer_uid: int) -> tuple[str, str, int]:
-    """(group, job, pid) for a registration request, or RegistrationRefused."""
+def names(message: dict[str, Any]) -> tuple[str, str]:
     try:
         group = check_name("group", str(message.get("group", "")))
         job = check_name("job", str(message.get("job", "")))
     except ValueError as error:
         raise RegistrationRefused(str(error)) from None
+    return group, job
+
+
+def registration(message: dict[str, Any], peer_pid: int, peer_uid: int) -> tuple[str, str, int]:
+    """(group, job, pid) for a registration request, or RegistrationRefused."""
+    group, job = names(message)
     pid = peer_pid
     if message.get("pid") is not None:
         pid = int(message["pid"])
@@ -45,8 +54,42 @@ def registration(message: dict[str, Any], peer_pid: int, peer_uid: int) -> tuple
     return group, job, pid
 
 
-async def serve_agent_socket(path: str, processes: ProcessTable) -> asyncio.AbstractServer:
+def hook_connection(
+    message: dict[str, Any],
+    peer_pid: int,
+    hooks: HookRegistry,
+    processes: ProcessTable,
+    writer: asyncio.StreamWriter,
+) -> HookConnection:
+    """Admit a process's hooks (and, if it asks, register the process)."""
+    if not hooks.accepting:
+        raise RegistrationRefused(
+            "this node's agent calls no workload hooks; run it with a backend that does "
+            "(--backend app+cuda, or app)"
+        )
+    try:
+        hello = HookHello.model_validate(message)
+    except ValidationError as error:
+        raise RegistrationRefused(f"malformed hooks request: {error.errors()[0]['msg']}") from None
+    group, job = names(message)
+    connection = HookConnection(group, job, peer_pid, hello.mode, hello.evicted, writer)
+    # In the registry before the process is registered: a newcomer locked at
+    # registration is evicted through its hooks too.
+    hooks.add(connection)
+    try:
+        if hello.register_process:
+            processes.register(group, job, peer_pid)
+    except RegistrationRefused:
+        hooks.remove(connection)
+        raise
+    return connection
+
+
+async def serve_agent_socket(
+    path: str, processes: ProcessTable, hooks: HookRegistry | None = None
+) -> asyncio.AbstractServer:
     socket_path = Path(path)
+    hooks = hooks or HookRegistry()
     try:
         socket_path.parent.mkdir(parents=True, exist_ok=True)
         if socket_path.exists():
@@ -56,19 +99,34 @@ async def serve_agent_socket(path: str, processes: ProcessTable) -> asyncio.Abst
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer_pid, peer_uid, _ = peer_credentials(writer)
+        connection = None
         try:
             line = await reader.readline()
             message = json.loads(line[:MAX_LINE_BYTES] or b"{}")
-            if not isinstance(message, dict) or message.get("op") != "register":
-                raise RegistrationRefused('expected {"op": "register", "group": ..., "job": ...}')
-            group, job, pid = registration(message, peer_pid, peer_uid)
-            processes.register(group, job, pid)
+            op = message.get("op") if isinstance(message, dict) else None
+            if op == "register":
+                group, job, pid = registration(message, peer_pid, peer_uid)
+                processes.register(group, job, pid)
+            elif op == "hooks":
+                connection = hook_connection(message, peer_pid, hooks, processes, writer)
+                pid = peer_pid
+            else:
+                raise RegistrationRefused('expected {"op": "register" or "hooks", "group", "job"}')
             reply: dict[str, Any] = {"ok": True, "pid": pid}
         except (RegistrationRefused, ValueError, OSError) as error:
             reply = {"ok": False, "error": str(error)}
+        # Written before any hook call can be: the process reads this first.
         writer.write(json.dumps(reply).encode() + b"\n")
-        await writer.drain()
-        writer.close()
+        try:
+            await writer.drain()
+            if connection is not None:
+                await connection.serve(reader)
+        except ConnectionError:
+            pass
+        finally:
+            if connection is not None:
+                hooks.remove(connection)
+            writer.close()
 
     server = await asyncio.start_unix_server(handle, path=str(socket_path), limit=MAX_LINE_BYTES)
     os.chmod(socket_path, 0o660)

@@ -52,7 +52,7 @@ def reason(value: str) -> str:
 
 
 def policy(message: pb.GroupPolicy) -> GroupPolicy:
-    """A policy from the wire: fields left at 0 keep their defaults."""
+    """A policy from the wire: fields left at 0 (or "") keep their defaults."""
     given = {field.name: value for field, value in message.ListFields()}
     try:
         return GroupPolicy(**given)

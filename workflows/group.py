@@ -357,6 +357,7 @@ class GroupWorkflow:
                     move=move,
                     plan=plan.number,
                     trace_context=plan.waiter.trace_context,
+                    co_residency=self._queue.state.policy.co_residency,
                 ),
                 result_type=SwitchOutput,
                 task_queue=node_task_queue(move.node),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
@@ -27,6 +28,8 @@ class FakeDriver:
     def __init__(self) -> None:
         self.states: dict[int, int] = {}
         self.calls: list[str] = []
+        # When each call was made (time.time()), for ordering against other records.
+        self.stamps: list[float] = []
         self.lock_timeout_pids: set[int] = set()
         self.hanging = threading.Event()
         self.release = threading.Event()
@@ -50,6 +53,7 @@ class FakeDriver:
         def move(pid: int, arguments: Any) -> tuple[CUresult]:
             self._wait_if_hanging()
             self.calls.append(f"{action.lower()} {pid}")
+            self.stamps.append(time.time())
             if action == "Lock":
                 assert arguments.timeoutMs > 0
                 if pid in self.lock_timeout_pids:

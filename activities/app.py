@@ -1,0 +1,80 @@
+"""The ``app`` backend: the job's own workload hooks (timeshare.hooks) put
+its device state away and bring it back. Every process of the job on this
+node that serves hooks is called at once, so hooks that tear down collective
+communicators (the nccl hook) can meet. Stacked first (`app+cuda`), it lets
+the CUDA checkpoint move only what the application left on the device."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from activities.backend import Backend, BackendConfig, BackendError
+from activities.hook_registry import HookRegistry
+from timeshare.hooks.protocol import EvictMode, HookName
+from timeshare.models import BackendAction
+
+
+class AppBackend(Backend):
+    name = "app"
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.node = config.node
+        self.timeout = config.hook_timeout_seconds
+        self.hooks = HookRegistry()
+
+    @classmethod
+    def create(cls, config: BackendConfig) -> AppBackend:
+        return cls(config)
+
+    def attach_hooks(self, hooks: HookRegistry) -> None:
+        self.hooks = hooks
+        hooks.accepting = True
+
+    def describe(self) -> str:
+        return f"app (workload hooks, {self.timeout:g} s per call)"
+
+    async def resident_jobs(self, group: str) -> list[str]:
+        return [
+            job
+            for job in self.hooks.jobs(group)
+            if any(not c.evicted for c in self.hooks.connections(group, job))
+        ]
+
+    def evict_mode(self, group: str, job: str) -> EvictMode | None:
+        connections = self.hooks.connections(group, job)
+        return connections[0].mode if connections else None
+
+    async def lock(self, group: str, job: str) -> BackendAction:
+        # The job's state stays on the device: nothing for its hooks to do.
+        return BackendAction(job=job, action="noop")
+
+    async def checkpoint(self, group: str, job: str, mode: EvictMode = "offload") -> BackendAction:
+        return await self._call_all(group, job, "evict", mode)
+
+    async def restore(self, group: str, job: str) -> BackendAction:
+        return await self._call_all(group, job, "admit", None)
+
+    async def _call_all(
+        self, group: str, job: str, hook: HookName, mode: EvictMode | None
+    ) -> BackendAction:
+        evicting = hook == "evict"
+        targets = [c for c in self.hooks.connections(group, job) if c.evicted != evicting]
+        if not targets:
+            return BackendAction(job=job, action="noop")
+        start = time.time()
+        results = await asyncio.gather(
+            *(c.call(hook, mode, self.timeout) for c in targets), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, BackendError):
+                raise result
+        failures = [str(r) for r in results if isinstance(r, BackendError)]
+        if failures:
+            raise BackendError("; ".join(failures))
+        return BackendAction(
+            job=job,
+            action="checkpoint" if evicting else "restore",
+            seconds=time.time() - start,
+            pids=sorted(c.pid for c in targets),
+        )

@@ -1,0 +1,50 @@
+"""Co-residency: which jobs must leave the device so that the next one fits,
+and which may stay there, locked. Plain data in, a decision out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import BaseModel
+
+from activities.backend import DeviceBytes
+
+
+class RoomPlan(BaseModel):
+    # Checkpoint these, least recently used first.
+    evict: list[str]
+    # Lock these: their state stays on the device beside the admitted job.
+    keep: list[str]
+
+
+def extra(admitted: DeviceBytes | None, now: DeviceBytes | None) -> DeviceBytes | None:
+    """What a job's admission adds on each device, beyond what it holds there now."""
+    if admitted is None or now is None:
+        return None
+    return {device: count - now.get(device, 0) for device, count in admitted.items()}
+
+
+def fits(need: DeviceBytes, free: DeviceBytes) -> bool:
+    return all(count <= free.get(device, 0) for device, count in need.items())
+
+
+def plan_room(
+    need: DeviceBytes | None,
+    free: DeviceBytes | None,
+    least_recent_first: list[str],
+    footprints: Mapping[str, DeviceBytes | None],
+) -> RoomPlan:
+    """Evict, least recently used first, only until ``need`` fits in what is
+    free. Where either figure is unknown, evict every job: never guess."""
+    if need is None or free is None:
+        return RoomPlan(evict=list(least_recent_first), keep=[])
+    room = dict(free)
+    evict: list[str] = []
+    for job in least_recent_first:
+        if fits(need, room):
+            break
+        evict.append(job)
+        # A victim of unknown size frees nothing we may count on.
+        for device, count in (footprints.get(job) or {}).items():
+            room[device] = room.get(device, 0) + count
+    return RoomPlan(evict=evict, keep=[job for job in least_recent_first if job not in evict])

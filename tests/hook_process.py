@@ -1,0 +1,28 @@
+"""A job process that serves workload hooks to the agent socket given, for
+tests: the vLLM server hooks against an engine URL. It registers itself with
+the agent, so tests start it detached (the agent refuses its own children).
+
+    python -m tests.hook_process SOCKET GROUP JOB MODE ENGINE_URL"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from timeshare.hooks import serve_hooks
+from timeshare.hooks.protocol import EvictMode
+from timeshare.hooks.vllm import VllmServerHooks
+
+MODES: dict[str, EvictMode] = {"offload": "offload", "discard": "discard"}
+
+
+def main() -> None:
+    socket_path, group, job, mode, engine = sys.argv[1:6]
+    logging.basicConfig(level=logging.INFO)
+    serve_hooks(VllmServerHooks(engine), group, job, socket_path, mode=MODES[mode])
+    time.sleep(120)
+
+
+if __name__ == "__main__":
+    main()

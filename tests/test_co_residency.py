@@ -1,0 +1,143 @@
+"""Co-residency on the sim backend: a job that yields stays on the device,
+locked, while the next job fits beside it; the least recently run job leaves
+first when room is needed. Through the workflow (policy to agent) and at the
+switch activity itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
+
+from activities.backend import BackendConfig
+from activities.residency import extra, plan_room
+from activities.sim import SimBackend
+from activities.switch import SwitchActivities
+from bench.stack import overlaps
+from tests.conftest import SimNodes
+from tests.groups import acquire, join, release
+from timeshare.models import CoResidency, NodeMove, SwitchInput, SwitchOutput
+
+STATE = 2**26
+HANDOVERS = 20
+
+
+async def take_turns(client: Client, sim_nodes: SimNodes, unique: str, room_for: int) -> SimBackend:
+    """Jobs a and b hand the node over HANDOVERS times, with room for ``room_for`` jobs."""
+    node = f"n-{unique}"
+    backend = await sim_nodes.start(node, state_bytes=STATE, capacity_bytes=room_for * STATE)
+    handle = await join(client, f"g-{unique}", "a", [node])
+    await join(client, f"g-{unique}", "b", [node])
+    for turn in range(HANDOVERS + 1):
+        job = "ab"[turn % 2]
+        grant = await acquire(handle, job)
+        await release(handle, job, grant.epoch)
+    assert grant.epoch == HANDOVERS + 1
+    assert overlaps(backend.events) == 0
+    return backend
+
+
+async def test_with_room_for_two_no_byte_moves(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    backend = await take_turns(client, sim_nodes, unique, room_for=2)
+    events = [e["event"] for e in backend.events]
+    assert "checkpoint" not in events
+    assert sum(e.get("bytes", 0) for e in backend.events if e["event"] == "restore") == 0
+    # Each job's first admission brings it in; every hand-over after costs a
+    # lock and an unlock.
+    assert events.count("restore") == 2 and events.count("unlock") == HANDOVERS - 1
+    assert backend.resident(f"g-{unique}") == ["a", "b"]
+
+
+async def test_with_room_for_one_every_switch_moves_the_previous_job(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    backend = await take_turns(client, sim_nodes, unique, room_for=1)
+    checkpoints = [e for e in backend.events if e["event"] == "checkpoint"]
+    assert [e["job"] for e in checkpoints] == ["ab"[turn % 2] for turn in range(HANDOVERS)]
+    assert all(e["bytes"] == STATE for e in checkpoints)
+    assert backend.resident(f"g-{unique}") == ["a"]
+
+
+def sim_agent(room_for: int | None) -> tuple[SimBackend, SwitchActivities]:
+    capacity = None if room_for is None else room_for * STATE
+    config = BackendConfig(
+        node="n", sim_state_bytes=STATE, sim_bandwidth_bytes_per_second=1e12,
+        sim_capacity_bytes=capacity,
+    )  # fmt: skip
+    backend = SimBackend(config)
+    return backend, SwitchActivities("n", backend)
+
+
+async def admit(
+    agent: SwitchActivities, job: str, epoch: int, co_residency: CoResidency = "auto"
+) -> SwitchOutput:
+    move = NodeMove(node="n", admit=job)
+    given = SwitchInput(group="g", epoch=epoch, move=move, plan=epoch, co_residency=co_residency)
+    return await ActivityEnvironment().run(agent.switch, given)
+
+
+async def test_with_three_jobs_and_room_for_two_the_least_recently_run_leaves() -> None:
+    backend, agent = sim_agent(room_for=2)
+    await admit(agent, "a", 1)
+    assert (await admit(agent, "b", 2)).co_resident == ["a"]
+    third = await admit(agent, "c", 3)  # a ran longest ago
+    assert third.co_resident == ["b"]
+    assert [(x.job, x.action) for x in third.actions] == [
+        ("b", "lock"), ("a", "checkpoint"), ("c", "restore")]  # fmt: skip
+    await admit(agent, "b", 4)  # already on the device: an unlock, nothing leaves
+    fifth = await admit(agent, "a", 5)  # c ran longest ago now
+    assert [(x.job, x.action) for x in fifth.actions] == [
+        ("b", "lock"), ("c", "checkpoint"), ("a", "restore")]  # fmt: skip
+    assert overlaps(backend.events) == 0
+
+
+async def test_policy_off_or_no_capacity_checkpoints_every_switch() -> None:
+    cases: list[tuple[int | None, CoResidency]] = [(2, "off"), (None, "auto")]
+    for room_for, policy in cases:
+        backend, agent = sim_agent(room_for)
+        await admit(agent, "a", 1, policy)
+        second = await admit(agent, "b", 2, policy)
+        assert [x.action for x in second.actions] == ["checkpoint", "restore"]
+        assert second.co_resident == [] and backend.resident("g") == ["b"]
+
+
+def test_room_is_made_least_recent_first_and_never_guessed() -> None:
+    gpu = "gpu0"
+    footprints = {"old": {gpu: 4}, "new": {gpu: 4}}
+    assert plan_room({gpu: 4}, {gpu: 5}, ["old", "new"], footprints).evict == []
+    assert plan_room({gpu: 8}, {gpu: 5}, ["old", "new"], footprints).evict == ["old"]
+    assert plan_room({gpu: 20}, {gpu: 5}, ["old", "new"], footprints).evict == ["old", "new"]
+    # A figure missing anywhere: everything leaves.
+    assert plan_room(None, {gpu: 5}, ["old", "new"], footprints).evict == ["old", "new"]
+    assert plan_room({gpu: 1}, None, ["old"], footprints).evict == ["old"]
+    # A job partly on the device already needs only the rest.
+    assert extra({gpu: 4}, {gpu: 1}) == {gpu: 3} and extra({gpu: 4}, None) is None
+    # A victim of unknown size frees nothing to count on.
+    unknown = {"old": None, "new": {gpu: 4}}
+    assert plan_room({gpu: 8}, {gpu: 5}, ["old", "new"], unknown).evict == ["old", "new"]
+
+
+async def test_an_agent_that_dies_mid_checkpoint_leaves_a_stopped_job_on_the_device(
+    tmp_path: Path,
+) -> None:
+    config = BackendConfig(
+        node="n", sim_state_bytes=STATE, sim_bandwidth_bytes_per_second=STATE / 30,
+        sim_state_path=str(tmp_path / "gpu.json"), sim_record_path=str(tmp_path / "record"),
+    )  # fmt: skip
+    await SimBackend(config).restore("g", "a")
+    dying = SimBackend(config)
+    checkpoint = asyncio.create_task(dying.checkpoint("g", "a"))
+    await asyncio.sleep(0.2)
+    checkpoint.cancel()  # the agent died mid-checkpoint
+    restarted = SimBackend(config)
+    assert restarted.resident("g") == ["a"] and restarted.running("g") == []
+    assert (await restarted.checkpoint("g", "a")).bytes == STATE  # the retry moves it
+    record = [json.loads(line) for line in (tmp_path / "record").read_text().splitlines()]
+    assert [e["event"] for e in record if e["job"] == "a"] == [
+        "restore", "running", "checkpoint", "resident"]  # fmt: skip
+    assert overlaps(record) == 0

@@ -1,0 +1,251 @@
+"""Workload hooks end to end on real processes: a job process serves the
+vLLM server hooks to an agent socket (this test plays the agent, backend
+app+sim), against a fake engine that records when each call came. The sleep
+comes before the checkpoint and the wake-up after the restore, in both modes;
+a hook that hangs or fails fails the switch with its own message."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.app import AppBackend
+from activities.backend import Backend, BackendConfig, load_backend
+from activities.cuda_driver import CudaDriverBackend
+from activities.hook_registry import HookRegistry
+from activities.processes import ProcessTable
+from activities.sim import SimBackend
+from activities.stacked import StackedBackend
+from activities.switch import SwitchActivities
+from tests.fakes.cuda_driver import FakeDriver
+from tests.fakes.engine import FakeEngine, running_engine
+from tests.processes import detached, kill
+from timeshare.errors import FailedPrecondition
+from timeshare.hooks import WorkloadHooks, serve_hooks
+from timeshare.hooks.protocol import EvictMode
+from timeshare.models import CHECKPOINT_FAILED, RESTORE_FAILED, NodeMove, SwitchInput
+from workers.agent_socket import serve_agent_socket
+
+HOOK_TIMEOUT = 2.0
+
+
+@dataclass
+class Agent:
+    """This test process as a node agent: socket, hooks, backend, switches."""
+
+    path: str
+    hooks: HookRegistry
+    backend: Backend
+    switches: SwitchActivities
+    epoch: int = 0
+
+    async def admit(self, job: str, evict: list[str]) -> None:
+        self.epoch += 1
+        move = NodeMove(node="n", admit=job, evict=evict)
+        given = SwitchInput(group="g", epoch=self.epoch, move=move, plan=self.epoch)
+        await ActivityEnvironment().run(self.switches.switch, given)
+
+    async def wait_for_hooks(self, job: str) -> None:
+        for _ in range(600):  # a loaded machine can take seconds to start Python
+            if self.hooks.connections("g", job):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"job {job} never served its hooks")
+
+
+CONFIG = BackendConfig(
+    node="n", sim_state_bytes=2**20, sim_bandwidth_bytes_per_second=1e10,
+    hook_timeout_seconds=HOOK_TIMEOUT,
+)  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def running_agent(path: str, backend: Backend) -> AsyncIterator[Agent]:
+    processes, hooks = ProcessTable(), HookRegistry()
+    backend.attach(processes)
+    backend.attach_hooks(hooks)
+    async with await serve_agent_socket(path, processes, hooks):
+        yield Agent(path, hooks, backend, SwitchActivities("n", backend, processes))
+        hooks.close_all()
+
+
+@pytest.fixture
+async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
+    async with running_agent(str(tmp_path / "agent.sock"), load_backend("app+sim", CONFIG)) as up:
+        yield up
+
+
+@pytest.fixture
+def engine() -> Iterator[FakeEngine]:
+    with running_engine() as started:
+        yield started
+
+
+@pytest.fixture
+def start_job(agent: Agent, engine: FakeEngine) -> Iterator[Callable[[EvictMode], int]]:
+    """Start job a's process, serving the vLLM server hooks; its pid."""
+    started: list[int] = []
+
+    def start(mode: EvictMode) -> int:
+        command = ["-m", "tests.hook_process", agent.path, "g", "a", mode, engine.url]
+        started.append(detached(sys.executable, *command))
+        return started[-1]
+
+    yield start
+    for pid in started:
+        kill(pid)
+
+
+def sim_event(agent: Agent, event: str, job: str, nth: int = 0) -> dict[str, Any]:
+    assert isinstance(agent.backend, StackedBackend)
+    sim = agent.backend.layers[1]
+    assert isinstance(sim, SimBackend)
+    return [e for e in sim.events if e["event"] == event and e["job"] == job][nth]
+
+
+EXPECTED = {
+    "offload": ["/sleep?level=1", "/wake_up"],
+    "discard": ["/sleep?level=2", "/wake_up?tags=weights", "/collective_rpc",
+                "/wake_up?tags=kv_cache"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["offload", "discard"])
+async def test_the_engine_sleeps_before_the_checkpoint_and_wakes_after_the_restore(
+    agent: Agent, engine: FakeEngine, start_job: Callable[[EvictMode], int], mode: EvictMode
+) -> None:
+    start_job(mode)
+    await agent.wait_for_hooks("a")
+    await agent.admit("a", [])
+    assert engine.requests == []  # admitted for the first time: nothing was put away
+    await agent.admit("b", ["a"])
+    await agent.admit("a", ["b"])
+    assert engine.paths() == EXPECTED[mode]
+    if mode == "discard":
+        assert engine.requests[2].body == {"method": "reload_weights"}
+    checkpoint = sim_event(agent, "checkpoint", "a")
+    assert checkpoint["mode"] == mode  # the job's own choice reached the device
+    assert engine.requests[0].at <= checkpoint["start"]
+    assert engine.requests[-1].at >= sim_event(agent, "restore", "a", nth=1)["end"]
+
+
+async def test_a_hook_that_hangs_fails_the_switch_with_its_message(
+    agent: Agent, engine: FakeEngine, start_job: Callable[[EvictMode], int]
+) -> None:
+    pid = start_job("offload")
+    await agent.wait_for_hooks("a")
+    await agent.admit("a", [])
+    engine.hang_on.add("/sleep")
+    with pytest.raises(ApplicationError) as failure:
+        await agent.admit("b", ["a"])
+    assert failure.value.type == CHECKPOINT_FAILED
+    assert f"evict(offload) hook of process {pid}" in failure.value.message
+    assert f"did not answer within {HOOK_TIMEOUT:g} s" in failure.value.message
+    assert await agent.backend.resident_jobs("g") == ["a"]  # nothing moved
+
+
+async def test_a_hook_that_fails_fails_the_restore_with_the_engines_words(
+    agent: Agent, engine: FakeEngine, start_job: Callable[[EvictMode], int]
+) -> None:
+    start_job("offload")
+    await agent.wait_for_hooks("a")
+    await agent.admit("a", [])
+    await agent.admit("b", ["a"])
+    engine.failures["/wake_up"] = (500, "CUDA out of memory")
+    with pytest.raises(ApplicationError) as failure:
+        await agent.admit("a", ["b"])
+    assert failure.value.type == RESTORE_FAILED
+    assert "admit() hook" in failure.value.message
+    assert "HTTP 500 CUDA out of memory" in failure.value.message
+
+
+async def test_every_rank_puts_its_state_away_before_any_is_locked(
+    tmp_path: Path, engine: FakeEngine
+) -> None:
+    """app+cuda with two ranks of one job: both hooks, then both locks, then
+    both checkpoints; on the way back, both restores, both unlocks, then the
+    hooks (the CUDA driver is the fake of tests/fakes/cuda_driver.py)."""
+    driver = FakeDriver()
+    backend = StackedBackend([AppBackend(CONFIG), CudaDriverBackend(CONFIG, driver.module)])
+    command = ["-m", "tests.hook_process", str(tmp_path / "agent.sock"), "g", "a", "offload"]
+    ranks = [detached(sys.executable, *command, engine.url) for _ in range(2)]
+    try:
+        async with running_agent(str(tmp_path / "agent.sock"), backend) as agent:
+            for _ in range(600):
+                if len(agent.hooks.connections("g", "a")) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            await agent.admit("b", ["a"])
+            sleeps = [r.at for r in engine.requests]
+            assert engine.paths() == ["/sleep?level=1"] * 2
+            assert [c.split()[0] for c in driver.calls] == ["lock"] * 2 + ["checkpoint"] * 2
+            assert max(sleeps) <= min(driver.stamps)
+            restored_from = len(driver.calls)
+            await agent.admit("a", ["b"])
+            back = driver.calls[restored_from:]
+            assert [c.split()[0] for c in back] == ["restore"] * 2 + ["unlock"] * 2
+            assert engine.paths()[2:] == ["/wake_up"] * 2
+            assert min(r.at for r in engine.requests[2:]) >= max(driver.stamps)
+            assert sorted(int(c.split()[1]) for c in back[:2]) == sorted(ranks)
+    finally:
+        for rank in ranks:
+            kill(rank)
+
+
+class Recorder(WorkloadHooks):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def evict(self, mode: EvictMode) -> None:
+        self.calls.append(f"evict {mode}")
+
+    def admit(self) -> None:
+        self.calls.append("admit")
+
+
+async def test_hooks_come_back_after_the_agent_restarts_knowing_where_they_stand(
+    agent: Agent,
+) -> None:
+    recorder = Recorder()
+    served = await asyncio.to_thread(
+        serve_hooks, recorder, "g", "a", agent.path, mode="discard", register=False
+    )
+    try:
+        await agent.wait_for_hooks("a")
+        connection = agent.hooks.connections("g", "a")[0]
+        await connection.call("evict", "discard", HOOK_TIMEOUT)
+        await connection.call("evict", "discard", HOOK_TIMEOUT)  # answered, not repeated
+        assert recorder.calls == ["evict discard"]
+
+        # The agent goes away and another takes its socket.
+        agent.hooks.close_all()
+        restarted = HookRegistry()
+        restarted.accepting = True
+        async with await serve_agent_socket(agent.path, ProcessTable(), restarted):
+            for _ in range(200):
+                if restarted.connections("g", "a"):
+                    break
+                await asyncio.sleep(0.05)
+            again = restarted.connections("g", "a")[0]
+            assert again.evicted and again.mode == "discard"
+            await again.call("admit", None, HOOK_TIMEOUT)
+            restarted.close_all()
+        assert recorder.calls == ["evict discard", "admit"]
+    finally:
+        await asyncio.to_thread(served.close)
+
+
+async def test_an_agent_that_calls_no_hooks_refuses_them(tmp_path: Path) -> None:
+    path = str(tmp_path / "agent.sock")
+    async with await serve_agent_socket(path, ProcessTable(), HookRegistry()):
+        with pytest.raises(FailedPrecondition, match="app\\+cuda"):
+            await asyncio.to_thread(serve_hooks, Recorder(), "g", "a", path, register=False)
