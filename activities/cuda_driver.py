@@ -55,7 +55,10 @@ class CudaDriverBackend(ProcessCheckpointBackend):
                 f"{gpus[0].driver_version}; use --backend cuda-checkpoint"
             )
         driver = load_driver()
-        (result,) = driver.cuInit(0)
+        try:
+            (result,) = driver.cuInit(0)
+        except Exception as error:  # cuda-bindings raises its own loader errors
+            raise BackendError(f"backend cuda cannot load the CUDA driver: {error}") from None
         if result != driver.CUresult.CUDA_SUCCESS:
             raise BackendError(f"cuInit failed: {result}")
         return cls(config, driver)

@@ -123,7 +123,8 @@ def test_each_backend_refuses_to_start_where_it_cannot_run(
     with pytest.raises(BackendError, match="not found"):
         CudaCheckpointBackend.create(config)
     monkeypatch.setattr("activities.cuda_driver.gpu_inventory", lambda: [])
-    monkeypatch.setitem(sys.modules, "cuda", None)  # cuda-bindings not installed
+    for module in ("cuda", "cuda.bindings", "cuda.bindings.driver"):  # no cuda-bindings
+        monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(BackendError, match="cuda-bindings"):
         CudaDriverBackend.create(config)
 
