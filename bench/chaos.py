@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from math import nan
 from pathlib import Path
 
 from bench import chaos_check as check
@@ -117,6 +118,25 @@ def settle(
     return groups_with_waiters(stack, groups)
 
 
+def p50_and_max(values: list[float]) -> list[str]:
+    return [f"{percentile(values, 50):.2f}", f"{max(values, default=nan):.2f}"]
+
+
+def fault_table(faults: list[Fault], grants: list[float]) -> str:
+    """Recovery by kind of fault: from the kill, and from the part being ready again."""
+    rows = []
+    for kind in KINDS:
+        of_kind = [f for f in faults if f.kind == kind]
+        rows.append([
+            kind, str(len(of_kind)),
+            *p50_and_max(check.recovery_seconds([f.at for f in of_kind], grants)),
+            *p50_and_max(check.recovery_seconds([f.back_at for f in of_kind], grants)),
+        ])  # fmt: skip
+    headers = ["fault (kill -9)", "injected", "to next grant p50 s", "max s",
+               "from restart p50 s", "max s"]  # fmt: skip
+    return table(headers, rows)
+
+
 def report(
     faults: list[Fault], pool: JobPool, stack: LocalStack, stuck: list[str], crashes: list[str]
 ) -> bool:
@@ -127,14 +147,8 @@ def report(
     double = check.double_grants(processes, time.time())
     errors = check.errors(processes)
     overlapping = overlaps(stack.record())
-    rows = []
-    for kind in KINDS:
-        recovered = check.recovery_seconds([f.at for f in faults if f.kind == kind], grants)
-        count = sum(1 for f in faults if f.kind == kind)
-        p50, worst = percentile(recovered, 50), max(recovered, default=float("nan"))
-        rows.append([kind, str(count), f"{p50:.2f}", f"{worst:.2f}"])
     print()
-    print(table(["fault (kill -9)", "injected", "recovery p50 s", "max s"], rows))
+    print(fault_table(faults, grants))
     killed = sum(1 for p in processes if p.killed_at is not None)
     print(f"job processes: {len(processes)} started, {killed} killed and replaced")
     for title, items in (
@@ -143,12 +157,11 @@ def report(
     ):  # fmt: skip
         for item in items:
             print(f"{title}: {item}")
-    recovery = check.recovery_seconds([f.at for f in faults], grants)
+    p50, worst = p50_and_max(check.recovery_seconds([f.at for f in faults], grants))
     print(
         f"turns={check.turns_completed(processes)} faults={len(faults)} lost={len(lost)} "
         f"double_grants={len(double)} overlaps={overlapping} stuck={len(stuck)} "
-        f"recovery_p50_s={percentile(recovery, 50):.2f} "
-        f"recovery_max_s={max(recovery, default=float('nan')):.2f}"
+        f"recovery_p50_s={p50} recovery_max_s={worst}"
     )
     return not (lost or double or overlapping or stuck or errors or crashes)
 

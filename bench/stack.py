@@ -136,8 +136,9 @@ class LocalStack:
         process.wait(60)
         wait_gone(family)
 
-    def restart(self, name: str, signum: int = signal.SIGKILL) -> None:
+    def restart(self, name: str, signum: int = signal.SIGKILL, downtime: float = 0.0) -> None:
         self.kill(name, signum)
+        time.sleep(downtime)
         self.start(name)
 
     def stop_all(self) -> None:
