@@ -183,9 +183,11 @@ def run(args: argparse.Namespace, workdir: Path) -> bool:
         for g, group in enumerate(groups):
             for j in range(args.jobs_per_group):
                 pool.start(group, f"g{g}-j{j}", job_nodes(g, j))
+        # The records under the workdir carry Unix times; this line ties them to the log's.
         log(
             started,
-            f"stack and {len(pool.processes)} jobs started; faults for {args.minutes:g} min",
+            f"stack and {len(pool.processes)} jobs started; faults for {args.minutes:g} min "
+            f"(t=0 is Unix time {started:.3f}; records in {workdir})",
         )
         faults = run_faults(stack, pool, rng, started, crashes)
         log(started, f"time's up after {len(faults)} faults; the jobs finish their last turns")
