@@ -42,6 +42,7 @@ bench: install
 	$(BIN)/python -m bench.handoff --quick
 	$(BIN)/python -m bench.utilization --quick
 	$(BIN)/python -m bench.scale --quick
+	$(BIN)/python -m bench.multinode --quick
 
 clean:
 	rm -rf $(VENV) timeshare/v1 .timeshare .pytest_cache .mypy_cache .ruff_cache

@@ -76,9 +76,11 @@ def restart_gateway_under_waiters(stack: LocalStack, jobs: Jobs) -> Fault:
     return restart(stack, "gateway")
 
 
-def restart(stack: LocalStack, part: str, signum: int = signal.SIGKILL) -> Fault:
+def restart(
+    stack: LocalStack, part: str, signum: int = signal.SIGKILL, downtime: float = 0.0
+) -> Fault:
     at = time.time()
-    stack.restart(part, signum)
+    stack.restart(part, signum, downtime)
     return set(), at
 
 

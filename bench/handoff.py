@@ -37,33 +37,41 @@ def measure_reacquire(job: timeshare.Job, iterations: int) -> list[float]:
     return timings
 
 
-def wait_until_queued(client: timeshare.Client, job: str) -> None:
+def wait_until_queued(client: timeshare.Client, job: timeshare.Job) -> None:
     for _ in range(2000):
-        if job in client.get_group(GROUP).queue:
+        if job.name in client.get_group(job.group).queue:
             return
         time.sleep(0.002)
-    raise RuntimeError(f"{job} never queued")
+    raise RuntimeError(f"{job.name} never queued")
 
 
-def acquire_and_note_time(job: timeshare.Job, times: list[float]) -> None:
-    job.acquire()
-    times.append(time.perf_counter())
+def acquire_and_note_time(job: timeshare.Job, granted: list[tuple[float, timeshare.Turn]]) -> None:
+    turn = job.acquire()
+    granted.append((time.perf_counter(), turn))
 
 
 def measure_handoff(
-    client: timeshare.Client, a: timeshare.Job, b: timeshare.Job, iterations: int
+    client: timeshare.Client,
+    a: timeshare.Job,
+    b: timeshare.Job,
+    iterations: int,
+    switches: list[float] | None = None,
 ) -> list[float]:
+    """Milliseconds from A's yield to waiting B's acquire returning; the
+    scheduler's own switch seconds of each hand-over go to ``switches``."""
     timings = []
     for _ in range(iterations):
         a.acquire()
-        granted_at: list[float] = []
-        waiter = threading.Thread(target=acquire_and_note_time, args=(b, granted_at))
+        granted: list[tuple[float, timeshare.Turn]] = []
+        waiter = threading.Thread(target=acquire_and_note_time, args=(b, granted))
         waiter.start()
-        wait_until_queued(client, b.name)
+        wait_until_queued(client, b)
         start = time.perf_counter()
         a.yield_()
         waiter.join()
-        timings.append((granted_at[0] - start) * 1000)
+        timings.append((granted[0][0] - start) * 1000)
+        if switches is not None:
+            switches.append(granted[0][1].switch_seconds)
         b.yield_()
     return timings
 

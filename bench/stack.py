@@ -1,11 +1,16 @@
 """A timeshare stack of separate processes (Temporal, scheduler, gateway,
 agents) that a benchmark or a fault test can start, kill and restart one by
-one, plus synthetic jobs run against it. Every process dies with its parent."""
+one, plus synthetic jobs run against it. Every process dies with its parent.
+
+Parts are named "temporal", "scheduler", "gateway", "agent" (the agent of
+``node``) and "agent-<node>" (one for each of ``more_nodes``)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -16,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import timeshare
+from activities.processes import alive
 from timeshare.models import GroupStatus
 from workers.children import spawn, stop_process
 
@@ -37,6 +43,8 @@ def timeshare_command(*args: str) -> list[str]:
 class LocalStack:
     workdir: Path
     node: str = "node-a"
+    # Further nodes, each with an agent process of its own.
+    more_nodes: list[str] = field(default_factory=list)
     backend: str = "sim"
     # The simulated device: state per job and host<->device bandwidth.
     state_gib: float = 0.25
@@ -57,12 +65,31 @@ class LocalStack:
         return f"localhost:{self.temporal_port}"
 
     @property
+    def nodes(self) -> list[str]:
+        return [self.node, *self.more_nodes]
+
+    def agent(self, node: str) -> str:
+        """The part name of a node's agent."""
+        return "agent" if node == self.node else f"agent-{node}"
+
+    @property
+    def agents(self) -> list[str]:
+        return [self.agent(node) for node in self.nodes]
+
+    @property
     def record_path(self) -> Path:
-        return self.workdir / "residency.jsonl"
+        return self._node_file(self.node, "residency", ".jsonl")
+
+    def _node_file(self, node: str, stem: str, suffix: str) -> Path:
+        # `node`'s files keep the names they had before there were more nodes.
+        return self.workdir / (f"{stem}{suffix}" if node == self.node else f"{stem}-{node}{suffix}")
 
     @property
     def socket_path(self) -> Path:
-        return self.workdir / "agent.sock"
+        return self.socket_for(self.node)
+
+    def socket_for(self, node: str) -> Path:
+        return self._node_file(node, "agent", ".sock")
 
     def commands(self) -> dict[str, list[str]]:
         common = [f"--temporal={self.temporal}"]
@@ -73,15 +100,18 @@ class LocalStack:
             ),
             "scheduler": timeshare_command("scheduler", *common),
             "gateway": timeshare_command("gateway", *common, f"--listen={self.address}"),
-            "agent": timeshare_command(
-                "agent", *common, f"--node={self.node}", f"--backend={self.backend}",
-                f"--sim-state-gib={self.state_gib}", f"--sim-bandwidth-gbps={self.bandwidth_gbps}",
-                *([f"--sim-capacity-gib={self.capacity_gib}"] if self.capacity_gib else []),
-                f"--sim-record={self.record_path}",
-                f"--sim-state={self.workdir / 'sim-state.json'}",
-                f"--socket={self.socket_path}",
-            ),
+            **{self.agent(node): self._agent_command(node) for node in self.nodes},
         }  # fmt: skip
+
+    def _agent_command(self, node: str) -> list[str]:
+        return timeshare_command(
+            "agent", f"--temporal={self.temporal}", f"--node={node}", f"--backend={self.backend}",
+            f"--sim-state-gib={self.state_gib}", f"--sim-bandwidth-gbps={self.bandwidth_gbps}",
+            *([f"--sim-capacity-gib={self.capacity_gib}"] if self.capacity_gib else []),
+            f"--sim-record={self._node_file(node, 'residency', '.jsonl')}",
+            f"--sim-state={self._node_file(node, 'sim-state', '.json')}",
+            f"--socket={self.socket_for(node)}",
+        )  # fmt: skip
 
     def start(self, name: str) -> None:
         """Start one part (again) and wait until it says it is ready."""
@@ -92,7 +122,7 @@ class LocalStack:
         deadline = time.monotonic() + READY_SECONDS
         while time.monotonic() < deadline:
             text = log_path.read_bytes()[offset:].decode(errors="replace")
-            if f"timeshare {name}: ready" in text:
+            if f"timeshare {name.split('-')[0]}: ready" in text:
                 return
             if self.processes[name].poll() is not None:
                 raise RuntimeError(f"{name} exited at start: {text.strip()[-500:]}")
@@ -101,35 +131,50 @@ class LocalStack:
 
     def start_all(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        for name in ("temporal", "scheduler", "gateway", "agent"):
+        for name in ("temporal", "scheduler", "gateway", *self.agents):
             self.start(name)
 
     def kill(self, name: str, signum: int = signal.SIGKILL) -> None:
+        """Signal one part. SIGKILL takes its own children too, as a crash of
+        the part would (a killed `timeshare temporal` cannot stop its server),
+        and returns once they are gone, so the part's ports are free again."""
         process = self.processes[name]
+        family = descendants(process.pid) if signum == signal.SIGKILL else []
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
         process.send_signal(signum)
         process.wait(60)
+        wait_gone(family)
 
-    def restart(self, name: str, signum: int = signal.SIGKILL) -> None:
+    def restart(self, name: str, signum: int = signal.SIGKILL, downtime: float = 0.0) -> None:
         self.kill(name, signum)
+        time.sleep(downtime)
         self.start(name)
 
     def stop_all(self) -> None:
-        for name in ("agent", "gateway", "scheduler", "temporal"):
+        for name in (*reversed(self.agents), "gateway", "scheduler", "temporal"):
             if name in self.processes:
                 stop_process(self.processes[name], grace=30)
 
-    def job(self, group: str, job: str, report: Path, *options: str) -> subprocess.Popen[bytes]:
-        """A synthetic job process (its options: see `timeshare synthetic-job --help`)."""
-        log = (self.workdir / f"{job}.log").open("ab")
-        return spawn(
+    def job(
+        self, group: str, job: str, report: Path, *options: str, nodes: list[str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """A synthetic job process (its options: see `timeshare synthetic-job --help`) on
+        ``nodes`` (default: ``node``)."""
+        return self.launch(
+            job,
             timeshare_command(
                 "synthetic-job", f"--group={group}", f"--job={job}", f"--address={self.address}",
-                f"--nodes={self.node}", f"--report={report}", f"--agent-socket={self.socket_path}",
-                *options,
+                f"--nodes={','.join(nodes or [self.node])}", f"--report={report}",
+                f"--agent-socket={self.socket_for((nodes or [self.node])[0])}", *options,
             ),
-            stdout=log,
-            timeshare_child=True,
         )  # fmt: skip
+
+    def launch(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
+        """A client process (not a part of the stack), its output in ``name``.log."""
+        with (self.workdir / f"{name}.log").open("ab") as log:
+            return spawn(command, stdout=log, timeshare_child=True)
 
     def group(self, group: str) -> GroupStatus:
         with timeshare.connect(self.address) as client:
@@ -149,9 +194,14 @@ class LocalStack:
         raise RuntimeError(f"group {group} never reached {state!r} within {timeout:g} s")
 
     def record(self) -> list[dict[str, Any]]:
-        if not self.record_path.exists():
-            return []
-        return [json.loads(line) for line in self.record_path.read_text().splitlines()]
+        """The residency record of every node's simulated GPUs."""
+        paths = [self._node_file(node, "residency", ".jsonl") for node in self.nodes]
+        return [
+            json.loads(line)
+            for path in paths
+            if path.exists()
+            for line in path.read_text().splitlines()
+        ]
 
 
 def overlaps(record: list[dict[str, Any]]) -> int:
@@ -183,3 +233,22 @@ def overfull(resident: list[dict[str, Any]]) -> int:
         if len(here) > 1 and (capacity is None or sum(e.get("bytes", 0) for e in here) > capacity):
             count += 1
     return count
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, children first."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            children += [int(child) for child in task.read_text().split()]
+    return [grand for child in children for grand in [child, *descendants(child)]]
+
+
+def wait_gone(pids: list[int], timeout: float = 60) -> None:
+    """Wait until none of ``pids`` runs (a zombie no longer holds its ports)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not [pid for pid in pids if alive(pid)]:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"processes {pids} still run {timeout:g} s after SIGKILL")

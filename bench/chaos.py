@@ -1,0 +1,221 @@
+"""Chaos: groups of jobs take turns on three simulated nodes while a seeded
+random schedule SIGKILLs and restarts the scheduler worker, the gateway, the
+node agents, job processes and the Temporal dev server (on the same SQLite
+file and port). Then the faults stop and the jobs finish the turns they
+wait for. Definitions of what is counted: `bench.chaos_check`.
+
+    python -m bench.chaos --minutes N [--seed S] [--groups G] [--jobs-per-group J]
+
+Exit status 1 if any acquire was lost, any turn granted twice, any node held
+two jobs' state, any group stuck, or any live job failed otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from math import nan
+from pathlib import Path
+
+from bench import chaos_check as check
+from bench.chaos_faults import KINDS, Fault, inject
+from bench.chaos_pool import JobPool, JobSettings
+from bench.stack import LocalStack, overlaps
+from bench.stats import percentile
+from timeshare.errors import TimeshareError
+from timeshare.status import table
+
+NODES = ["node-0", "node-1", "node-2"]
+# Longer than any outage the faults cause (a Temporal restart is several
+# seconds on a loaded machine): a live job must never lose its lease. A
+# killed job replaced under a new name holds its group up this long.
+LEASE_SECONDS = 30.0
+AGENT_TIMEOUT_SECONDS = 5.0
+# Often, so that runs end and waiting acquires move to the next run under faults too.
+CONTINUE_AS_NEW_EVERY = 50
+FAULT_GAP_SECONDS = (3.0, 9.0)
+# Once the faults stop, every group must have served its waiters within this
+# (a dead holder's lease, then a few switches): a group still with waiters
+# after it is stuck.
+SETTLE_SECONDS = LEASE_SECONDS + 60.0
+
+
+def job_nodes(group: int, job: int) -> list[str]:
+    """Two of the three nodes, a different pair for neighbouring jobs."""
+    return [NODES[(group + job) % len(NODES)], NODES[(group + job + 1) % len(NODES)]]
+
+
+def log(started: float, message: str) -> None:
+    print(f"[{time.time() - started:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+def keep_up(stack: LocalStack, seconds: float, started: float, crashes: list[str]) -> None:
+    """Wait, restarting any part that exits by itself (each one is a finding)."""
+    until = time.time() + seconds
+    while True:
+        for name, process in list(stack.processes.items()):
+            if process.poll() is not None:
+                crashes.append(f"{name} exited by itself with code {process.returncode}")
+                log(started, f"{crashes[-1]}; restarting it")
+                stack.start(name)
+        if time.time() >= until:
+            return
+        time.sleep(min(0.2, max(0.0, until - time.time())))
+
+
+def run_faults(
+    stack: LocalStack, pool: JobPool, rng: random.Random, started: float, crashes: list[str]
+) -> list[Fault]:
+    faults: list[Fault] = []
+    until = pool.settings.until
+    while True:
+        gap = rng.uniform(*FAULT_GAP_SECONDS)
+        if time.time() + gap >= until:
+            keep_up(stack, max(0.0, until - time.time()), started, crashes)
+            return faults
+        keep_up(stack, gap, started, crashes)
+        kind = rng.choice(KINDS)
+        if kind == "job" and not pool.running():
+            kind = "scheduler"
+        faults.append(inject(kind, stack, pool, rng))
+        fault = faults[-1]
+        log(
+            started,
+            f"fault {len(faults)}: kill -9 {fault.target}; {fault.outcome}; "
+            f"{check.turns_completed(pool.processes)} turns so far",
+        )
+
+
+def groups_with_waiters(stack: LocalStack, groups: list[str]) -> list[str]:
+    found = []
+    for group in groups:
+        try:
+            status = stack.group(group)
+        except TimeshareError as error:
+            found.append(f"{group}: {error}")
+            continue
+        if status.queue:
+            found.append(
+                f"{group}: {status.state} {status.degraded_cause}, holder "
+                f"{status.holder or 'none'}, waiting {', '.join(status.queue)}"
+            )
+    return found
+
+
+def settle(
+    stack: LocalStack, pool: JobPool, groups: list[str], started: float, crashes: list[str]
+) -> list[str]:
+    """Let the jobs finish their last turns; return the groups stuck with waiters."""
+    deadline = time.time() + SETTLE_SECONDS
+    while time.time() < deadline:
+        keep_up(stack, 1.0, started, crashes)
+        if not pool.running() and not groups_with_waiters(stack, groups):
+            return []
+    return groups_with_waiters(stack, groups)
+
+
+def p50_and_max(values: list[float]) -> list[str]:
+    return [f"{percentile(values, 50):.2f}", f"{max(values, default=nan):.2f}"]
+
+
+def fault_table(faults: list[Fault], grants: list[float]) -> str:
+    """Recovery by kind of fault: from the kill, and from the part being ready again."""
+    rows = []
+    for kind in KINDS:
+        of_kind = [f for f in faults if f.kind == kind]
+        rows.append([
+            kind, str(len(of_kind)),
+            *p50_and_max(check.recovery_seconds([f.at for f in of_kind], grants)),
+            *p50_and_max(check.recovery_seconds([f.back_at for f in of_kind], grants)),
+        ])  # fmt: skip
+    headers = ["fault (kill -9)", "injected", "to next grant p50 s", "max s",
+               "from restart p50 s", "max s"]  # fmt: skip
+    return table(headers, rows)
+
+
+def report(
+    faults: list[Fault], pool: JobPool, stack: LocalStack, stuck: list[str], crashes: list[str]
+) -> bool:
+    """Print the figures; True if the run is clean."""
+    processes = pool.processes
+    grants = check.grant_times(processes)
+    lost = check.lost(processes)
+    double = check.double_grants(processes, time.time())
+    errors = check.errors(processes)
+    overlapping = overlaps(stack.record())
+    print()
+    print(fault_table(faults, grants))
+    killed = sum(1 for p in processes if p.killed_at is not None)
+    print(f"job processes: {len(processes)} started, {killed} killed and replaced")
+    for title, items in (
+        ("lost acquires", lost), ("double grants", double), ("stuck groups", stuck),
+        ("errors of live jobs", errors), ("parts that exited by themselves", crashes),
+    ):  # fmt: skip
+        for item in items:
+            print(f"{title}: {item}")
+    p50, worst = p50_and_max(check.recovery_seconds([f.at for f in faults], grants))
+    print(
+        f"turns={check.turns_completed(processes)} faults={len(faults)} lost={len(lost)} "
+        f"double_grants={len(double)} overlaps={overlapping} stuck={len(stuck)} "
+        f"recovery_p50_s={p50} recovery_max_s={worst}"
+    )
+    return not (lost or double or overlapping or stuck or errors or crashes)
+
+
+def run(args: argparse.Namespace, workdir: Path) -> bool:
+    rng = random.Random(args.seed)
+    stack = LocalStack(workdir, node=NODES[0], more_nodes=NODES[1:], bandwidth_gbps=5.0)
+    groups = [f"chaos-{g}" for g in range(args.groups)]
+    started = time.time()
+    settings = JobSettings(
+        until=0.0, work_seconds=0.3, gap_seconds=0.2, lease_seconds=LEASE_SECONDS,
+        agent_timeout_seconds=AGENT_TIMEOUT_SECONDS, continue_as_new_every=CONTINUE_AS_NEW_EVERY,
+    )  # fmt: skip
+    pool = JobPool(stack, settings)
+    crashes: list[str] = []
+    try:
+        stack.start_all()
+        pool.settings.until = time.time() + args.minutes * 60
+        for g, group in enumerate(groups):
+            for j in range(args.jobs_per_group):
+                pool.start(group, f"g{g}-j{j}", job_nodes(g, j))
+        # The records under the workdir carry Unix times; this line ties them to the log's.
+        log(
+            started,
+            f"stack and {len(pool.processes)} jobs started; faults for {args.minutes:g} min "
+            f"(t=0 is Unix time {started:.3f}; records in {workdir})",
+        )
+        faults = run_faults(stack, pool, rng, started, crashes)
+        log(started, f"time's up after {len(faults)} faults; the jobs finish their last turns")
+        stuck = settle(stack, pool, groups, started, crashes)
+    finally:
+        pool.stop()
+        stack.stop_all()
+    counts = Counter(f.kind for f in faults)
+    log(started, "faults: " + ", ".join(f"{kind} {counts[kind]}" for kind in KINDS))
+    return report(faults, pool, stack, stuck, crashes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Random SIGKILLs against a running stack.")
+    parser.add_argument("--minutes", type=float, required=True, help="how long faults go on")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--groups", type=int, default=3)
+    parser.add_argument("--jobs-per-group", type=int, default=3)
+    parser.add_argument("--workdir", type=Path, help="keep logs and records here")
+    args = parser.parse_args()
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        clean = run(args, args.workdir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="timeshare-chaos-") as scratch:
+            clean = run(args, Path(scratch))
+    sys.exit(0 if clean else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The job processes of the chaos run: started, killed and replaced, each
+with the JSON-lines record it writes (see `bench.chaos_job`)."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from bench.chaos_check import JobRecord
+from bench.stack import LocalStack
+
+
+@dataclass
+class JobSettings:
+    until: float
+    work_seconds: float
+    gap_seconds: float
+    lease_seconds: float
+    agent_timeout_seconds: float
+    continue_as_new_every: int
+
+
+@dataclass(kw_only=True)
+class JobProcess(JobRecord):
+    """One process of a job; a replacement is another JobProcess."""
+
+    nodes: list[str]
+    process: subprocess.Popen[bytes]
+
+
+@dataclass
+class JobPool:
+    stack: LocalStack
+    settings: JobSettings
+    processes: list[JobProcess] = field(default_factory=list)
+
+    def start(self, group: str, job: str, nodes: list[str]) -> JobProcess:
+        s = self.settings
+        events = self.stack.workdir / "events" / f"{job}.{len(self.processes)}.jsonl"
+        events.parent.mkdir(exist_ok=True)
+        command = [
+            sys.executable, "-m", "bench.chaos_job", f"--group={group}", f"--job={job}",
+            f"--nodes={','.join(nodes)}", f"--address={self.stack.address}",
+            f"--events={events}", f"--until={s.until}", f"--work-seconds={s.work_seconds}",
+            f"--gap-seconds={s.gap_seconds}", f"--lease-seconds={s.lease_seconds}",
+            f"--agent-timeout-seconds={s.agent_timeout_seconds}",
+            f"--continue-as-new-every={s.continue_as_new_every}",
+        ]  # fmt: skip
+        process = self.stack.launch(job, command)
+        started = JobProcess(group=group, job=job, events_path=events, nodes=nodes, process=process)
+        self.processes.append(started)
+        return started
+
+    def running(self) -> list[JobProcess]:
+        return [p for p in self.processes if p.killed_at is None and p.process.poll() is None]
+
+    def kill_and_replace(self, victim: JobProcess, rng: random.Random) -> tuple[float, str]:
+        """SIGKILL a job process and start its replacement: under the same name
+        (which takes over the job's place) or under a new one (the old job
+        stays in its group until its lease runs out). Returns when it was killed
+        and the replacement's name."""
+        killed_at = time.time()
+        victim.process.send_signal(signal.SIGKILL)
+        victim.process.wait(60)
+        victim.killed_at = killed_at
+        base = victim.job.split(".")[0]
+        same_name = rng.random() < 0.5
+        name = victim.job if same_name else f"{base}.{len(self.processes)}"
+        self.start(victim.group, name, victim.nodes)
+        return killed_at, name
+
+    def stop(self) -> None:
+        for p in self.processes:
+            if p.process.poll() is None:
+                p.process.kill()
+                p.process.wait(60)

@@ -1,0 +1,76 @@
+"""The chaos run for one minute, as users run it: random SIGKILLs of every
+kind of process against a stack of three agents and three groups. No
+acquire lost, no turn granted twice, no overlap, no group stuck. Also: the
+run's checks do see lost acquires and double grants in records that have them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.chaos_check import JobRecord, double_grants, errors, lost, turns_completed
+from tests.conftest import REPO
+
+
+@pytest.mark.timeout(900)
+def test_a_minute_of_chaos_loses_nothing(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.chaos", "--minutes", "1", "--workdir", str(tmp_path)],
+        capture_output=True, text=True, cwd=REPO, timeout=840,
+    )  # fmt: skip
+    output = run.stdout + run.stderr[-4000:]
+    last = run.stdout.strip().splitlines()[-1]
+    figures = dict(item.split("=", 1) for item in last.split())
+    assert list(figures) == [
+        "turns", "faults", "lost", "double_grants", "overlaps", "stuck",
+        "recovery_p50_s", "recovery_max_s",
+    ], output  # fmt: skip
+    for clean in ("lost", "double_grants", "overlaps", "stuck"):
+        assert figures[clean] == "0", output
+    assert int(figures["turns"]) > 0 and int(figures["faults"]) > 0, output
+    assert run.returncode == 0, output
+
+
+def record(path: Path, group: str, job: str, *events: dict[str, Any]) -> JobRecord:
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return JobRecord(group, job, path)
+
+
+def step(event: str, at: float, **fields: Any) -> dict[str, Any]:
+    return {"event": event, "at": at, **fields}
+
+
+def test_the_checks_see_what_went_wrong(tmp_path: Path) -> None:
+    a = record(
+        tmp_path / "a", "g", "a", step("joined", 0), step("requested", 1),
+        step("granted", 2, epoch=1), step("yielding", 5), step("yielded", 5.1),
+        step("requested", 6),
+    )  # fmt: skip
+    # b's turn starts inside a's, and repeats a's epoch later.
+    b = record(
+        tmp_path / "b", "g", "b", step("requested", 1), step("granted", 4, epoch=2),
+        step("yielding", 6), step("yielded", 6.1), step("requested", 7),
+        step("granted", 8, epoch=1), step("yielding", 9), step("error", 9.5, message="gone"),
+    )  # fmt: skip
+    # Killed while waiting: its acquire is not lost. Its turn in another group
+    # ends when it was killed, before c's.
+    dead = record(tmp_path / "dead", "h", "dead", step("granted", 1, epoch=1), step("requested", 3))
+    dead.killed_at = 2.0
+    c = record(tmp_path / "c", "h", "c", step("requested", 1), step("granted", 2.5, epoch=2))
+
+    assert turns_completed([a, b, dead, c]) == 2
+    assert lost([a, b, dead, c]) == ["g/a: no answer"]
+    assert errors([a, b, dead, c]) == ["g/b after yielding: gone"]
+    assert double_grants([a, b, dead, c], run_end=20) == [
+        "g: b (epoch 2) granted while a (epoch 1) held",
+        "g: epoch 1 granted 2 times",
+    ]
+    dead.killed_at = 3.0
+    assert double_grants([dead, c], run_end=20) == [
+        "h: c (epoch 2) granted while dead (epoch 1) held"
+    ]
