@@ -30,9 +30,9 @@ from timeshare.errors import TimeshareError
 from timeshare.status import table
 
 NODES = ["node-0", "node-1", "node-2"]
-# Longer than any outage the faults cause (a Temporal restart is several
-# seconds on a loaded machine): a live job must never lose its lease. A
-# killed job replaced under a new name holds its group up this long.
+# Far longer than any outage the faults cause (up to 8 s down, then the
+# restart): a live job must never lose its lease (see docs/reliability.md).
+# A killed job replaced under a new name holds its group up this long.
 LEASE_SECONDS = 30.0
 AGENT_TIMEOUT_SECONDS = 5.0
 # Often, so that runs end and waiting acquires move to the next run under faults too.
