@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RetryConfig
 
 from workers.temporal_settings import TemporalSettings
 
@@ -21,6 +22,12 @@ if TYPE_CHECKING:
 
 class StartupError(Exception):
     """The process cannot start; the message says why and what to do."""
+
+
+# The SDK's default backs off to 5 s between attempts: after Temporal comes
+# back, workers and the gateway would stay away for up to 5 s more while
+# every job's lease keeps running. Retry at least once a second instead.
+RETRY = RetryConfig(max_interval_millis=1000, max_retries=30)
 
 
 async def connect_temporal(
@@ -40,6 +47,7 @@ async def connect_temporal(
             api_key=settings.api_key.get_secret_value() if settings.api_key else None,
             interceptors=telemetry.interceptors if telemetry else [],
             runtime=telemetry.runtime if telemetry and telemetry.runtime else None,
+            retry_config=RETRY,
         )
     except Exception as error:
         raise StartupError(
