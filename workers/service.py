@@ -12,16 +12,23 @@ from typing import NoReturn
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RetryConfig
 
 
 class StartupError(Exception):
     """The process cannot start; the message says why and what to do."""
 
 
+# The SDK's default backs off to 5 s between attempts: after Temporal comes
+# back, workers and the gateway would stay away for up to 5 s more while
+# every job's lease keeps running. Retry at least once a second instead.
+RETRY = RetryConfig(max_interval_millis=1000, max_retries=30)
+
+
 async def connect_temporal(address: str, namespace: str) -> Client:
     try:
         return await Client.connect(
-            address, namespace=namespace, data_converter=pydantic_data_converter
+            address, namespace=namespace, data_converter=pydantic_data_converter, retry_config=RETRY
         )
     except Exception as error:
         raise StartupError(
