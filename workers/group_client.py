@@ -116,7 +116,11 @@ async def acquire_turn(handle: GroupHandle, message: AcquireInput) -> Grant:
             result = await handle.execute_update(
                 GroupWorkflow.acquire,
                 message.model_copy(update={"timeout_seconds": remaining}),
-                id=f"acquire/{message.job}/{message.request_id}/{attempt}",
+                # Temporal answers an update id it has seen with the answer it
+                # kept: a request sent again (its answer lost in an outage) by
+                # a new call must be answered afresh, e.g. "evicted" rather
+                # than a grant the scheduler has since taken back.
+                id=f"acquire/{message.job}/{message.request_id}/{message.call_id}/{attempt}",
             )
         except WorkflowUpdateFailedError as failure:
             cause = failure.cause
