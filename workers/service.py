@@ -25,8 +25,9 @@ class StartupError(Exception):
 
 
 # The SDK's default backs off to 5 s between attempts: after Temporal comes
-# back, workers and the gateway would stay away for up to 5 s more while
-# every job's lease keeps running. Retry at least once a second instead.
+# back, the gateway's calls (every job's heartbeats and re-sent acquires)
+# would stay away for up to 5 s more while every lease keeps running. Retry
+# at least once a second instead. (Worker polls keep the SDK's own back-off.)
 RETRY = RetryConfig(max_interval_millis=1000, max_retries=30)
 
 
