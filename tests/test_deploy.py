@@ -41,10 +41,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from activities.processes import ProcessTable
 from tests.conftest import REPO
 from tests.test_access import make_certificates
-from timeshare.cli import build_parser, temporal_settings
+from timeshare.cli import build_parser, gateway_security, temporal_settings
 from workers.agent_socket import serve_agent_socket
 from workers.gateway import SERVICE_NAME
-from workers.gateway_access import GatewaySecurity
 from workers.temporal_server import MAX_IN_FLIGHT_UPDATES, SEARCH_ATTRIBUTES
 
 Obj = dict[str, Any]
@@ -326,14 +325,7 @@ def test_gateway_serves_tls_with_tokens_and_probes_its_health(
     host, _, port = args.listen.rpartition(":")
     assert host == "0.0.0.0"  # reachable by the Service
     # What the gateway itself demands before serving beyond loopback.
-    security = GatewaySecurity(
-        listen=args.listen,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        tls_client_ca=args.tls_client_ca,
-        tokens_file=args.tokens_file,
-        insecure=args.insecure,
-    )
+    security = gateway_security(args)
     security.check()
     assert not args.insecure
     tls = volume_of(gateway, args.tls_cert)
@@ -693,14 +685,7 @@ def test_systemd_unit_runs_a_command_the_cli_accepts(
     else:
         assert unit["DynamicUser"] == ["yes"]
     if name == "gateway":
-        security = GatewaySecurity(
-            listen=args.listen,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            tls_client_ca=args.tls_client_ca,
-            tokens_file=args.tokens_file,
-            insecure=args.insecure,
-        )
+        security = gateway_security(args)
         security.check()  # it listens beyond loopback: TLS and tokens are there
         assert not security.loopback_only and not args.insecure
         # Every file it is given is a credential systemd copies in for it.

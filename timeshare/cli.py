@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from activities.backend import BackendConfig
+    from workers.gateway_access import GatewaySecurity
     from workers.telemetry import Telemetry
     from workers.temporal_settings import TemporalSettings
 
@@ -74,6 +75,20 @@ def telemetry(args: argparse.Namespace) -> Telemetry:
         f"timeshare-{args.command}", args.traces, args.metrics, args.metrics_port
     )
     return setup_telemetry(settings)
+
+
+def gateway_security(args: argparse.Namespace) -> GatewaySecurity:
+    """The gateway's transport and caller settings from its flags (pydantic checks them)."""
+    from workers.gateway_access import GatewaySecurity
+
+    return GatewaySecurity(
+        listen=args.listen,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+        tokens_file=args.tokens_file,
+        insecure=args.insecure,
+    )
 
 
 def temporal_settings(args: argparse.Namespace) -> TemporalSettings:
@@ -362,7 +377,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from workers.gateway import GatewayOptions, serve_gateway
-    from workers.gateway_access import GatewaySecurity, first_problem
+    from workers.gateway_access import first_problem
     from workers.llmd_compat import compat_settings
     from workers.service import StartupError, run_service
     from workers.temporal_settings import SettingsError
@@ -375,14 +390,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
             )
         options = GatewayOptions(
             temporal=temporal_settings(args),
-            security=GatewaySecurity(
-                listen=args.listen,
-                tls_cert=args.tls_cert,
-                tls_key=args.tls_key,
-                tls_client_ca=args.tls_client_ca,
-                tokens_file=args.tokens_file,
-                insecure=args.insecure,
-            ),
+            security=gateway_security(args),
             llmd_compat=compat,
             max_groups=args.max_groups,
         )
