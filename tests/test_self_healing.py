@@ -9,7 +9,11 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
 
 from activities.processes import ProcessTable
 from tests.conftest import SimNodes
@@ -52,7 +56,8 @@ async def heartbeating(handle: Handle, job: str) -> AsyncIterator[None]:
         yield
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        # A cancel that lands mid-update surfaces as the SDK's own error.
+        with contextlib.suppress(asyncio.CancelledError, WorkflowUpdateRPCTimeoutOrCancelledError):
             await task
 
 
