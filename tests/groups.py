@@ -3,7 +3,9 @@ Job tokens here are simply "hash-<job>"."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Callable
 
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
@@ -14,6 +16,7 @@ from timeshare.models import (
     AcquireInput,
     Grant,
     GroupPolicy,
+    GroupStatus,
     HeartbeatOutput,
     JobInput,
     JoinInput,
@@ -73,3 +76,16 @@ async def heartbeat(handle: Handle, job: str) -> HeartbeatOutput:
     return await handle.execute_update(
         GroupWorkflow.heartbeat, JobInput(job=job, token_hash=f"hash-{job}")
     )
+
+
+async def eventually(
+    handle: Handle, check: Callable[[GroupStatus], bool], seconds: float = 20
+) -> GroupStatus:
+    """Poll the group's status until ``check`` holds (bounded)."""
+    status = await handle.query(GroupWorkflow.status)
+    for _ in range(int(seconds / 0.1)):
+        if check(status):
+            return status
+        await asyncio.sleep(0.1)
+        status = await handle.query(GroupWorkflow.status)
+    raise AssertionError(f"condition never held; last status: {status}")

@@ -16,7 +16,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from tests.conftest import SimNodes
-from tests.groups import acquire, group_on_one_node, join, refusal_type, release
+from tests.groups import acquire, eventually, group_on_one_node, join, refusal_type, release
 from timeshare.models import JobInput, YieldInput
 from timeshare.names import SCHEDULER_TASK_QUEUE
 from workflows.group import GroupWorkflow
@@ -68,9 +68,7 @@ async def test_more_waiters_than_temporal_default_update_limit(
     waiters = [
         asyncio.create_task(acquire(h, j)) for h, j in zip(handles[1:], jobs[1:], strict=True)
     ]
-    await asyncio.sleep(1.0)
-    status = await handles[0].query(GroupWorkflow.status)
-    assert len(status.queue) == len(jobs) - 1
+    await eventually(handles[0], lambda s: len(s.queue) == len(jobs) - 1, seconds=60)
     epoch, job = holder.epoch, jobs[0]
     for _ in waiters:
         await release(handles[0], job, epoch)

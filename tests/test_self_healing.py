@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 from temporalio.client import (
@@ -20,6 +20,7 @@ from tests.conftest import SimNodes
 from tests.groups import (
     Handle,
     acquire,
+    eventually,
     group_on_one_node,
     heartbeat,
     join,
@@ -27,21 +28,8 @@ from tests.groups import (
     release,
 )
 from tests.processes import detached, kill
-from timeshare.models import DrainInput, EvictInput, GroupPolicy, GroupStatus, PauseInput
+from timeshare.models import DrainInput, EvictInput, GroupPolicy, PauseInput
 from workflows.group import GroupWorkflow
-
-
-async def eventually(
-    handle: Handle, check: Callable[[GroupStatus], bool], seconds: float = 20
-) -> GroupStatus:
-    """Poll the group's status until ``check`` holds (bounded)."""
-    status = await handle.query(GroupWorkflow.status)
-    for _ in range(int(seconds / 0.1)):
-        if check(status):
-            return status
-        await asyncio.sleep(0.1)
-        status = await handle.query(GroupWorkflow.status)
-    raise AssertionError(f"condition never held; last status: {status}")
 
 
 @contextlib.asynccontextmanager
