@@ -3,10 +3,16 @@
 Processes register through the agent's Unix socket, which takes their id
 from the kernel (SO_PEERCRED), never from the message. A job's processes at
 switch time are its registered processes that are still alive and their
-descendants (data-loader children, tensor-parallel ranks it spawned)."""
+descendants (data-loader children, tensor-parallel ranks it spawned).
+
+The table survives an agent restart: it is kept in a file beside the agent's
+socket, and on load keeps only processes that are the very ones registered
+(same id and same start time, so a reused process id is not taken for one)."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from collections import defaultdict
 from collections.abc import Callable
@@ -14,6 +20,7 @@ from pathlib import Path
 
 PROC = Path("/proc")
 JobKey = tuple[str, str]  # (group, job)
+log = logging.getLogger("timeshare.agent")
 
 
 class RegistrationRefused(Exception):
@@ -36,6 +43,12 @@ def alive(pid: int) -> bool:
 def stopped(pid: int) -> bool:
     fields = _stat(pid)
     return bool(fields) and fields[0] in ("T", "t")
+
+
+def start_time(pid: int) -> str:
+    """When the process started, in clock ticks since boot ("" if gone)."""
+    fields = _stat(pid)
+    return fields[19] if len(fields) > 19 else ""
 
 
 def parent(pid: int) -> int:
@@ -93,12 +106,16 @@ def ancestors_of_agent() -> set[int]:
 
 
 class ProcessTable:
-    def __init__(self) -> None:
+    def __init__(self, state_path: Path | None = None) -> None:
         self._pids: defaultdict[JobKey, set[int]] = defaultdict(set)
         # Jobs that registered processes here and have none left.
         self._gone: set[JobKey] = set()
         # Called with (group, job) after each registration.
         self.on_register: list[Callable[[str, str], None]] = []
+        self._state_path = state_path
+        self._started: dict[int, str] = {}
+        if state_path is not None:
+            self._load(state_path)
 
     def register(self, group: str, job: str, pid: int) -> None:
         check_may_manage(pid)
@@ -108,7 +125,9 @@ class ProcessTable:
                     f"process {pid} is registered to {key[0]}/{key[1]} already"
                 )
         self._pids[(group, job)].add(pid)
+        self._started[pid] = start_time(pid)
         self._gone.discard((group, job))
+        self._save()
         for listener in self.on_register:
             listener(group, job)
 
@@ -130,8 +149,59 @@ class ProcessTable:
         return (group, job) in self._gone
 
     def forget_exited(self) -> None:
+        changed = False
         for key in list(self._pids):
-            self._pids[key] = {pid for pid in self._pids[key] if alive(pid)}
-            if not self._pids[key]:
+            living = {pid for pid in self._pids[key] if self._same_process(pid)}
+            changed |= living != self._pids[key]
+            self._pids[key] = living
+            if not living:
                 self._gone.add(key)
                 del self._pids[key]
+        if changed:
+            self._save()
+
+    def _same_process(self, pid: int) -> bool:
+        return alive(pid) and start_time(pid) == self._started.get(pid)
+
+    def _load(self, path: Path) -> None:
+        try:
+            entries = json.loads(path.read_text()) if path.exists() else []
+            for entry in entries:
+                pid, started = int(entry["pid"]), str(entry["started"])
+                if alive(pid) and start_time(pid) == started:
+                    self._pids[(str(entry["group"]), str(entry["job"]))].add(pid)
+                    self._started[pid] = started
+        except (OSError, ValueError, TypeError, KeyError) as error:
+            log.warning(
+                "registrations in %s are unreadable (%s); processes must register again",
+                path, error,
+            )  # fmt: skip
+            self._pids.clear()
+        if self._pids:
+            log.info("registrations kept from before the restart: %s", self.describe())
+        self._save()
+
+    def _save(self) -> None:
+        if self._state_path is None:
+            return
+        entries = [
+            {"group": group, "job": job, "pid": pid, "started": self._started.get(pid, "")}
+            for (group, job), pids in sorted(self._pids.items())
+            for pid in sorted(pids)
+        ]
+        partial = self._state_path.with_name(self._state_path.name + ".partial")
+        try:
+            self._state_path.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(entries))
+            partial.replace(self._state_path)
+        except OSError as error:
+            log.warning(
+                "cannot keep registrations in %s (%s): after a restart of this agent, "
+                "job processes must register again; give the agent a writable socket directory",
+                self._state_path, error,
+            )  # fmt: skip
+
+    def describe(self) -> str:
+        return ", ".join(
+            f"{group}/{job} {sorted(pids)}" for (group, job), pids in sorted(self._pids.items())
+        )

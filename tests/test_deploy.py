@@ -681,6 +681,7 @@ def test_systemd_unit_runs_a_command_the_cli_accepts(
         assert unit["User"] == ["root"]
         assert args.socket == environment["TIMESHARE_AGENT_SOCKET"]
         assert Path(args.socket).parent == Path("/run") / unit["RuntimeDirectory"][0]
+        assert unit["RuntimeDirectoryPreserve"] == ["yes"]  # registrations live there
         assert args.backend == environment["TIMESHARE_BACKEND"]
     else:
         assert unit["DynamicUser"] == ["yes"]

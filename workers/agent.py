@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -44,7 +45,7 @@ async def serve_agent(
         backend = load_backend(backend_name, config)
     except (BackendNotFound, BackendError) as error:
         raise StartupError(str(error)) from None
-    processes = ProcessTable()
+    processes = ProcessTable(registrations_path(socket_path))
     hooks = HookRegistry()
     backend.attach(processes)
     backend.attach_hooks(hooks)
@@ -79,6 +80,11 @@ async def serve_agent(
             handle = client.get_workflow_handle(NODE_REGISTRY_WORKFLOW_ID)
             await handle.signal(NodeRegistryWorkflow.depart, NodeDeparture(node=config.node))
     await telemetry.close()
+
+
+def registrations_path(socket_path: str) -> Path:
+    """Beside the socket: gone with it at reboot, when the processes are gone too."""
+    return Path(socket_path).with_suffix(".registrations.json")
 
 
 def gpu_samples() -> list[GpuSample]:
