@@ -49,6 +49,11 @@ class AppBackend(Backend):
         # The job's state stays on the device: nothing for its hooks to do.
         return BackendAction(job=job, action="noop")
 
+    async def quiesce(self, group: str, job: str, mode: EvictMode = "offload") -> BackendAction:
+        # The hooks go first, on every node: they may tear down communicators
+        # between the job's ranks, which takes every rank running.
+        return await self.checkpoint(group, job, mode)
+
     async def checkpoint(self, group: str, job: str, mode: EvictMode = "offload") -> BackendAction:
         return await self._call_all(group, job, "evict", mode)
 

@@ -95,6 +95,13 @@ class Backend(abc.ABC):
         """Stop the job running, leaving its state on the device; no-op unless running."""
         raise BackendError(f"backend {self.name} cannot lock a job without checkpointing it")
 
+    async def quiesce(self, group: str, job: str, mode: EvictMode = "offload") -> BackendAction:
+        """Everything a checkpoint does before it moves state: the job stops
+        running and its state stays on the device, so that a job on several
+        nodes is stopped everywhere before it is checkpointed anywhere. The
+        checkpoint that follows finishes the work. Most backends: a lock."""
+        return await self.lock(group, job)
+
     def co_residency(self) -> bool:
         """Whether policy "auto" lets jobs share the device here: the backend
         can lock without checkpointing and knows how much memory is free."""

@@ -75,6 +75,10 @@ class StackedBackend(Backend):
     async def lock(self, group: str, job: str) -> BackendAction:
         return combined(job, [await layer.lock(group, job) for layer in self.layers])
 
+    async def quiesce(self, group: str, job: str, mode: EvictMode = "offload") -> BackendAction:
+        actions = [await layer.quiesce(group, job, mode) for layer in self.layers]
+        return combined(job, actions)
+
     async def checkpoint(self, group: str, job: str, mode: EvictMode = "offload") -> BackendAction:
         actions = [await layer.checkpoint(group, job, mode) for layer in self.layers]
         return combined(job, actions)

@@ -93,16 +93,24 @@ class SwitchActivities:
     async def _switch(self, input: SwitchInput) -> SwitchOutput:
         move, group = input.move, input.group
         started = time.monotonic()
-        # Evict what the backend itself sees resident too, not only what the
-        # scheduler believes: after an agent restart the two can differ.
-        seen = await self.backend.resident_jobs(group)
-        others = sorted((set(move.evict) | set(seen)) - {move.admit})
+        if input.phase == "quiesce":
+            return await self._quiesce(input, started)
         shared = input.co_residency == "auto" and self.backend.co_residency()
         self._co_residency[group] = shared
         async with _heartbeating():
-            room = RoomPlan(evict=others, keep=[])
-            if shared:
-                room = await self._plan_room(group, move.admit, others, seen)
+            if move.admit:
+                # Evict what the backend itself sees resident too, not only what
+                # the scheduler believes: after an agent restart the two can differ.
+                seen = await self.backend.resident_jobs(group)
+                others = sorted((set(move.evict) | set(seen)) - {move.admit})
+                room = RoomPlan(evict=others, keep=[])
+                if shared:
+                    room = await self._plan_room(group, move.admit, others, seen)
+            else:
+                # The job leaves with its ranks elsewhere; nobody needs the room.
+                others = sorted(move.evict)
+                kept = others if shared else []
+                room = RoomPlan(evict=[j for j in others if j not in kept], keep=kept)
             actions = [
                 await _step(self.backend.lock(group, job), CHECKPOINT_FAILED) for job in room.keep
             ]
@@ -112,26 +120,57 @@ class SwitchActivities:
                 )
                 for job in room.evict
             ]
-            actions.append(await _step(self.backend.restore(group, move.admit), RESTORE_FAILED))
+            if move.admit:
+                actions.append(await _step(self.backend.restore(group, move.admit), RESTORE_FAILED))
         activity.logger.info(
             "group %s epoch %d: node %s admitted %s (evicted %s; co-resident %s)",
             group,
             input.epoch,
             self.node,
-            move.admit,
+            move.admit or "nobody",
             room.evict or "nothing",
             room.keep or "none",
         )
-        self._admitted[group] = move.admit
-        self._last_ran[(group, move.admit)] = next(self._clock)
-        gone = [job for job in [move.admit, *others] if self.processes.gone(group, job)]
+        if move.admit:
+            self._admitted[group] = move.admit
+            self._last_ran[(group, move.admit)] = next(self._clock)
+        else:
+            self._admitted.pop(group, None)
+        return self._output(input, started, actions, others, room.keep)
+
+    async def _quiesce(self, input: SwitchInput, started: float) -> SwitchOutput:
+        """Stop the leaving jobs here, state left on the device, so that none
+        of their ranks runs on once the checkpoint starts on any node."""
+        group = input.group
+        async with _heartbeating():
+            actions = [
+                await _step(
+                    self.backend.quiesce(group, job, self._mode(group, job)), CHECKPOINT_FAILED
+                )
+                for job in sorted(input.move.evict)
+            ]
+        activity.logger.info(
+            "group %s epoch %d: node %s stopped %s before the checkpoint",
+            group, input.epoch, self.node, input.move.evict,
+        )  # fmt: skip
+        return self._output(input, started, actions, input.move.evict, [])
+
+    def _output(
+        self,
+        input: SwitchInput,
+        started: float,
+        actions: list[BackendAction],
+        others: list[str],
+        kept: list[str],
+    ) -> SwitchOutput:
+        jobs = [job for job in [input.move.admit, *others] if job]
         return SwitchOutput(
             node=self.node,
             backend=self.backend.name,
             actions=actions,
             seconds=time.monotonic() - started,
-            gone=gone,
-            co_resident=room.keep,
+            gone=[job for job in jobs if self.processes.gone(input.group, job)],
+            co_resident=kept,
         )
 
     async def _plan_room(

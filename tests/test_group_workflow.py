@@ -146,3 +146,32 @@ async def test_node_registry_notices_a_silent_node(client: Client, scheduler: ob
             break
     assert not nodes[0].alive
     await handle.terminate()
+
+
+async def test_a_job_on_two_nodes_is_stopped_on_both_before_either_checkpoints(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    group, n1, n2 = f"g-{unique}", f"n1-{unique}", f"n2-{unique}"
+    backends = [await sim_nodes.start(node) for node in (n1, n2)]
+    a = await join(client, group, "a", [n1, n2])
+    b = await join(client, group, "b", [n2])
+    first = await acquire(a, "a")
+    # n2's first checkpoint of a fails: were a not stopped everywhere first,
+    # n1 would checkpoint a while a's rank on n2 still ran.
+    backends[1].inject_failure("checkpoint", "a", times=1)
+    waiting = asyncio.create_task(acquire(b, "b"))
+    await eventually(a, lambda s: s.queue == ["b"])
+    await release(a, "a", first.epoch)
+    await waiting
+    events = [e for backend in backends for e in backend.events if e["job"] == "a"]
+    stopped = [e["end"] for e in events if e["event"] == "running"]
+    checkpoints = [e["start"] for e in events if e["event"] == "checkpoint"]
+    assert len(stopped) == len(checkpoints) == 2  # a left both nodes, though b needs n2 only
+    assert max(stopped) <= min(checkpoints)
+    assert [backend.resident(group) for backend in backends] == [[], ["b"]]
+
+    again = asyncio.create_task(acquire(a, "a"))
+    await eventually(a, lambda s: s.queue == ["a"])
+    await release(b, "b", first.epoch + 1)
+    await again
+    assert [backend.running(group) for backend in backends] == [["a"], ["a"]]

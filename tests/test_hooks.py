@@ -54,6 +54,14 @@ class Agent:
         given = SwitchInput(group="g", epoch=self.epoch, move=move, plan=self.epoch)
         await ActivityEnvironment().run(self.switches.switch, given)
 
+    async def quiesce(self, evict: list[str]) -> None:
+        self.epoch += 1
+        move = NodeMove(node="n", admit="", evict=evict)
+        given = SwitchInput(
+            group="g", epoch=self.epoch, move=move, plan=self.epoch, phase="quiesce"
+        )
+        await ActivityEnvironment().run(self.switches.switch, given)
+
     async def wait_for_hooks(self, job: str) -> None:
         for _ in range(600):  # a loaded machine can take seconds to start Python
             if self.hooks.connections("g", job):
@@ -168,12 +176,12 @@ async def test_a_hook_that_fails_fails_the_restore_with_the_engines_words(
     assert "HTTP 500 CUDA out of memory" in failure.value.message
 
 
-async def test_every_rank_puts_its_state_away_before_any_is_locked(
+@contextlib.asynccontextmanager
+async def two_ranks(
     tmp_path: Path, engine: FakeEngine
-) -> None:
-    """app+cuda with two ranks of one job: both hooks, then both locks, then
-    both checkpoints; on the way back, both restores, both unlocks, then the
-    hooks (the CUDA driver is the fake of tests/fakes/cuda_driver.py)."""
+) -> AsyncIterator[tuple[Agent, FakeDriver, list[int]]]:
+    """An app+cuda agent (the CUDA driver is the fake of tests/fakes/cuda_driver.py)
+    and two ranks of job a serving the vLLM server hooks; their pids."""
     driver = FakeDriver()
     backend = StackedBackend([AppBackend(CONFIG), CudaDriverBackend(CONFIG, driver.module)])
     command = ["-m", "tests.hook_process", str(tmp_path / "agent.sock"), "g", "a", "offload"]
@@ -184,21 +192,45 @@ async def test_every_rank_puts_its_state_away_before_any_is_locked(
                 if len(agent.hooks.connections("g", "a")) == 2:
                     break
                 await asyncio.sleep(0.05)
-            await agent.admit("b", ["a"])
-            sleeps = [r.at for r in engine.requests]
-            assert engine.paths() == ["/sleep?level=1"] * 2
-            assert [c.split()[0] for c in driver.calls] == ["lock"] * 2 + ["checkpoint"] * 2
-            assert max(sleeps) <= min(driver.stamps)
-            restored_from = len(driver.calls)
-            await agent.admit("a", ["b"])
-            back = driver.calls[restored_from:]
-            assert [c.split()[0] for c in back] == ["restore"] * 2 + ["unlock"] * 2
-            assert engine.paths()[2:] == ["/wake_up"] * 2
-            assert min(r.at for r in engine.requests[2:]) >= max(driver.stamps)
-            assert sorted(int(c.split()[1]) for c in back[:2]) == sorted(ranks)
+            yield agent, driver, ranks
     finally:
         for rank in ranks:
             kill(rank)
+
+
+async def test_every_rank_puts_its_state_away_before_any_is_locked(
+    tmp_path: Path, engine: FakeEngine
+) -> None:
+    """app+cuda with two ranks of one job: both hooks, then both locks, then
+    both checkpoints; on the way back, both restores, both unlocks, then the
+    hooks."""
+    async with two_ranks(tmp_path, engine) as (agent, driver, ranks):
+        await agent.admit("b", ["a"])
+        sleeps = [r.at for r in engine.requests]
+        assert engine.paths() == ["/sleep?level=1"] * 2
+        assert [c.split()[0] for c in driver.calls] == ["lock"] * 2 + ["checkpoint"] * 2
+        assert max(sleeps) <= min(driver.stamps)
+        restored_from = len(driver.calls)
+        await agent.admit("a", ["b"])
+        back = driver.calls[restored_from:]
+        assert [c.split()[0] for c in back] == ["restore"] * 2 + ["unlock"] * 2
+        assert engine.paths()[2:] == ["/wake_up"] * 2
+        assert min(r.at for r in engine.requests[2:]) >= max(driver.stamps)
+        assert sorted(int(c.split()[1]) for c in back[:2]) == sorted(ranks)
+
+
+async def test_a_job_on_several_nodes_is_stopped_before_the_checkpoint_phase(
+    tmp_path: Path, engine: FakeEngine
+) -> None:
+    """The first phase of a switch that a job leaves on several nodes: its
+    hooks and its locks, nothing moved; the second phase only checkpoints."""
+    async with two_ranks(tmp_path, engine) as (agent, driver, _):
+        await agent.quiesce(["a"])
+        assert engine.paths() == ["/sleep?level=1"] * 2
+        assert [c.split()[0] for c in driver.calls] == ["lock"] * 2
+        await agent.admit("b", ["a"])
+        assert engine.paths() == ["/sleep?level=1"] * 2  # not put away twice
+        assert [c.split()[0] for c in driver.calls] == ["lock"] * 2 + ["checkpoint"] * 2
 
 
 class Recorder(WorkloadHooks):

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from timeshare.models import GroupPolicy, NodeMove
-from workflows.lockqueue import GroupState, LockQueue, QueueError
+from workflows.lockqueue import GroupState, LockQueue, QueueError, SwitchPlan
 
 
 def queue_with(*jobs: tuple[str, list[str]]) -> LockQueue:
@@ -62,6 +62,53 @@ def test_handover_evicts_the_resident_job_before_granting() -> None:
     assert queue.status().state == "switching"
     grant = queue.finish_switch(now=2.5)
     assert grant is not None and grant.job == "b" and grant.waited_seconds == 1.5
+
+
+def handed_from_a_to_b(queue: LockQueue, whole_jobs: bool = True) -> SwitchPlan:
+    """a holds its nodes and yields; b waits: the plan that follows."""
+    queue.request("a", "ra", now=0.0)
+    queue.begin_switch(now=0.0)
+    queue.finish_switch(now=0.0)
+    queue.request("b", "rb", now=1.0)
+    queue.release("a", 1, now=2.0)
+    return queue.begin_switch(now=2.0, whole_jobs=whole_jobs)
+
+
+def test_a_job_leaves_every_node_stopped_everywhere_first() -> None:
+    queue = queue_with(("a", ["n1", "n2", "n3"]), ("b", ["n2"]))
+    plan = handed_from_a_to_b(queue)
+    assert [(m.node, m.admit, m.evict) for m in plan.moves] == [
+        ("n2", "b", ["a"]),
+        ("n1", "", ["a"]),  # b does not need n1 or n3: a leaves them all the same
+        ("n3", "", ["a"]),
+    ]
+    assert [(m.node, m.evict) for m in plan.quiesce_moves()] == [
+        ("n2", ["a"]), ("n1", ["a"]), ("n3", ["a"])]  # fmt: skip
+    queue.finish_switch(now=2.5)
+    assert queue.state.resident == {"n2": "b"}
+    queue.release("b", 2, now=3.0)
+    queue.request("a", "ra2", now=3.0)
+    again = queue.begin_switch(now=3.0)
+    assert [(m.node, m.admit, m.evict) for m in again.moves] == [
+        ("n1", "a", []), ("n2", "a", ["b"]), ("n3", "a", [])]  # fmt: skip
+    assert again.quiesce_moves() == []  # b leaves one node only
+
+
+def test_a_job_on_one_node_needs_no_quiesce() -> None:
+    plan = handed_from_a_to_b(queue_with(("a", ["n1"]), ("b", ["n1", "n2"])))
+    assert [(m.node, m.admit, m.evict) for m in plan.moves] == [
+        ("n1", "b", ["a"]), ("n2", "b", [])]  # fmt: skip
+    assert plan.quiesce_moves() == []
+
+
+def test_a_scheduler_replaying_older_plans_moves_only_the_nodes_needed() -> None:
+    queue = queue_with(("a", ["n1", "n2"]), ("b", ["n1", "n2"]), ("c", ["n2"]))
+    older = handed_from_a_to_b(queue, whole_jobs=False)
+    assert [(m.node, m.evict) for m in older.moves] == [("n1", ["a"]), ("n2", ["a"])]
+    assert older.quiesce_moves() == []
+    queue = queue_with(("a", ["n1", "n2"]), ("c", ["n2"]))
+    queue.join("b", ["n2"], "hash-b", now=0.0)
+    assert [m.node for m in handed_from_a_to_b(queue, whole_jobs=False).moves] == ["n2"]
 
 
 def test_grants_follow_arrival_order() -> None:
@@ -297,7 +344,7 @@ class LockQueueMachine(RuleBasedStateMachine):
     def move_state(self, moves: list[NodeMove], nodes: list[str]) -> None:
         for move in moves:
             if move.node in nodes:
-                self.device[move.node] = {move.admit}
+                self.device[move.node] = {move.admit} if move.admit else set()
 
     @invariant()
     def one_holder_whose_state_is_alone_on_its_nodes(self) -> None:

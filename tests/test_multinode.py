@@ -1,7 +1,8 @@
 """Groups that span several nodes: three agents as separate processes, three
 synthetic job processes each on two of the nodes, and the sim backends'
-records of every node as the witness that no node ever held two jobs' state
-and that each job's state was on all of its nodes for all of its GPU work."""
+records of every node as the witness that no node ever held two jobs' state,
+that each job's state was on all of its nodes for all of its GPU work, and
+that no rank of a job ran while another rank's state was checkpointed."""
 
 from __future__ import annotations
 
@@ -70,6 +71,21 @@ def test_jobs_spanning_nodes_take_turns_without_overlap(tmp_path: Path) -> None:
     for job, turn in turns:
         for node in JOB_NODES[job]:
             assert resident_throughout(record, job, node, turn), (job, node, turn)
+    for job in JOB_NODES:
+        assert ran_during_a_checkpoint(record, job) == [], job
+
+
+def ran_during_a_checkpoint(record: list[dict[str, Any]], job: str) -> list[tuple[str, str]]:
+    """(checkpointed node, running node) where one rank of the job ran on
+    while another's state was being checkpointed."""
+    running = [e for e in record if e["event"] == "running" and e["job"] == job]
+    checkpoints = [e for e in record if e["event"] == "checkpoint" and e["job"] == job]
+    return [
+        (c["node"], r["node"])
+        for c in checkpoints
+        for r in running
+        if r["start"] < c["start"] < r["end"]
+    ]
 
 
 def wait_for_queue(stack: LocalStack, waiters: int, timeout: float = 120) -> None:

@@ -157,11 +157,18 @@ class GroupStatus(BaseModel):
 
 
 class NodeMove(BaseModel):
-    """What one node must do for a switch: evict these jobs, then admit one."""
+    """What one node must do for a switch: evict these jobs, then admit one
+    (none where ``admit`` is empty: the node only sees a job leave)."""
 
     node: str
     admit: str
     evict: list[str] = Field(default_factory=list)
+
+
+# The switch activity's phases. A job that leaves several nodes is first
+# stopped on all of them ("quiesce": every rank's hooks called and every rank
+# locked, state still on the device), and only then checkpointed anywhere.
+SwitchPhase = Literal["switch", "quiesce"]
 
 
 class SwitchInput(BaseModel):
@@ -174,6 +181,7 @@ class SwitchInput(BaseModel):
     trace_context: dict[str, str] = Field(default_factory=dict)
     # The group's policy; "off" for a scheduler that predates it.
     co_residency: CoResidency = "off"
+    phase: SwitchPhase = "switch"
 
 
 # Failure types of the switch activity. The workflow tells a failed restore

@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
         PauseInput,
         SwitchInput,
         SwitchOutput,
+        SwitchPhase,
         YieldInput,
         YieldOutput,
     )
@@ -55,6 +56,9 @@ SWITCH_PLAN_ATTEMPTS = 5
 # A switch activity is retried by Temporal this often before the workflow
 # sees the failure, marks the group degraded and decides what to do.
 SWITCH_ATTEMPTS = 3
+# Plans of schedulers before this change neither stopped a job on all its
+# nodes first nor evicted it from nodes the next job does not need.
+WHOLE_JOBS_PATCH = "timeshare-whole-job-switch"
 
 
 class GroupInput(BaseModel):
@@ -287,11 +291,16 @@ class GroupWorkflow:
     # -- switches -------------------------------------------------------------
 
     async def _switch(self) -> None:
-        plan = self._queue.begin_switch(self._now())
+        plan = self._queue.begin_switch(self._now(), whole_jobs=workflow.patched(WHOLE_JOBS_PATCH))
         while True:
             self._publish()
-            results = await asyncio.gather(*(self._move(plan, move) for move in plan.moves))
-            failures = [r for r in results if isinstance(r, MoveFailure)]
+            results: list[SwitchOutput | MoveFailure] = []
+            failures = await self._quiesce(plan)
+            if not failures:
+                results = list(
+                    await asyncio.gather(*(self._move(plan, move) for move in plan.moves))
+                )
+                failures = [r for r in results if isinstance(r, MoveFailure)]
             if not failures:
                 for output in results:
                     for job in output.gone if isinstance(output, SwitchOutput) else []:
@@ -313,11 +322,7 @@ class GroupWorkflow:
             )
             self._queue.switch_failed(
                 cause,
-                done=[
-                    m.node
-                    for m, r in zip(plan.moves, results, strict=True)
-                    if isinstance(r, SwitchOutput)
-                ],
+                done=[r.node for r in results if isinstance(r, SwitchOutput)],
                 failed=[f.node for f in failures],
             )
             if all(f.restore_failed for f in failures):
@@ -344,7 +349,17 @@ class GroupWorkflow:
                 self._queue.set_switch_aside(self._now())
                 return
 
-    async def _move(self, plan: SwitchPlan, move: NodeMove) -> SwitchOutput | MoveFailure:
+    async def _quiesce(self, plan: SwitchPlan) -> list[MoveFailure]:
+        """Stop every job that leaves several nodes on all of them first."""
+        moves = plan.quiesce_moves()
+        if not moves:
+            return []
+        stopped = await asyncio.gather(*(self._move(plan, move, "quiesce") for move in moves))
+        return [r for r in stopped if isinstance(r, MoveFailure)]
+
+    async def _move(
+        self, plan: SwitchPlan, move: NodeMove, phase: SwitchPhase = "switch"
+    ) -> SwitchOutput | MoveFailure:
         """Run one node's part of a switch: what it did, or why it failed."""
         agent_timeout = timedelta(seconds=self._queue.state.policy.agent_timeout_seconds)
         started = self._now()
@@ -358,6 +373,7 @@ class GroupWorkflow:
                     plan=plan.number,
                     trace_context=plan.waiter.trace_context,
                     co_residency=self._queue.state.policy.co_residency,
+                    phase=phase,
                 ),
                 result_type=SwitchOutput,
                 task_queue=node_task_queue(move.node),
@@ -378,9 +394,11 @@ class GroupWorkflow:
             else:
                 reason = str(cause or failure)
             restore_failed = isinstance(cause, ApplicationError) and cause.type == RESTORE_FAILED
-            self._record_move(plan, move, started, None, reason)
+            if phase == "switch":
+                self._record_move(plan, move, started, None, reason)
             return MoveFailure(node=move.node, cause=reason, restore_failed=restore_failed)
-        self._record_move(plan, move, started, output, "")
+        if phase == "switch":
+            self._record_move(plan, move, started, output, "")
         return output
 
     def _record_move(

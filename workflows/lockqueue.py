@@ -12,6 +12,11 @@ Rules:
 - a job is granted only after every other job's state has left every node it
   needs: the planned switch evicts the resident job and admits the next one,
   and the grant happens only when every node has reported;
+- a job leaves as a whole: when the next job needs one of its nodes, it
+  leaves every node it is resident on, and where it leaves more than one, it
+  is stopped on all of them before its state is checkpointed on any (the
+  ranks of one job talk to each other; none may run on while another's state
+  is gone);
 - when the next job is already resident everywhere it runs, the grant is
   immediate and no node is touched (the lazy, "deferred snapshot" path);
 - every joined job holds a lease renewed by its messages; a job whose lease
@@ -25,6 +30,7 @@ Rules:
 from __future__ import annotations
 
 import hmac
+from collections import Counter
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -110,6 +116,21 @@ class SwitchPlan(BaseModel):
     attempts: int = 0
     # Grows with every plan: an agent refuses a plan older than one it ran.
     number: int = 0
+    # Planned by a scheduler whose jobs leave as a whole (quiesce first).
+    whole_jobs: bool = False
+
+    def quiesce_moves(self) -> list[NodeMove]:
+        """Where jobs that leave more than one node must first be stopped:
+        no rank of theirs is checkpointed before all of them are stopped."""
+        if not self.whole_jobs:
+            return []
+        counts = Counter(job for move in self.moves for job in move.evict)
+        spread = {job for job, nodes in counts.items() if nodes > 1}
+        return [
+            NodeMove(node=move.node, admit="", evict=[j for j in move.evict if j in spread])
+            for move in self.moves
+            if spread.intersection(move.evict)
+        ]
 
 
 class GroupState(BaseModel):
@@ -459,17 +480,23 @@ class LockQueue:
             and self._next_waiter() is not None
         )
 
-    def begin_switch(self, now: float) -> SwitchPlan:
+    def begin_switch(self, now: float, whole_jobs: bool = True) -> SwitchPlan:
+        """Plan the switch to the next waiter. ``whole_jobs`` False: plan as
+        schedulers did before jobs left as a whole (for their histories)."""
         waiter = self._next_waiter()
         if not self.needs_switch() or waiter is None:
             raise QueueError("FAILED_PRECONDITION", "no switch is due")
         self.state.plans += 1
+        moves = self.moves_for(waiter.job)
+        if whole_jobs:
+            moves += self._leaving_elsewhere(moves)
         plan = SwitchPlan(
             waiter=waiter,
             epoch=self.state.epoch + 1,
-            moves=self.moves_for(waiter.job),
+            moves=moves,
             started_at=now,
             number=self.state.plans,
+            whole_jobs=whole_jobs,
         )
         self.state.switching = plan
         self.state.since = now
@@ -486,7 +513,7 @@ class LockQueue:
         plan.attempts += 1
         for move in plan.moves:
             if move.node in done:
-                self.state.resident[move.node] = move.admit
+                self._now_resident(move)
             elif move.node in failed:
                 self.state.resident[move.node] = UNKNOWN_RESIDENT
         self.state.degraded_cause = cause
@@ -528,7 +555,7 @@ class LockQueue:
         ``restored``: some node brought the job's state back from host memory."""
         plan = self._plan()
         for move in plan.moves:
-            self.state.resident[move.node] = move.admit
+            self._now_resident(move)
         self.state.switching = None
         self.state.degraded_cause = ""
         self.state.switches += 1
@@ -547,6 +574,23 @@ class LockQueue:
                 evict = [] if resident == UNKNOWN_RESIDENT else [resident]
                 moves.append(NodeMove(node=node, admit=job, evict=evict))
         return moves
+
+    def _leaving_elsewhere(self, moves: list[NodeMove]) -> list[NodeMove]:
+        """The jobs these moves evict leave their other nodes too."""
+        planned = {move.node for move in moves}
+        leaving = {job for move in moves for job in move.evict}
+        return [
+            NodeMove(node=node, admit="", evict=[job])
+            for node, job in sorted(self.state.resident.items())
+            if job in leaving and node not in planned
+        ]
+
+    def _now_resident(self, move: NodeMove) -> None:
+        if move.admit:
+            self.state.resident[move.node] = move.admit
+        else:
+            # Nothing of the group's runs there; the next switch there looks.
+            self.state.resident.pop(move.node, None)
 
     # -- status ---------------------------------------------------------------
 
