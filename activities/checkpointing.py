@@ -7,9 +7,9 @@ checkpointed, and every one restored before any is unlocked, so that no rank
 runs while another's state is gone (the fix for multi-rank jobs that
 cuda-checkpoint alone would hang). A lock that fails unlocks what was locked
 and fails the action, leaving the job running. Across nodes the workflow
-switches every node at once, with no barrier between one node's locks and
-another's checkpoints (see docs/user-guide.md). Every call has a timeout. The
-state is read first, so every action is idempotent.
+first locks the job on every node it leaves (``quiesce``) and only then
+checkpoints it anywhere (see docs/user-guide.md). Every call has a timeout.
+The state is read first, so every action is idempotent.
 
 A job may also be only locked (co-residency): its memory stays on the device,
 and its footprint there is read from NVML; a checkpointed job's footprint is
