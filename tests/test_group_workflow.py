@@ -4,6 +4,7 @@ sim node-agent workers."""
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 
 import pytest
@@ -17,6 +18,7 @@ from temporalio.worker import Replayer
 
 from tests.conftest import SimNodes
 from tests.groups import acquire, eventually, group_on_one_node, join, refusal_type, release
+from tests.test_replay import HISTORIES
 from timeshare.models import JobInput, YieldInput
 from timeshare.names import SCHEDULER_TASK_QUEUE
 from workflows.group import GroupWorkflow
@@ -175,3 +177,8 @@ async def test_a_job_on_two_nodes_is_stopped_on_both_before_either_checkpoints(
     await release(b, "b", first.epoch + 1)
     await again
     assert [backend.running(group) for backend in backends] == [["a"], ["a"]]
+    history = await a.fetch_history()
+    replayer = Replayer(workflows=[GroupWorkflow], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(history)
+    if os.environ.get("TIMESHARE_RECORD_HISTORIES") == "1":  # see tests/test_replay.py
+        (HISTORIES / "group-two-nodes.json").write_text(history.to_json())
