@@ -94,6 +94,23 @@ def test_a_job_leaves_every_node_stopped_everywhere_first() -> None:
     assert again.quiesce_moves() == []  # b leaves one node only
 
 
+def test_a_leaving_job_stays_on_a_drained_node() -> None:
+    queue = queue_with(("a", ["n1", "n2"]), ("b", ["n2"]))
+    queue.drain("n1", drained=True, now=0.0)
+    queue.request("a", "ra", now=0.0)
+    assert not queue.needs_switch()  # a needs the drained node: passed over
+    queue.drain("n1", drained=False, now=0.5)
+    queue.begin_switch(now=0.5)
+    queue.finish_switch(now=0.5)
+    queue.drain("n1", drained=True, now=0.6)
+    queue.request("b", "rb", now=1.0)
+    queue.release("a", 1, now=2.0)
+    plan = queue.begin_switch(now=2.0)
+    assert [(m.node, m.admit, m.evict) for m in plan.moves] == [("n2", "b", ["a"])]
+    queue.finish_switch(now=2.5)
+    assert queue.state.resident == {"n1": "a", "n2": "b"}
+
+
 def test_a_job_on_one_node_needs_no_quiesce() -> None:
     plan = handed_from_a_to_b(queue_with(("a", ["n1"]), ("b", ["n1", "n2"])))
     assert [(m.node, m.admit, m.evict) for m in plan.moves] == [

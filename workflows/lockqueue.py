@@ -13,7 +13,8 @@ Rules:
   needs: the planned switch evicts the resident job and admits the next one,
   and the grant happens only when every node has reported;
 - a job leaves as a whole: when the next job needs one of its nodes, it
-  leaves every node it is resident on, and where it leaves more than one, it
+  leaves every node it is resident on (drained nodes excepted), and where it
+  leaves more than one, it
   is stopped on all of them before its state is checkpointed on any (the
   ranks of one job talk to each other; none may run on while another's state
   is gone);
@@ -576,13 +577,14 @@ class LockQueue:
         return moves
 
     def _leaving_elsewhere(self, moves: list[NodeMove]) -> list[NodeMove]:
-        """The jobs these moves evict leave their other nodes too."""
-        planned = {move.node for move in moves}
+        """The jobs these moves evict leave their other nodes too, except
+        drained ones: their agents may be down for maintenance."""
+        left_alone = {move.node for move in moves} | set(self.state.drained)
         leaving = {job for move in moves for job in move.evict}
         return [
             NodeMove(node=node, admit="", evict=[job])
             for node, job in sorted(self.state.resident.items())
-            if job in leaving and node not in planned
+            if job in leaving and node not in left_alone
         ]
 
     def _now_resident(self, move: NodeMove) -> None:
