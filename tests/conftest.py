@@ -109,7 +109,7 @@ class SimNodes:
     def __init__(self, client: Client) -> None:
         self.client = client
         self.backends: dict[str, SimBackend] = {}
-        self.workers: list[Worker] = []
+        self.workers: dict[str, Worker] = {}
 
     async def start(
         self,
@@ -132,12 +132,16 @@ class SimNodes:
         )
         await worker.__aenter__()
         self.backends[node] = backend
-        self.workers.append(worker)
+        self.workers[node] = worker
         return backend
 
+    async def stop_node(self, node: str) -> None:
+        """The node's agent goes away (its GPU keeps what it held)."""
+        await self.workers.pop(node).__aexit__(None, None, None)
+
     async def stop(self) -> None:
-        for worker in self.workers:
-            await worker.__aexit__(None, None, None)
+        for node in list(self.workers):
+            await self.stop_node(node)
 
 
 @pytest.fixture

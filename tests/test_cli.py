@@ -128,3 +128,10 @@ def test_every_bad_argument_is_one_line_and_no_traceback(
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_the_benchmarks_zero_byte_sim_state_is_accepted() -> None:
+    """`python -m bench.handoff`, `bench.scale` and `bench.multinode --state-gib 0`
+    start their agents with no simulated state, to time the orchestration alone."""
+    args = cli.build_parser().parse_args(["agent", "--sim-state-gib", "0"])
+    assert args.sim_state_gib == 0.0

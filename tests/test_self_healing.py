@@ -217,3 +217,24 @@ async def test_a_job_whose_processes_exited_is_dropped(
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await heartbeat(handle, "a")
     assert "exited" in str(refused.value.cause)
+
+
+async def test_a_leaving_job_whose_other_agent_is_gone_waits_for_a_drain(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    group, n1, n2 = f"g-{unique}", f"n1-{unique}", f"n2-{unique}"
+    policy = GroupPolicy(agent_timeout_seconds=1)
+    backends = {node: await sim_nodes.start(node) for node in (n1, n2)}
+    a = await join(client, group, "a", [n1, n2], policy)
+    b = await join(client, group, "b", [n2])
+    first = await acquire(a, "a")
+    await sim_nodes.stop_node(n1)
+    waiting = asyncio.create_task(acquire(b, "b"))
+    await eventually(a, lambda s: s.queue == ["b"])
+    await release(a, "a", first.epoch)
+    status = await eventually(a, lambda s: s.state == "degraded")
+    assert n1 in status.degraded_cause and not waiting.done()
+    await a.execute_update(GroupWorkflow.drain, DrainInput(node=n1, drained=True))
+    granted = await asyncio.wait_for(waiting, 60)
+    assert granted.job == "b"
+    assert backends[n2].running(group) == ["b"] and backends[n1].resident(group) == ["a"]

@@ -142,7 +142,10 @@ def _sim_options(parser: argparse.ArgumentParser) -> None:
         help="device memory; unset, the GPU holds one job at a time (no co-residency)",
     )  # fmt: skip
     sim.add_argument("--sim-bandwidth-gbps", type=AMOUNT, default=20.0, help="GB/s host<->device")
-    sim.add_argument("--sim-state-gib", type=AMOUNT, default=2.0, help="device state per job")
+    sim.add_argument(
+        "--sim-state-gib", type=SIZE, default=2.0,
+        help="device state per job (0: switches that move no bytes, orchestration only)",
+    )  # fmt: skip
     sim.add_argument(
         "--sim-discard-fraction", type=FRACTION, default=0.5,
         help="share of a job's state an eviction in discard mode drops (its KV cache, say)",
@@ -180,6 +183,7 @@ SECONDS = _number(float, 0.0, 7 * 86400.0)
 PERIOD = _number(float, 0.001, 7 * 86400.0)
 AMOUNT = _number(float, 1e-6, 1e6)
 RATE = _number(float, 0.0, 1e6)
+SIZE = _number(float, 0.0, 1e6)
 FRACTION = _number(float, 0.0, 1.0)
 
 

@@ -323,7 +323,8 @@ class GroupWorkflow:
             self._queue.switch_failed(
                 cause,
                 done=[r.node for r in results if isinstance(r, SwitchOutput)],
-                failed=[f.node for f in failures],
+                # A quiesce that failed moved nothing: the nodes hold what they held.
+                failed=[f.node for f in failures] if results else [],
             )
             if all(f.restore_failed for f in failures):
                 # Every other job's state is off these nodes, but this job's
@@ -333,7 +334,7 @@ class GroupWorkflow:
             pause = min(SWITCH_RETRY_PAUSE_MAX_SECONDS, 2.0**plan.attempts)
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
-                    lambda: not self._queue.switch_target_is_next(),
+                    lambda: not self._queue.switch_plan_stands(),
                     timeout=timedelta(seconds=pause),
                 )
             # Leases run out during a long outage too.
@@ -343,7 +344,7 @@ class GroupWorkflow:
                 # from what each node reported.
                 self._queue.abort_switch("", self._now())
                 return
-            if not self._queue.switch_target_is_next() or plan.attempts >= SWITCH_PLAN_ATTEMPTS:
+            if not self._queue.switch_plan_stands() or plan.attempts >= SWITCH_PLAN_ATTEMPTS:
                 # Paused, drained, or failing for long: step out of the switch
                 # so the main loop can pause, continue as new or plan afresh.
                 self._queue.set_switch_aside(self._now())

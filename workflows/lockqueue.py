@@ -541,12 +541,19 @@ class LockQueue:
         self.state.switching = None
         self._grant_ready(now)
 
-    def switch_target_is_next(self) -> bool:
+    def switch_plan_stands(self) -> bool:
         """The switch's waiter would still go next (the group is not paused, its
-        nodes are not drained)."""
+        nodes are not drained), and no node the plan only evicts from has been
+        drained since (its agent may be down: the next plan leaves it alone)."""
         plan = self.state.switching
         waiter = self._next_waiter()
-        return plan is not None and waiter is not None and waiter.ticket == plan.waiter.ticket
+        drained = set(self.state.drained)
+        return (
+            plan is not None
+            and waiter is not None
+            and waiter.ticket == plan.waiter.ticket
+            and not any(not move.admit and move.node in drained for move in plan.moves)
+        )
 
     def switch_target_waits_for(self, plan: SwitchPlan) -> bool:
         return any(w.ticket == plan.waiter.ticket for w in self.state.queue)
