@@ -98,19 +98,7 @@ class SwitchActivities:
         shared = input.co_residency == "auto" and self.backend.co_residency()
         self._co_residency[group] = shared
         async with _heartbeating():
-            if move.admit:
-                # Evict what the backend itself sees resident too, not only what
-                # the scheduler believes: after an agent restart the two can differ.
-                seen = await self.backend.resident_jobs(group)
-                others = sorted((set(move.evict) | set(seen)) - {move.admit})
-                room = RoomPlan(evict=others, keep=[])
-                if shared:
-                    room = await self._plan_room(group, move.admit, others, seen)
-            else:
-                # The job leaves with its ranks elsewhere; nobody needs the room.
-                others = sorted(move.evict)
-                kept = others if shared else []
-                room = RoomPlan(evict=[j for j in others if j not in kept], keep=kept)
+            others, room = await self._room(input, shared)
             actions = [
                 await _step(self.backend.lock(group, job), CHECKPOINT_FAILED) for job in room.keep
             ]
@@ -137,6 +125,21 @@ class SwitchActivities:
         else:
             self._admitted.pop(group, None)
         return self._output(input, started, actions, others, room.keep)
+
+    async def _room(self, input: SwitchInput, shared: bool) -> tuple[list[str], RoomPlan]:
+        """The group's other jobs here, and which of them leave the device."""
+        move, group = input.move, input.group
+        if not move.admit:
+            # The job leaves with its ranks elsewhere; nobody needs the room.
+            others = sorted(move.evict)
+            return others, RoomPlan(evict=[] if shared else others, keep=others if shared else [])
+        # Evict what the backend itself sees resident too, not only what the
+        # scheduler believes: after an agent restart the two can differ.
+        seen = await self.backend.resident_jobs(group)
+        others = sorted((set(move.evict) | set(seen)) - {move.admit})
+        if not shared:
+            return others, RoomPlan(evict=others, keep=[])
+        return others, await self._plan_room(group, move.admit, others, seen)
 
     async def _quiesce(self, input: SwitchInput, started: float) -> SwitchOutput:
         """Stop the leaving jobs here, state left on the device, so that none
