@@ -24,6 +24,8 @@ from timeshare.timeline import chart, summary, turns_table, utilisation
 from workers.children import spawn, stop_process
 
 DEMO_ADDRESS = "localhost:50051"
+# Where `timeshare up` (the embedded stack) serves Temporal.
+EMBEDDED_TEMPORAL = "localhost:7233"
 DEMO_GROUP = "demo"
 DEMO_JOBS = ("job-a", "job-b")
 STACK_READY_SECONDS = 90.0
@@ -79,6 +81,33 @@ def start_stack(data_dir: Path) -> subprocess.Popen[bytes]:
     return stack
 
 
+def start_fresh_group() -> None:
+    """End the demo group a previous run left in the embedded stack, so this
+    run's figures and report are its own, and a group written by an older
+    timeshare never stands in the way."""
+    import asyncio
+
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.service import RPCError
+
+    from timeshare.names import group_workflow_id
+    from workers.service import connect_temporal
+
+    async def end_previous() -> bool:
+        client = await connect_temporal(EMBEDDED_TEMPORAL)
+        handle = client.get_workflow_handle(group_workflow_id(DEMO_GROUP))
+        try:
+            if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+                return False
+        except RPCError:  # no such workflow: the first run
+            return False
+        await handle.terminate(reason="timeshare demo starts from a fresh group")
+        return True
+
+    if asyncio.run(end_previous()):
+        say(f"ended the group {DEMO_GROUP!r} a previous demo left; this run starts afresh")
+
+
 def run_jobs(
     iterations: int, reports_dir: Path, stack: subprocess.Popen[bytes] | None
 ) -> list[Path]:
@@ -126,6 +155,7 @@ def run_demo(iterations: int, data_dir: Path) -> int:
             say(f"using the timeshare stack already running at {DEMO_ADDRESS}")
         else:
             stack = start_stack(data_dir)
+            start_fresh_group()
         say(
             f"two synthetic RL jobs, {iterations} iterations each: sample (GPU), "
             "reward (CPU), train (GPU); the GPU is SIMULATED by the sim backend"

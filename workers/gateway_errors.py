@@ -15,6 +15,8 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from timeshare.names import group_workflow_id
+
 # Status codes a workflow refusal may carry (ApplicationError.type).
 REPORTABLE = {
     code.name: code
@@ -30,6 +32,10 @@ REPORTABLE = {
     )
 }
 
+
+# How Temporal says a workflow's last task failed (a scheduler bug, or a
+# history that the scheduler's code cannot replay).
+STUCK_WORKFLOW = "Workflow Task in failed state"
 
 # Short messages (join, yield, status) must be answered by then, or the
 # scheduler worker is presumed down and the caller is told so.
@@ -79,12 +85,23 @@ def status_for(error: BaseException, group: str) -> tuple[grpc.StatusCode, str] 
                 grpc.StatusCode.NOT_FOUND,
                 f"group {group!r} does not exist; Join creates it",
             )
+        if STUCK_WORKFLOW in error.message:
+            return grpc.StatusCode.UNAVAILABLE, stuck_group_message(group)
         return (
             grpc.StatusCode.UNAVAILABLE,
             f"Temporal refused the call ({error.status.name}: {error.message}); retry, "
             "and check the Temporal server and `timeshare scheduler` are running",
         )
     return None
+
+
+def stuck_group_message(group: str) -> str:
+    return (
+        f"group {group!r} is stuck: the scheduler fails its workflow task (see the "
+        "`timeshare scheduler` log). If an upgrade cannot replay the group's history, "
+        f"end the group with `temporal workflow terminate --workflow-id "
+        f"{group_workflow_id(group)}` and let its jobs join again"
+    )
 
 
 def rpc(method: Method[Servicer, Request, Response]) -> Method[Servicer, Request, Response]:
