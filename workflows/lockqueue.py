@@ -14,10 +14,9 @@ Rules:
   and the grant happens only when every node has reported;
 - a job leaves as a whole: when the next job needs one of its nodes, it
   leaves every node it is resident on (drained nodes excepted), and where it
-  leaves more than one, it
-  is stopped on all of them before its state is checkpointed on any (the
-  ranks of one job talk to each other; none may run on while another's state
-  is gone);
+  leaves more than one, it is stopped on all of them before its state is
+  checkpointed on any (the ranks of one job talk to each other; none may run
+  on while another's state is gone);
 - when the next job is already resident everywhere it runs, the grant is
   immediate and no node is touched (the lazy, "deferred snapshot" path);
 - every joined job holds a lease renewed by its messages; a job whose lease
