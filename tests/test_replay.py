@@ -17,7 +17,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from tests.conftest import SimNodes
-from tests.groups import acquire, group_on_one_node, heartbeat, release
+from tests.groups import acquire, eventually, group_on_one_node, heartbeat, release
 from timeshare.models import DrainInput, EvictInput, GroupPolicy, PauseInput
 from workflows.group import GroupWorkflow
 
@@ -59,9 +59,8 @@ async def test_a_fresh_history_replays(client: Client, sim_nodes: SimNodes, uniq
         await acquire(handle, "c")
     assert "could not be restored" in str(failure.value.cause)
     await handle.execute_update(GroupWorkflow.evict, EvictInput(job="c", reason="test"))
-    await asyncio.sleep(3.5)  # a's and b's leases run out
-    status = await handle.query(GroupWorkflow.status)
-    assert status.jobs == [] and status.preemptions == 1
+    status = await eventually(handle, lambda s: s.jobs == [])  # a's and b's leases run out
+    assert status.preemptions == 1
     history = await handle.fetch_history()
     replayer = Replayer(workflows=[GroupWorkflow], data_converter=pydantic_data_converter)
     await replayer.replay_workflow(history)
