@@ -22,6 +22,7 @@ from timeshare.report import write_report
 from timeshare.synthetic import load_report
 from timeshare.timeline import chart, summary, turns_table, utilisation
 from workers.children import spawn, stop_process
+from workers.service import StartupError
 
 DEMO_ADDRESS = "localhost:50051"
 # Where `timeshare up` (the embedded stack) serves Temporal.
@@ -99,9 +100,9 @@ def start_fresh_group() -> None:
         try:
             if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
                 return False
-        except RPCError:  # no such workflow: the first run
+            await handle.terminate(reason="timeshare demo starts from a fresh group")
+        except RPCError:  # no such workflow (the first run), or it ended meanwhile
             return False
-        await handle.terminate(reason="timeshare demo starts from a fresh group")
         return True
 
     if asyncio.run(end_previous()):
@@ -172,7 +173,7 @@ def run_demo(iterations: int, data_dir: Path) -> int:
         print()
         say(f"timeline of the group's turns and switches: {write_timeline(data_dir)}")
         return 0
-    except (RuntimeError, TimeshareError) as error:
+    except (RuntimeError, TimeshareError, StartupError) as error:
         print(f"timeshare demo: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
