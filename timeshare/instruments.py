@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from opentelemetry import metrics
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import CallbackOptions, Histogram, Observation
 
 from timeshare.models import SwitchOutput
 
@@ -17,29 +17,26 @@ _meter = metrics.get_meter("timeshare")
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
                    600, 1800, 3600)  # fmt: skip
 
-SWITCH_DURATION = _meter.create_histogram(
+
+def _seconds_histogram(name: str, description: str) -> Histogram:
+    return _meter.create_histogram(
+        name, unit="s", description=description, explicit_bucket_boundaries_advisory=SECONDS_BUCKETS
+    )
+
+
+SWITCH_DURATION = _seconds_histogram(
     "timeshare.switch.duration",
-    unit="s",
-    description="Seconds a node spent on one phase (checkpoint or restore) of a switch",
-    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+    "Seconds a node spent on one phase (checkpoint or restore) of a switch",
 )
-ACQUIRE_WAIT = _meter.create_histogram(
-    "timeshare.acquire.wait",
-    unit="s",
-    description="Seconds from a job's acquire to its grant",
-    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+ACQUIRE_WAIT = _seconds_histogram(
+    "timeshare.acquire.wait", "Seconds from a job's acquire to its grant"
 )
-TURN_DURATION = _meter.create_histogram(
-    "timeshare.turn.duration",
-    unit="s",
-    description="Seconds a job held the turn",
-    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
-)
+TURN_DURATION = _seconds_histogram("timeshare.turn.duration", "Seconds a job held the turn")
 BYTES_MOVED = _meter.create_counter(
     "timeshare.bytes.moved", unit="By", description="Device state bytes checkpointed or restored"
 )
 # Backend actions by phase; "noop" is not a phase. Co-residency locks and unlocks.
-PHASES = {"checkpoint": "checkpoint", "restore": "restore", "lock": "lock", "unlock": "unlock"}
+PHASES = frozenset({"checkpoint", "restore", "lock", "unlock"})
 
 
 def record_grant(group: str, job: str, waited_seconds: float) -> None:
@@ -52,11 +49,10 @@ def record_turn(group: str, job: str, held_seconds: float) -> None:
 
 def record_switch(group: str, output: SwitchOutput) -> None:
     for action in output.actions:
-        phase = PHASES.get(action.action)
-        if phase is None:
+        if action.action not in PHASES:
             continue
         labels = {"group": group, "node": output.node, "backend": output.backend}
-        SWITCH_DURATION.record(action.seconds, {**labels, "phase": phase})
+        SWITCH_DURATION.record(action.seconds, {**labels, "phase": action.action})
         BYTES_MOVED.add(action.bytes, labels)
 
 

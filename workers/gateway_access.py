@@ -14,7 +14,6 @@ import hashlib
 import hmac
 import ipaddress
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from workers.gateway_errors import AccessDenied
 from workers.service import StartupError
+from workers.toml_file import TomlFileError, read_toml
 
 Context = grpc.aio.ServicerContext[Any, Any]
 BEARER = "bearer "
@@ -191,11 +191,9 @@ class Access:
 
 def load_tokens(path: Path) -> TokensFile:
     try:
-        data = tomllib.loads(path.read_text())
-    except OSError as error:
-        raise StartupError(f"--tokens-file {path}: {error.strerror}") from None
-    except tomllib.TOMLDecodeError as error:
-        raise StartupError(f"--tokens-file {path}: not valid TOML: {error}") from None
+        data = read_toml(path, "--tokens-file")
+    except TomlFileError as error:
+        raise StartupError(str(error)) from None
     try:
         return TokensFile.model_validate(data)
     except ValidationError as error:

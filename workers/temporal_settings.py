@@ -10,13 +10,14 @@ its own clear line.
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from temporalio.service import TLSConfig
+
+from workers.toml_file import TomlFileError, read_toml
 
 DEFAULT_ADDRESS = "localhost:7233"
 # setting name -> environment variable
@@ -100,11 +101,9 @@ def load_temporal_settings(
 
 def _config_table(path: Path) -> Mapping[str, Any]:
     try:
-        data = tomllib.loads(path.read_text())
-    except OSError as error:
-        raise SettingsError(f"config file {path}: {error.strerror}") from None
-    except tomllib.TOMLDecodeError as error:
-        raise SettingsError(f"config file {path}: not valid TOML: {error}") from None
+        data = read_toml(path, "config file")
+    except TomlFileError as error:
+        raise SettingsError(str(error)) from None
     table = data.get("temporal", {})
     if not isinstance(table, dict):
         raise SettingsError(f"config file {path}: [temporal] must be a table")
