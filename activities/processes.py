@@ -46,9 +46,11 @@ def stopped(pid: int) -> bool:
 
 
 def start_time(pid: int) -> str:
-    """When the process started, in clock ticks since boot ("" if gone)."""
+    """When the living process started, in clock ticks since boot ("" if gone):
+    with its id, it names one process, since ids are reused."""
     fields = _stat(pid)
-    return fields[19] if len(fields) > 19 else ""
+    alive = bool(fields) and fields[0] not in ("Z", "X")
+    return fields[19] if alive and len(fields) > 19 else ""
 
 
 def parent(pid: int) -> int:
@@ -161,14 +163,15 @@ class ProcessTable:
             self._save()
 
     def _same_process(self, pid: int) -> bool:
-        return alive(pid) and start_time(pid) == self._started.get(pid)
+        started = start_time(pid)
+        return bool(started) and started == self._started.get(pid)
 
     def _load(self, path: Path) -> None:
         try:
             entries = json.loads(path.read_text()) if path.exists() else []
             for entry in entries:
                 pid, started = int(entry["pid"]), str(entry["started"])
-                if alive(pid) and start_time(pid) == started:
+                if started and start_time(pid) == started:
                     self._pids[(str(entry["group"]), str(entry["job"]))].add(pid)
                     self._started[pid] = started
         except (OSError, ValueError, TypeError, KeyError) as error:
