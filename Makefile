@@ -4,11 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO := proto/timeshare/v1/timeshare.proto proto/timeshare/v1/llmd_compat.proto
-STUBS := timeshare/v1/timeshare_pb2.py
 
 .PHONY: install proto demo test lint bench clean
 
-install: $(STAMP) $(STUBS)
+install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "timeshare needs Python >= 3.11; run make PYTHON=python3.11 ...")'
@@ -17,14 +16,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
+# The stubs in timeshare/v1 are committed (so every pip install has them); run this after
+# changing a .proto, and commit the result: tests/test_stubs.py fails while they differ.
 proto: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m grpc_tools.protoc -Iproto \
 		--python_out=. --grpc_python_out=. \
 		--mypy_out=. --mypy_grpc_out=. $(PROTO)
 	touch timeshare/v1/__init__.py
-
-$(STUBS): $(PROTO) $(STAMP)
-	$(MAKE) proto
 
 demo: install
 	$(BIN)/timeshare demo
@@ -45,4 +43,4 @@ bench: install
 	$(BIN)/python -m bench.multinode --quick
 
 clean:
-	rm -rf $(VENV) timeshare/v1 .timeshare .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .timeshare .pytest_cache .mypy_cache .ruff_cache

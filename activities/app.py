@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from activities.backend import Backend, BackendConfig, BackendError
-from activities.hook_registry import HookRegistry
+from timeshare.activities.backend import Backend, BackendConfig, BackendError
+from timeshare.activities.hook_registry import HookRegistry
 from timeshare.hooks.protocol import EvictMode, HookName
 from timeshare.models import BackendAction
 

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel
 
-from activities.processes import ProcessTable
+from timeshare.activities.processes import ProcessTable
 from timeshare.hooks.protocol import EvictMode
 from timeshare.models import BackendAction
 
 if TYPE_CHECKING:
-    from activities.hook_registry import HookRegistry
+    from timeshare.activities.hook_registry import HookRegistry
 
 BACKEND_ENTRY_POINT_GROUP = "timeshare.backends"
 
@@ -153,7 +153,7 @@ def available_backends() -> list[str]:
 def load_backend(name: str, config: BackendConfig) -> Backend:
     """One backend, or several stacked with "+" ("freeze+cuda": freeze, then checkpoint)."""
     if "+" in name:
-        from activities.stacked import StackedBackend
+        from timeshare.activities.stacked import StackedBackend
 
         return StackedBackend([load_backend(part, config) for part in name.split("+")])
     matches = [ep for ep in entry_points(group=BACKEND_ENTRY_POINT_GROUP) if ep.name == name]

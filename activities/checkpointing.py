@@ -23,9 +23,9 @@ import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from activities.backend import Backend, BackendConfig, BackendError, DeviceBytes
-from activities.gpus import DeviceMemory, device_memory, host_memory_available, node_gpus
-from activities.processes import ProcessTable
+from timeshare.activities.backend import Backend, BackendConfig, BackendError, DeviceBytes
+from timeshare.activities.gpus import DeviceMemory, device_memory, host_memory_available, node_gpus
+from timeshare.activities.processes import ProcessTable
 from timeshare.hooks.protocol import EvictMode
 from timeshare.models import BackendAction
 

@@ -9,9 +9,9 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from activities.backend import BackendConfig, BackendError
-from activities.checkpointing import ProcessCheckpointBackend
-from activities.gpus import NoGpus, gpu_inventory
+from timeshare.activities.backend import BackendConfig, BackendError
+from timeshare.activities.checkpointing import ProcessCheckpointBackend
+from timeshare.activities.gpus import NoGpus, gpu_inventory
 
 
 class CudaCheckpointBackend(ProcessCheckpointBackend):

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from activities.backend import BackendConfig, BackendError
-from activities.checkpointing import ProcessCheckpointBackend
-from activities.gpus import CHECKPOINT_API_DRIVER, NoGpus, gpu_inventory
+from timeshare.activities.backend import BackendConfig, BackendError
+from timeshare.activities.checkpointing import ProcessCheckpointBackend
+from timeshare.activities.gpus import CHECKPOINT_API_DRIVER, NoGpus, gpu_inventory
 
 STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
 ARGUMENTS = {

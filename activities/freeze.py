@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from activities.backend import Backend, BackendConfig, BackendError
-from activities.cgroups import own_cgroup
-from activities.gpus import node_gpus
-from activities.processes import ProcessTable, stopped
+from timeshare.activities.backend import Backend, BackendConfig, BackendError
+from timeshare.activities.cgroups import own_cgroup
+from timeshare.activities.gpus import node_gpus
+from timeshare.activities.processes import ProcessTable, stopped
 from timeshare.hooks.protocol import EvictMode
 from timeshare.models import BackendAction
 

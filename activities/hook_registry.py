@@ -10,7 +10,7 @@ from collections import defaultdict
 
 from pydantic import ValidationError
 
-from activities.backend import BackendError
+from timeshare.activities.backend import BackendError
 from timeshare.hooks.protocol import EvictMode, HookCall, HookName, HookReply
 
 JobKey = tuple[str, str]  # (group, job)

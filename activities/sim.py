@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from activities.backend import Backend, BackendConfig, BackendError, DeviceBytes
+from timeshare.activities.backend import Backend, BackendConfig, BackendError, DeviceBytes
 from timeshare.hooks.protocol import EvictMode
 from timeshare.models import BackendAction
 

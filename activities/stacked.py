@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from activities.backend import Backend, BackendConfig, BackendNotFound, DeviceBytes
-from activities.hook_registry import HookRegistry
-from activities.processes import ProcessTable
+from timeshare.activities.backend import Backend, BackendConfig, BackendNotFound, DeviceBytes
+from timeshare.activities.hook_registry import HookRegistry
+from timeshare.activities.processes import ProcessTable
 from timeshare.hooks.protocol import EvictMode
 from timeshare.models import BackendAction
 

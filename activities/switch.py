@@ -14,9 +14,9 @@ from opentelemetry import propagate, trace
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.backend import Backend, BackendError
-from activities.processes import ProcessTable
-from activities.residency import RoomPlan, extra, plan_room
+from timeshare.activities.backend import Backend, BackendError
+from timeshare.activities.processes import ProcessTable
+from timeshare.activities.residency import RoomPlan, extra, plan_room
 from timeshare.hooks.protocol import EvictMode
 from timeshare.instruments import record_switch
 from timeshare.models import (

@@ -37,9 +37,9 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 import timeshare
-from activities.gpus import device_memory_by_pid
 from bench.stack import LocalStack
 from bench.stats import p50_p90_p99
+from timeshare.activities.gpus import device_memory_by_pid
 from timeshare.models import CoResidency, GroupPolicy
 from timeshare.status import table
 

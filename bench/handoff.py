@@ -20,7 +20,7 @@ from bench.floors import measure_floors
 from bench.stack import LocalStack
 from bench.stats import p50_p90_p99
 from timeshare.status import table
-from workers.service import connect_temporal
+from timeshare.workers.service import connect_temporal
 
 GROUP = "handoff"
 

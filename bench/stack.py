@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import timeshare
-from activities.processes import alive
+from timeshare.activities.processes import alive
 from timeshare.models import GroupStatus
-from workers.children import spawn, stop_process
+from timeshare.workers.children import spawn, stop_process
 
 READY_SECONDS = 90.0
 

@@ -16,16 +16,17 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.backend import BackendConfig
-from activities.processes import ProcessTable
-from activities.sim import SimBackend
-from activities.switch import SwitchActivities
 from bench.stack import free_port, timeshare_command
 from tests.gateways import start_gateway
+from timeshare.activities.backend import BackendConfig
+from timeshare.activities.processes import ProcessTable
+from timeshare.activities.sim import SimBackend
+from timeshare.activities.switch import SwitchActivities
 from timeshare.names import SCHEDULER_TASK_QUEUE, node_task_queue
-from workers.service import connect_temporal
-from workflows.group import GroupWorkflow
-from workflows.registry import NodeRegistryWorkflow
+from timeshare.workers.service import connect_temporal
+from timeshare.workflows.group import GroupWorkflow
+from timeshare.workflows.registry import NodeRegistryWorkflow
+from timeshare.workflows.sandbox import workflow_runner
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,6 +99,7 @@ async def scheduler(client: Client) -> AsyncIterator[Worker]:
         client,
         task_queue=SCHEDULER_TASK_QUEUE,
         workflows=[GroupWorkflow, NodeRegistryWorkflow],
+        workflow_runner=workflow_runner(),
     )
     async with worker:
         yield worker

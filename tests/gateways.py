@@ -9,11 +9,11 @@ from pathlib import Path
 import grpc
 
 from bench.stack import free_port
-from workers.gateway import GatewayOptions, serve_gateway
-from workers.gateway_access import GatewaySecurity
-from workers.llmd_compat import CompatSettings
-from workers.telemetry import Telemetry
-from workers.temporal_settings import TemporalSettings
+from timeshare.workers.gateway import GatewayOptions, serve_gateway
+from timeshare.workers.gateway_access import GatewaySecurity
+from timeshare.workers.llmd_compat import CompatSettings
+from timeshare.workers.telemetry import Telemetry
+from timeshare.workers.temporal_settings import TemporalSettings
 
 
 @dataclass

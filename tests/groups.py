@@ -10,8 +10,8 @@ from collections.abc import Callable
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
-from activities.sim import SimBackend
 from tests.conftest import SimNodes
+from timeshare.activities.sim import SimBackend
 from timeshare.models import (
     AcquireInput,
     Grant,
@@ -23,8 +23,8 @@ from timeshare.models import (
     YieldInput,
 )
 from timeshare.names import group_workflow_id
-from workers.group_client import acquire_turn, join_group
-from workflows.group import GroupWorkflow
+from timeshare.workers.group_client import acquire_turn, join_group
+from timeshare.workflows.group import GroupWorkflow
 
 Handle = WorkflowHandle[GroupWorkflow, None]
 

@@ -22,11 +22,11 @@ from tests.gateways import RunningGateway, start_gateway
 from timeshare import errors
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
-from workers.gateway import GatewayOptions, serve_gateway
-from workers.gateway_access import GatewaySecurity, sha256_hex
-from workers.group_client import count_running_groups
-from workers.service import StartupError
-from workers.temporal_settings import TemporalSettings
+from timeshare.workers.gateway import GatewayOptions, serve_gateway
+from timeshare.workers.gateway_access import GatewaySecurity, sha256_hex
+from timeshare.workers.group_client import count_running_groups
+from timeshare.workers.service import StartupError
+from timeshare.workers.temporal_settings import TemporalSettings
 
 TEAM_TOKEN = "team-a-token-0123456789"
 OPERATOR_TOKEN = "operator-token-0123456789"

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 import timeshare
-from activities.processes import ProcessTable, alive, start_time
 from bench.stack import LocalStack
 from tests.processes import detached, kill
+from timeshare.activities.processes import ProcessTable, alive, start_time
 
 REGISTERED_COUNTER = """
 import sys, time, pathlib

@@ -12,14 +12,14 @@ from types import ModuleType
 
 import pytest
 
-from activities.backend import BackendConfig, BackendError
-from activities.checkpointing import ProcessCheckpointBackend
-from activities.cuda_checkpoint import CudaCheckpointBackend
-from activities.cuda_driver import CudaDriverBackend
-from activities.gpus import DeviceMemory
-from activities.processes import ProcessTable
 from tests.fakes.cuda_driver import FakeDriver
 from tests.processes import detached, kill
+from timeshare.activities.backend import BackendConfig, BackendError
+from timeshare.activities.checkpointing import ProcessCheckpointBackend
+from timeshare.activities.cuda_checkpoint import CudaCheckpointBackend
+from timeshare.activities.cuda_driver import CudaDriverBackend
+from timeshare.activities.gpus import DeviceMemory
+from timeshare.activities.processes import ProcessTable
 
 FAKE_UTILITY = Path(__file__).parent / "fakes" / "cuda-checkpoint"
 
@@ -119,10 +119,10 @@ def test_each_backend_refuses_to_start_where_it_cannot_run(
     for backend in (CudaCheckpointBackend, CudaDriverBackend):
         with pytest.raises(BackendError, match="cannot run here"):
             backend.create(config)
-    monkeypatch.setattr("activities.cuda_checkpoint.gpu_inventory", lambda: [])
+    monkeypatch.setattr("timeshare.activities.cuda_checkpoint.gpu_inventory", lambda: [])
     with pytest.raises(BackendError, match="not found"):
         CudaCheckpointBackend.create(config)
-    monkeypatch.setattr("activities.cuda_driver.gpu_inventory", lambda: [])
+    monkeypatch.setattr("timeshare.activities.cuda_driver.gpu_inventory", lambda: [])
     for module in ("cuda", "cuda.bindings", "cuda.bindings.driver"):  # no cuda-bindings
         monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(BackendError, match="cuda-bindings"):
@@ -133,12 +133,18 @@ async def test_no_checkpoint_when_the_host_has_no_room(
     rig: Rig, ranks: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     on_gpu = DeviceMemory(free_bytes=0, by_pid={ranks[0]: 80 * 2**30})
-    monkeypatch.setattr("activities.checkpointing.device_memory", lambda: {"gpu0": on_gpu})
-    monkeypatch.setattr("activities.checkpointing.host_memory_available", lambda: 16 * 2**30)
+    monkeypatch.setattr(
+        "timeshare.activities.checkpointing.device_memory", lambda: {"gpu0": on_gpu}
+    )
+    monkeypatch.setattr(
+        "timeshare.activities.checkpointing.host_memory_available", lambda: 16 * 2**30
+    )
     with pytest.raises(BackendError, match=r"80\.0 GiB of device memory"):
         await rig.backend.checkpoint("g", "a")
     assert rig.calls() == []  # nothing was locked
-    monkeypatch.setattr("activities.checkpointing.host_memory_available", lambda: 100 * 2**30)
+    monkeypatch.setattr(
+        "timeshare.activities.checkpointing.host_memory_available", lambda: 100 * 2**30
+    )
     assert (await rig.backend.checkpoint("g", "a")).bytes == 80 * 2**30
 
 
@@ -164,7 +170,7 @@ async def test_footprints_come_from_nvml_and_are_remembered_while_parked(
     backend, (first, second) = rig.backend, ranks
     gib = 2**30
     on_gpu = {"gpu0": DeviceMemory(free_bytes=10 * gib, by_pid={first: 3 * gib, second: gib})}
-    monkeypatch.setattr("activities.checkpointing.device_memory", lambda: on_gpu)
+    monkeypatch.setattr("timeshare.activities.checkpointing.device_memory", lambda: on_gpu)
     assert await backend.footprint("g", "a") == {"gpu0": 4 * gib}
     assert await backend.admission_footprint("g", "a") == {"gpu0": 4 * gib}
     assert await backend.free_memory("g") == {"gpu0": 8 * gib}  # less the 2 GiB margin

@@ -12,13 +12,13 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
-from activities.backend import BackendConfig
-from activities.residency import extra, plan_room
-from activities.sim import SimBackend
-from activities.switch import SwitchActivities
 from bench.stack import overlaps
 from tests.conftest import SimNodes
 from tests.groups import acquire, join, release
+from timeshare.activities.backend import BackendConfig
+from timeshare.activities.residency import extra, plan_room
+from timeshare.activities.sim import SimBackend
+from timeshare.activities.switch import SwitchActivities
 from timeshare.models import CoResidency, NodeMove, SwitchInput, SwitchOutput
 
 STATE = 2**26

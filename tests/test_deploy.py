@@ -38,13 +38,13 @@ import pytest
 import yaml  # type: ignore[import-untyped]
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from activities.processes import ProcessTable
 from tests.conftest import REPO
 from tests.test_access import make_certificates
+from timeshare.activities.processes import ProcessTable
 from timeshare.cli import build_parser, gateway_security, temporal_settings
-from workers.agent_socket import serve_agent_socket
-from workers.gateway import SERVICE_NAME
-from workers.temporal_server import MAX_IN_FLIGHT_UPDATES, SEARCH_ATTRIBUTES
+from timeshare.workers.agent_socket import serve_agent_socket
+from timeshare.workers.gateway import SERVICE_NAME
+from timeshare.workers.temporal_server import MAX_IN_FLIGHT_UPDATES, SEARCH_ATTRIBUTES
 
 Obj = dict[str, Any]
 

@@ -14,7 +14,7 @@ from typing import Any
 from bench.stack import free_port, timeshare_command
 from tests.conftest import REPO, start_until_ready
 from timeshare.synthetic import SyntheticJobReport, TurnRecord, load_report
-from workers.temporal_server import temporal_binary
+from timeshare.workers.temporal_server import temporal_binary
 
 JOBS = ["job-0", "job-1", "job-2"]
 ITERATIONS = 10  # a sample and a train turn each: 20 turns per job

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.backend import BackendConfig, load_backend
-from activities.cgroups import FreezerCgroup, hierarchies, own_cgroup
-from activities.freeze import FreezeBackend
-from activities.processes import ProcessTable, RegistrationRefused, owner, stopped
-from activities.switch import SwitchActivities
 from tests.processes import detached, kill
+from timeshare.activities.backend import BackendConfig, load_backend
+from timeshare.activities.cgroups import FreezerCgroup, hierarchies, own_cgroup
+from timeshare.activities.freeze import FreezeBackend
+from timeshare.activities.processes import ProcessTable, RegistrationRefused, owner, stopped
+from timeshare.activities.switch import SwitchActivities
 from timeshare.errors import FailedPrecondition
 from timeshare.models import NodeMove, SwitchInput
 from timeshare.registration import register_process
-from workers.agent_socket import registration, serve_agent_socket
+from timeshare.workers.agent_socket import registration, serve_agent_socket
 
 # Written whole (rename), so a process frozen mid-write leaves a number.
 COUNTER = """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 from temporalio.service import RPCError, RPCStatusCode
 
-from workers.gateway_errors import status_for
+from timeshare.workers.gateway_errors import status_for
 
 
 def test_a_group_whose_workflow_task_fails_is_reported_stuck_with_the_way_out() -> None:

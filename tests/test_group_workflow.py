@@ -21,8 +21,9 @@ from tests.groups import acquire, eventually, group_on_one_node, join, refusal_t
 from tests.test_replay import HISTORIES
 from timeshare.models import JobInput, YieldInput
 from timeshare.names import SCHEDULER_TASK_QUEUE
-from workflows.group import GroupWorkflow
-from workflows.registry import NodeRegistryWorkflow
+from timeshare.workflows.group import GroupWorkflow
+from timeshare.workflows.registry import NodeRegistryWorkflow
+from timeshare.workflows.sandbox import workflow_runner
 
 
 async def test_handover_checkpoints_before_it_grants(
@@ -123,13 +124,17 @@ async def test_history_replays_deterministically(
         grant = await acquire(handle, job)
         await release(handle, job, grant.epoch)
     history = await handle.fetch_history()
-    replayer = Replayer(workflows=[GroupWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[GroupWorkflow],
+        data_converter=pydantic_data_converter,
+        workflow_runner=workflow_runner(),
+    )
     await replayer.replay_workflow(history)
 
 
 async def test_node_registry_notices_a_silent_node(client: Client, scheduler: object) -> None:
     from timeshare.models import NodeInfo
-    from workflows.registry import NodeRegistryInput
+    from timeshare.workflows.registry import NodeRegistryInput
 
     handle = await client.start_workflow(
         NodeRegistryWorkflow.run,
@@ -178,7 +183,11 @@ async def test_a_job_on_two_nodes_is_stopped_on_both_before_either_checkpoints(
     await again
     assert [backend.running(group) for backend in backends] == [["a"], ["a"]]
     history = await a.fetch_history()
-    replayer = Replayer(workflows=[GroupWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[GroupWorkflow],
+        data_converter=pydantic_data_converter,
+        workflow_runner=workflow_runner(),
+    )
     await replayer.replay_workflow(history)
     if os.environ.get("TIMESHARE_RECORD_HISTORIES") == "1":  # see tests/test_replay.py
         (HISTORIES / "group-two-nodes.json").write_text(history.to_json())

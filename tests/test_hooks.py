@@ -18,22 +18,22 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.app import AppBackend
-from activities.backend import Backend, BackendConfig, load_backend
-from activities.cuda_driver import CudaDriverBackend
-from activities.hook_registry import HookRegistry
-from activities.processes import ProcessTable
-from activities.sim import SimBackend
-from activities.stacked import StackedBackend
-from activities.switch import SwitchActivities
 from tests.fakes.cuda_driver import FakeDriver
 from tests.fakes.engine import FakeEngine, running_engine
 from tests.processes import detached, kill
+from timeshare.activities.app import AppBackend
+from timeshare.activities.backend import Backend, BackendConfig, load_backend
+from timeshare.activities.cuda_driver import CudaDriverBackend
+from timeshare.activities.hook_registry import HookRegistry
+from timeshare.activities.processes import ProcessTable
+from timeshare.activities.sim import SimBackend
+from timeshare.activities.stacked import StackedBackend
+from timeshare.activities.switch import SwitchActivities
 from timeshare.errors import FailedPrecondition
 from timeshare.hooks import WorkloadHooks, serve_hooks
 from timeshare.hooks.protocol import EvictMode
 from timeshare.models import CHECKPOINT_FAILED, RESTORE_FAILED, NodeMove, SwitchInput
-from workers.agent_socket import serve_agent_socket
+from timeshare.workers.agent_socket import serve_agent_socket
 
 HOOK_TIMEOUT = 2.0
 

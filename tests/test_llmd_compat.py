@@ -19,8 +19,8 @@ from tests.groups import acquire, join
 from timeshare.models import GroupPolicy, GroupStatus, JobStatus
 from timeshare.v1 import llmd_compat_pb2 as llmd
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
-from workers.llmd_compat import CompatSettings, peer_address
-from workers.llmd_status import GroupState, JobState, group_status_response
+from timeshare.workers.llmd_compat import CompatSettings, peer_address
+from timeshare.workers.llmd_status import GroupState, JobState, group_status_response
 
 METHOD = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/"
 # The generated stub types its methods for the blocking channel; on an

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from timeshare.models import GroupPolicy, NodeMove
-from workflows.lockqueue import GroupState, LockQueue, QueueError, SwitchPlan
+from timeshare.workflows.lockqueue import GroupState, LockQueue, QueueError, SwitchPlan
 
 
 def queue_with(*jobs: tuple[str, list[str]]) -> LockQueue:

@@ -26,8 +26,8 @@ from bench.stack import free_port, timeshare_command
 from tests.conftest import REPO, SimNodes, wait_for_line
 from tests.gateways import RunningGateway, start_gateway
 from timeshare.names import group_workflow_id
-from workers.service import connect_temporal
-from workers.telemetry import Telemetry
+from timeshare.workers.service import connect_temporal
+from timeshare.workers.telemetry import Telemetry
 
 STATE_BYTES = 2**26
 TURNS_EACH = 3

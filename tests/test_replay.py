@@ -19,7 +19,8 @@ from temporalio.worker import Replayer
 from tests.conftest import SimNodes
 from tests.groups import acquire, eventually, group_on_one_node, heartbeat, release
 from timeshare.models import DrainInput, EvictInput, GroupPolicy, PauseInput
-from workflows.group import GroupWorkflow
+from timeshare.workflows.group import GroupWorkflow
+from timeshare.workflows.sandbox import workflow_runner
 
 HISTORIES = Path(__file__).parent / "histories"
 
@@ -31,7 +32,11 @@ def recorded() -> list[Path]:
 @pytest.mark.parametrize("path", recorded(), ids=lambda p: p.stem)
 async def test_recorded_history_replays(path: Path) -> None:
     history = WorkflowHistory.from_json(path.stem, path.read_text())
-    replayer = Replayer(workflows=[GroupWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[GroupWorkflow],
+        data_converter=pydantic_data_converter,
+        workflow_runner=workflow_runner(),
+    )
     await replayer.replay_workflow(history)
 
 
@@ -62,7 +67,11 @@ async def test_a_fresh_history_replays(client: Client, sim_nodes: SimNodes, uniq
     status = await eventually(handle, lambda s: s.jobs == [])  # a's and b's leases run out
     assert status.preemptions == 1
     history = await handle.fetch_history()
-    replayer = Replayer(workflows=[GroupWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[GroupWorkflow],
+        data_converter=pydantic_data_converter,
+        workflow_runner=workflow_runner(),
+    )
     await replayer.replay_workflow(history)
     if os.environ.get("TIMESHARE_RECORD_HISTORIES") == "1":
         HISTORIES.mkdir(exist_ok=True)

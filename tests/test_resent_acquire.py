@@ -13,8 +13,8 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from tests.conftest import SimNodes
 from tests.groups import group_on_one_node, refusal_type, release
 from timeshare.models import AcquireInput, EvictInput
-from workers.group_client import acquire_or_withdraw
-from workflows.group import GroupWorkflow
+from timeshare.workers.group_client import acquire_or_withdraw
+from timeshare.workflows.group import GroupWorkflow
 
 
 async def test_an_acquire_sent_again_is_answered_afresh(

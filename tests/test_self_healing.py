@@ -15,7 +15,6 @@ from temporalio.client import (
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 
-from activities.processes import ProcessTable
 from tests.conftest import SimNodes
 from tests.groups import (
     Handle,
@@ -28,8 +27,9 @@ from tests.groups import (
     release,
 )
 from tests.processes import detached, kill
+from timeshare.activities.processes import ProcessTable
 from timeshare.models import DrainInput, EvictInput, GroupPolicy, PauseInput
-from workflows.group import GroupWorkflow
+from timeshare.workflows.group import GroupWorkflow
 
 
 @contextlib.asynccontextmanager

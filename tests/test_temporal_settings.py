@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.temporal_settings import SettingsError, load_temporal_settings
+from timeshare.workers.temporal_settings import SettingsError, load_temporal_settings
 
 
 def test_flags_beat_environment_beat_config_file(tmp_path: Path) -> None:

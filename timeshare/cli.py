@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
-    from activities.backend import BackendConfig
-    from workers.gateway_access import GatewaySecurity
-    from workers.telemetry import Telemetry
-    from workers.temporal_settings import TemporalSettings
+    from timeshare.activities.backend import BackendConfig
+    from timeshare.workers.gateway_access import GatewaySecurity
+    from timeshare.workers.telemetry import Telemetry
+    from timeshare.workers.temporal_settings import TemporalSettings
 
 DEFAULT_TEMPORAL = "localhost:7233"
 DEFAULT_LISTEN = "127.0.0.1:50051"
@@ -69,7 +69,7 @@ def _telemetry_options(parser: argparse.ArgumentParser) -> None:
 
 def telemetry(args: argparse.Namespace) -> Telemetry:
     """Raises StartupError with one line."""
-    from workers.telemetry import TelemetrySettings, setup_telemetry
+    from timeshare.workers.telemetry import TelemetrySettings, setup_telemetry
 
     settings = TelemetrySettings.resolve(
         f"timeshare-{args.command}", args.traces, args.metrics, args.metrics_port
@@ -79,7 +79,7 @@ def telemetry(args: argparse.Namespace) -> Telemetry:
 
 def gateway_security(args: argparse.Namespace) -> GatewaySecurity:
     """The gateway's transport and caller settings from its flags (pydantic checks them)."""
-    from workers.gateway_access import GatewaySecurity
+    from timeshare.workers.gateway_access import GatewaySecurity
 
     return GatewaySecurity(
         listen=args.listen,
@@ -93,7 +93,7 @@ def gateway_security(args: argparse.Namespace) -> GatewaySecurity:
 
 def temporal_settings(args: argparse.Namespace) -> TemporalSettings:
     """Raises SettingsError with one line naming each bad field."""
-    from workers.temporal_settings import SettingsError, load_temporal_settings
+    from timeshare.workers.temporal_settings import SettingsError, load_temporal_settings
 
     api_key = None
     if args.temporal_api_key_file is not None:
@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> NoReturn:
     if os.environ.get("TIMESHARE_DIE_WITH_PARENT"):
-        from workers.children import die_with_parent_if_asked
+        from timeshare.workers.children import die_with_parent_if_asked
 
         die_with_parent_if_asked()
     args = build_parser().parse_args(argv)
@@ -356,8 +356,8 @@ def _fail(message: str) -> int:
 
 
 def _cmd_temporal(args: argparse.Namespace) -> int:
-    from workers.service import run_service
-    from workers.temporal_server import serve_temporal
+    from timeshare.workers.service import run_service
+    from timeshare.workers.temporal_server import serve_temporal
 
     run_service(
         "temporal", lambda stop: serve_temporal(stop, args.port, args.ui_port, args.data_dir)
@@ -365,9 +365,9 @@ def _cmd_temporal(args: argparse.Namespace) -> int:
 
 
 def _cmd_scheduler(args: argparse.Namespace) -> int:
-    from workers.scheduler import serve_scheduler
-    from workers.service import StartupError, run_service
-    from workers.temporal_settings import SettingsError
+    from timeshare.workers.scheduler import serve_scheduler
+    from timeshare.workers.service import StartupError, run_service
+    from timeshare.workers.temporal_settings import SettingsError
 
     try:
         temporal = temporal_settings(args)
@@ -380,11 +380,11 @@ def _cmd_scheduler(args: argparse.Namespace) -> int:
 def _cmd_gateway(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from workers.gateway import GatewayOptions, serve_gateway
-    from workers.gateway_access import first_problem
-    from workers.llmd_compat import compat_settings
-    from workers.service import StartupError, run_service
-    from workers.temporal_settings import SettingsError
+    from timeshare.workers.gateway import GatewayOptions, serve_gateway
+    from timeshare.workers.gateway_access import first_problem
+    from timeshare.workers.llmd_compat import compat_settings
+    from timeshare.workers.service import StartupError, run_service
+    from timeshare.workers.temporal_settings import SettingsError
 
     try:
         compat = None
@@ -407,7 +407,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
 
 
 def backend_config(args: argparse.Namespace) -> BackendConfig:
-    from activities.backend import BackendConfig
+    from timeshare.activities.backend import BackendConfig
 
     capacity = args.sim_capacity_gib
     return BackendConfig(
@@ -429,7 +429,7 @@ def backend_config(args: argparse.Namespace) -> BackendConfig:
 
 
 def _probe() -> int:
-    from activities.gpus import NoGpus, gpu_inventory
+    from timeshare.activities.gpus import NoGpus, gpu_inventory
 
     try:
         gpus = gpu_inventory()
@@ -444,9 +444,9 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     if args.probe:
         return _probe()
     from timeshare.names import check_name
-    from workers.agent import serve_agent
-    from workers.service import StartupError, run_service
-    from workers.temporal_settings import SettingsError
+    from timeshare.workers.agent import serve_agent
+    from timeshare.workers.service import StartupError, run_service
+    from timeshare.workers.temporal_settings import SettingsError
 
     try:
         check_name("node", args.node)
@@ -465,8 +465,8 @@ def _cmd_agent(args: argparse.Namespace) -> int:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from workers.service import run_service
-    from workers.up import StackOptions, serve_stack
+    from timeshare.workers.service import run_service
+    from timeshare.workers.up import StackOptions, serve_stack
 
     options = StackOptions(
         data_dir=args.data_dir,
@@ -521,7 +521,7 @@ def _cmd_register(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from workers.demo import run_demo
+    from timeshare.workers.demo import run_demo
 
     return run_demo(args.iterations, args.data_dir)
 

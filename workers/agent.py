@@ -11,19 +11,19 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.backend import BackendConfig, BackendError, BackendNotFound, load_backend
-from activities.gpus import NoGpus, gpu_inventory
-from activities.hook_registry import HookRegistry
-from activities.processes import ProcessTable
-from activities.switch import SwitchActivities
+from timeshare.activities.backend import BackendConfig, BackendError, BackendNotFound, load_backend
+from timeshare.activities.gpus import NoGpus, gpu_inventory
+from timeshare.activities.hook_registry import HookRegistry
+from timeshare.activities.processes import ProcessTable
+from timeshare.activities.switch import SwitchActivities
 from timeshare.instruments import GpuSample, observe_gpus
 from timeshare.models import NodeInfo
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE, node_task_queue
-from workers.agent_socket import remove_socket, serve_agent_socket
-from workers.service import StartupError, connect_temporal, ready
-from workers.telemetry import Telemetry
-from workers.temporal_settings import TemporalSettings
-from workflows.registry import (
+from timeshare.workers.agent_socket import remove_socket, serve_agent_socket
+from timeshare.workers.service import StartupError, connect_temporal, ready
+from timeshare.workers.telemetry import Telemetry
+from timeshare.workers.temporal_settings import TemporalSettings
+from timeshare.workflows.registry import (
     NODE_HEARTBEAT_SECONDS,
     NodeDeparture,
     NodeRegistryInput,

@@ -20,11 +20,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from activities.hook_registry import HookConnection, HookRegistry
-from activities.processes import ProcessTable, RegistrationRefused, owner
+from timeshare.activities.hook_registry import HookConnection, HookRegistry
+from timeshare.activities.processes import ProcessTable, RegistrationRefused, owner
 from timeshare.hooks.protocol import MAX_LINE_BYTES, HookHello
 from timeshare.names import check_name
-from workers.service import StartupError
+from timeshare.workers.service import StartupError
 
 
 def peer_credentials(writer: asyncio.StreamWriter) -> tuple[int, int, int]:

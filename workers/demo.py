@@ -21,8 +21,8 @@ from timeshare.errors import TimeshareError
 from timeshare.report import write_report
 from timeshare.synthetic import load_report
 from timeshare.timeline import chart, summary, turns_table, utilisation
-from workers.children import spawn, stop_process
-from workers.service import StartupError
+from timeshare.workers.children import spawn, stop_process
+from timeshare.workers.service import StartupError
 
 DEMO_ADDRESS = "localhost:50051"
 # Where `timeshare up` (the embedded stack) serves Temporal.
@@ -92,7 +92,7 @@ def start_fresh_group() -> None:
     from temporalio.service import RPCError
 
     from timeshare.names import group_workflow_id
-    from workers.service import connect_temporal
+    from timeshare.workers.service import connect_temporal
 
     async def end_previous() -> bool:
         client = await connect_temporal(EMBEDDED_TEMPORAL)

@@ -34,10 +34,16 @@ from timeshare.names import NODE_REGISTRY_WORKFLOW_ID
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
-from workers import gateway_convert as convert
-from workers.gateway_access import Access, GatewaySecurity
-from workers.gateway_errors import MESSAGE_SECONDS, AccessDenied, InvalidRequest, rpc, within
-from workers.group_client import (
+from timeshare.workers import gateway_convert as convert
+from timeshare.workers.gateway_access import Access, GatewaySecurity
+from timeshare.workers.gateway_errors import (
+    MESSAGE_SECONDS,
+    AccessDenied,
+    InvalidRequest,
+    rpc,
+    within,
+)
+from timeshare.workers.group_client import (
     GroupHandle,
     acquire_or_withdraw,
     count_running_groups,
@@ -47,13 +53,17 @@ from workers.group_client import (
     registered_nodes,
     running_groups,
 )
-from workers.llmd_compat import SERVICE_NAME as LLMD_SERVICE_NAME
-from workers.llmd_compat import CompatSettings, TimeSliceOrchestratorCompat, log_llmd_compat
-from workers.service import StartupError, connect_temporal, ready
-from workers.telemetry import Telemetry
-from workers.temporal_settings import TemporalSettings
-from workflows.group import GroupWorkflow
-from workflows.registry import NodeRegistryWorkflow
+from timeshare.workers.llmd_compat import SERVICE_NAME as LLMD_SERVICE_NAME
+from timeshare.workers.llmd_compat import (
+    CompatSettings,
+    TimeSliceOrchestratorCompat,
+    log_llmd_compat,
+)
+from timeshare.workers.service import StartupError, connect_temporal, ready
+from timeshare.workers.telemetry import Telemetry
+from timeshare.workers.temporal_settings import TemporalSettings
+from timeshare.workflows.group import GroupWorkflow
+from timeshare.workflows.registry import NodeRegistryWorkflow
 
 Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TimeSlicer"].full_name

@@ -20,9 +20,9 @@ from typing import Any
 import grpc
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from workers.gateway_errors import AccessDenied
-from workers.service import StartupError
-from workers.toml_file import TomlFileError, read_toml
+from timeshare.workers.gateway_errors import AccessDenied
+from timeshare.workers.service import StartupError
+from timeshare.workers.toml_file import TomlFileError, read_toml
 
 Context = grpc.aio.ServicerContext[Any, Any]
 BEARER = "bearer "

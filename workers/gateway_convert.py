@@ -12,7 +12,7 @@ from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
 from timeshare.names import check_name
 from timeshare.v1 import timeshare_pb2 as pb
-from workers.gateway_errors import InvalidRequest
+from timeshare.workers.gateway_errors import InvalidRequest
 
 MAX_ACQUIRE_TIMEOUT_SECONDS = 7 * 24 * 3600.0
 MAX_NODES_PER_JOB = 256

@@ -22,8 +22,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from timeshare.models import AcquireInput, Grant, GroupPolicy, JoinInput, JoinOutput, NodeRecord
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE, group_workflow_id
-from workflows.group import CancelAcquireInput, GroupInput, GroupWorkflow
-from workflows.registry import NodeRegistryWorkflow
+from timeshare.workflows.group import CancelAcquireInput, GroupInput, GroupWorkflow
+from timeshare.workflows.registry import NodeRegistryWorkflow
 
 GroupHandle = WorkflowHandle[GroupWorkflow, None]
 # Temporal fails an accepted update whose run ended first; the request keeps

@@ -25,9 +25,9 @@ from timeshare.models import AcquireInput, Grant, GroupPolicy, JobInput, JoinInp
 from timeshare.names import check_name
 from timeshare.v1 import llmd_compat_pb2 as llmd
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
-from workers import gateway_convert as convert
-from workers.gateway_errors import MESSAGE_SECONDS, InvalidRequest, rpc, within
-from workers.group_client import (
+from timeshare.workers import gateway_convert as convert
+from timeshare.workers.gateway_errors import MESSAGE_SECONDS, InvalidRequest, rpc, within
+from timeshare.workers.group_client import (
     GroupHandle,
     acquire_or_withdraw,
     group_handle,
@@ -35,8 +35,8 @@ from workers.group_client import (
     registered_nodes,
     running_groups,
 )
-from workers.llmd_status import group_status_response
-from workflows.group import GroupWorkflow
+from timeshare.workers.llmd_status import group_status_response
+from timeshare.workflows.group import GroupWorkflow
 
 Context = grpc.aio.ServicerContext[Any, Any]
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -7,7 +7,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from timeshare.models import GroupStatus
 from timeshare.v1 import llmd_compat_pb2 as llmd
-from workflows.lockqueue import UNKNOWN_RESIDENT
+from timeshare.workflows.lockqueue import UNKNOWN_RESIDENT
 
 GroupState = llmd.GroupStatus.State
 JobState = llmd.SnapshotAgentJobState.State

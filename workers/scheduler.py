@@ -13,12 +13,13 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from timeshare.names import SCHEDULER_TASK_QUEUE
-from workers.service import StartupError, connect_temporal, ready
-from workers.telemetry import Telemetry
-from workers.temporal_settings import TemporalSettings
-from workflows.group import GroupWorkflow
-from workflows.registry import NodeRegistryWorkflow
-from workflows.visibility import SEARCH_ATTRIBUTES
+from timeshare.workers.service import StartupError, connect_temporal, ready
+from timeshare.workers.telemetry import Telemetry
+from timeshare.workers.temporal_settings import TemporalSettings
+from timeshare.workflows.group import GroupWorkflow
+from timeshare.workflows.registry import NodeRegistryWorkflow
+from timeshare.workflows.sandbox import workflow_runner
+from timeshare.workflows.visibility import SEARCH_ATTRIBUTES
 
 log = logging.getLogger("timeshare.scheduler")
 
@@ -64,6 +65,7 @@ async def serve_scheduler(
         client,
         task_queue=SCHEDULER_TASK_QUEUE,
         workflows=[GroupWorkflow, NodeRegistryWorkflow],
+        workflow_runner=workflow_runner(),
         # A group's next task waits this long for a worker that died holding
         # its cached history before any other replica takes it (default 10 s).
         sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,

@@ -14,10 +14,10 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RetryConfig
 
-from workers.temporal_settings import TemporalSettings
+from timeshare.workers.temporal_settings import TemporalSettings
 
 if TYPE_CHECKING:
-    from workers.telemetry import Telemetry
+    from timeshare.workers.telemetry import Telemetry
 
 
 class StartupError(Exception):

@@ -31,7 +31,7 @@ from temporalio.client import Interceptor
 from temporalio.contrib.opentelemetry import MetricsExporter, TracingInterceptor
 from temporalio.runtime import MetricBuffer, MetricBufferDurationFormat, Runtime, TelemetryConfig
 
-from workers.service import StartupError
+from timeshare.workers.service import StartupError
 
 Exporter = Literal["none", "console", "otlp"]
 # Temporal's core drops buffered SDK metrics it cannot hand over; the

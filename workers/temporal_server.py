@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from workers.children import spawn, stop_process
-from workers.service import StartupError, ready
+from timeshare.workers.children import spawn, stop_process
+from timeshare.workers.service import StartupError, ready
 
 # Custom search attributes the scheduler keeps current (see DESIGN.md).
 SEARCH_ATTRIBUTES = {

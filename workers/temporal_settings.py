@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from temporalio.service import TLSConfig
 
-from workers.toml_file import TomlFileError, read_toml
+from timeshare.workers.toml_file import TomlFileError, read_toml
 
 DEFAULT_ADDRESS = "localhost:7233"
 # setting name -> environment variable

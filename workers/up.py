@@ -13,9 +13,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workers.children import die_with_parent
-from workers.service import StartupError, connect_temporal, ready
-from workers.temporal_server import check_port_free
+from timeshare.workers.children import die_with_parent
+from timeshare.workers.service import StartupError, connect_temporal, ready
+from timeshare.workers.temporal_server import check_port_free
 
 STARTUP_SECONDS = 90.0
 STOP_GRACE_SECONDS = 10.0

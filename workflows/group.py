@@ -1,6 +1,6 @@
 """GroupWorkflow: one durable lock queue per group of jobs sharing GPUs.
 
-A thin shell around workflows.lockqueue: handlers feed it messages stamped
+A thin shell around timeshare.workflows.lockqueue: handlers feed it messages stamped
 with workflow time, a durable timer feeds it lease and turn-limit deadlines,
 and the main loop carries out the switches it plans as one ``switch``
 activity per node, in parallel, on each node's task queue.
@@ -43,8 +43,8 @@ with workflow.unsafe.imports_passed_through():
         YieldOutput,
     )
     from timeshare.names import node_task_queue
-    from workflows.lockqueue import GroupState, LockQueue, QueueError, SwitchPlan
-    from workflows.visibility import GroupVisibility
+    from timeshare.workflows.lockqueue import GroupState, LockQueue, QueueError, SwitchPlan
+    from timeshare.workflows.visibility import GroupVisibility
 
 # An acquire waits inside one update at most this long, then returns "still
 # waiting" and the gateway asks again: no update stays open for long, so the
