@@ -47,7 +47,12 @@ def wait_for_line(process: subprocess.Popen[str], needle: str, timeout: float) -
 
 
 def start_until_ready(
-    command: Callable[[], list[str]], needle: str, timeout: float = 120, attempts: int = 3
+    command: Callable[[], list[str]],
+    needle: str,
+    timeout: float = 120,
+    attempts: int = 3,
+    env: dict[str, str] | None = None,
+    cwd: Path = REPO,
 ) -> subprocess.Popen[str]:
     """Start a server process on fresh free ports until it reports ready.
 
@@ -57,7 +62,7 @@ def start_until_ready(
     failures = []
     for _ in range(attempts):
         process = subprocess.Popen(
-            command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
+            command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env
         )
         try:
             wait_for_line(process, needle, timeout)
