@@ -138,7 +138,8 @@ def fuzz(address: str, probe: Probe, examples: int) -> list[str]:
                 assert code in DOCUMENTED, f"{method} {request!r} -> {code}: {details}"
                 assert details, f"{method} -> {code} without a message"
                 seen.append(code.name)
-                assert status() == before, f"{method} {request!r} changed the group"
+                # Lease clocks aside: the members' own clients renew them meanwhile.
+                assert _stable(status()) == _stable(before), f"{method} {request!r} changed it"
                 return
             seen.append("OK")
             if method == "Join" and request.group == probe.group:

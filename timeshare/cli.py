@@ -4,6 +4,7 @@ when run, so the client library never pulls in temporalio."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import signal
@@ -346,8 +347,35 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
         die_with_parent_if_asked()
     args = build_parser().parse_args(argv)
+    missing = missing_server_parts(args.command)
+    if missing:
+        print(
+            f"timeshare: `timeshare {args.command}` needs the server parts ({missing} is not"
+            " installed): pip install 'timeshare[server]'",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     handler = COMMANDS[args.command]
     sys.exit(handler(args))
+
+
+# The light client (`pip install timeshare`) lacks these; a server command run there
+# names the extra instead of failing with a traceback from deep inside a worker.
+SERVER_COMMANDS = frozenset({"temporal", "scheduler", "gateway", "agent", "up", "demo"})
+SERVER_MODULES = ("temporalio", "grpc_health", "opentelemetry.sdk")
+
+
+def missing_server_parts(command: str) -> str | None:
+    if command not in SERVER_COMMANDS:
+        return None
+    for module in SERVER_MODULES:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # a missing parent package
+            found = False
+        if not found:
+            return module
+    return None
 
 
 def _fail(message: str) -> int:
