@@ -74,6 +74,36 @@ def test_a_job_evicted_between_steps_trains_exactly_as_one_left_alone() -> None:
         assert torch.equal(kept, moved)
 
 
+class TwoDeviceOffload(TorchOffloadHooks):
+    """Tensors that count as living on cuda:0 and cuda:1 (in turn) while
+    staying in host memory: this CPU build of torch has no device to copy
+    to. What is checked is which devices are synchronised."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._next = 0
+
+    def _home(self, tensor: Any) -> Any:
+        self._next += 1
+        return torch.device(f"cuda:{self._next % 2}")
+
+    def _to_device(self, data: Any, device: Any) -> Any:
+        return data
+
+
+def test_every_device_the_tensors_used_is_synchronised_both_ways(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    synchronised: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: synchronised.append(str(d)))
+    model, optimizer = trainer(3)
+    hooks = TwoDeviceOffload([model], [optimizer])
+    hooks.evict("offload")
+    assert synchronised == ["cuda:0", "cuda:1"]
+    hooks.admit()
+    assert synchronised == ["cuda:0", "cuda:1"] * 2
+
+
 def test_only_the_jobs_own_groups_are_torn_down_and_both_ranks_reduce_after_re_creation(
     tmp_path: Path,
 ) -> None:
