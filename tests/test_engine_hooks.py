@@ -74,7 +74,7 @@ def test_a_vllm_server_lets_its_in_flight_requests_finish_before_sleeping(
 def test_a_vllm_server_too_old_to_wait_is_refused_before_anything_is_aborted() -> None:
     with running_engine("0.16.0") as old:
         old.running = 2
-        with pytest.raises(EngineError, match="engine version 0.16.0 is older than 0.17.0"):
+        with pytest.raises(EngineError, match=r"engine version 0\.16\.0 is older than 0\.17\.0"):
             VllmServerHooks(old.url).evict("offload")
         assert old.paths() == [] and old.aborted == 0
         VllmServerHooks(old.url, sleep_mode="abort").evict("offload")  # the job's choice
@@ -137,7 +137,7 @@ def test_a_refused_release_lets_the_engine_go_on_generating(sglang: FakeEngine) 
 def test_an_sglang_server_whose_pause_aborts_is_refused_unless_the_job_accepts_it() -> None:
     with running_engine("0.5.5") as old:
         old.running = 2
-        with pytest.raises(EngineError, match="engine version 0.5.5 is older than 0.5.6"):
+        with pytest.raises(EngineError, match=r"engine version 0\.5\.5 is older than 0\.5\.6"):
             SglangServerHooks(old.url).evict("offload")
         assert old.paths() == [] and old.aborted == 0
         SglangServerHooks(old.url, pause="abort").evict("offload")

@@ -71,7 +71,9 @@ class SglangServerHooks(WorkloadHooks):
         self._check_version()
         post(self.base_url, "/pause_generation", self.timeout, body={"mode": self.pause})
         try:
-            post(self.base_url, "/release_memory_occupation", self.timeout, body={"tags": self.tags})
+            post(
+                self.base_url, "/release_memory_occupation", self.timeout, body={"tags": self.tags}
+            )
         except EngineError:
             # Nothing was released: let the engine go on with its requests.
             self._continue()
@@ -104,7 +106,5 @@ class SglangServerHooks(WorkloadHooks):
         if self._checked or self.pause == "abort":
             return
         what = "pauses with a mode; an older one aborts every running request"
-        require_release(
-            self.base_url, "/get_server_info", PAUSE_MODE_RELEASE, what, self.timeout
-        )
+        require_release(self.base_url, "/get_server_info", PAUSE_MODE_RELEASE, what, self.timeout)
         self._checked = True

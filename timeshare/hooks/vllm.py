@@ -52,8 +52,8 @@ class VllmHooks(WorkloadHooks):
         self._takes_mode = "mode" in inspect.signature(llm.sleep).parameters
         if sleep_mode != "abort" and not self._takes_mode:
             raise EngineError(
-                f"this vLLM engine's sleep() takes no mode (vLLM < 0.17.0), so it cannot "
-                f"wait for in-flight requests: upgrade, or pass sleep_mode='abort'"
+                "this vLLM engine's sleep() takes no mode (vLLM < 0.17.0), so it cannot "
+                "wait for in-flight requests: upgrade, or pass sleep_mode='abort'"
             )
         self._level = 0
 
