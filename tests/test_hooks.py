@@ -121,8 +121,8 @@ def sim_event(agent: Agent, event: str, job: str, nth: int = 0) -> dict[str, Any
 
 
 EXPECTED = {
-    "offload": ["/sleep?level=1", "/wake_up"],
-    "discard": ["/sleep?level=2", "/wake_up?tags=weights", "/collective_rpc",
+    "offload": ["/sleep?level=1&mode=wait", "/wake_up"],
+    "discard": ["/sleep?level=2&mode=wait", "/wake_up?tags=weights", "/collective_rpc",
                 "/wake_up?tags=kv_cache"],
 }  # fmt: skip
 
@@ -139,11 +139,11 @@ async def test_the_engine_sleeps_before_the_checkpoint_and_wakes_after_the_resto
     await agent.admit("a", ["b"])
     assert engine.paths() == EXPECTED[mode]
     if mode == "discard":
-        assert engine.requests[2].body == {"method": "reload_weights"}
+        assert engine.posts()[2].body == {"method": "reload_weights"}
     checkpoint = sim_event(agent, "checkpoint", "a")
     assert checkpoint["mode"] == mode  # the job's own choice reached the device
-    assert engine.requests[0].at <= checkpoint["start"]
-    assert engine.requests[-1].at >= sim_event(agent, "restore", "a", nth=1)["end"]
+    assert engine.posts()[0].at <= checkpoint["start"]
+    assert engine.posts()[-1].at >= sim_event(agent, "restore", "a", nth=1)["end"]
 
 
 async def test_a_hook_that_hangs_fails_the_switch_with_its_message(
@@ -206,8 +206,8 @@ async def test_every_rank_puts_its_state_away_before_any_is_locked(
     hooks."""
     async with two_ranks(tmp_path, engine) as (agent, driver, ranks):
         await agent.admit("b", ["a"])
-        sleeps = [r.at for r in engine.requests]
-        assert engine.paths() == ["/sleep?level=1"] * 2
+        sleeps = [r.at for r in engine.posts()]
+        assert engine.paths() == ["/sleep?level=1&mode=wait"] * 2
         assert [c.split()[0] for c in driver.calls] == ["lock"] * 2 + ["checkpoint"] * 2
         assert max(sleeps) <= min(driver.stamps)
         restored_from = len(driver.calls)
@@ -215,7 +215,7 @@ async def test_every_rank_puts_its_state_away_before_any_is_locked(
         back = driver.calls[restored_from:]
         assert [c.split()[0] for c in back] == ["restore"] * 2 + ["unlock"] * 2
         assert engine.paths()[2:] == ["/wake_up"] * 2
-        assert min(r.at for r in engine.requests[2:]) >= max(driver.stamps)
+        assert min(r.at for r in engine.posts()[2:]) >= max(driver.stamps)
         assert sorted(int(c.split()[1]) for c in back[:2]) == sorted(ranks)
 
 
@@ -226,10 +226,10 @@ async def test_a_job_on_several_nodes_is_stopped_before_the_checkpoint_phase(
     hooks and its locks, nothing moved; the second phase only checkpoints."""
     async with two_ranks(tmp_path, engine) as (agent, driver, _):
         await agent.quiesce(["a"])
-        assert engine.paths() == ["/sleep?level=1"] * 2
+        assert engine.paths() == ["/sleep?level=1&mode=wait"] * 2
         assert [c.split()[0] for c in driver.calls] == ["lock"] * 2
         await agent.admit("b", ["a"])
-        assert engine.paths() == ["/sleep?level=1"] * 2  # not put away twice
+        assert engine.paths() == ["/sleep?level=1&mode=wait"] * 2  # not put away twice
         assert [c.split()[0] for c in driver.calls] == ["lock"] * 2 + ["checkpoint"] * 2
 
 

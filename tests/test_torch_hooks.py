@@ -7,6 +7,9 @@ move off a GPU run in bench/gpu_switch.py on a GPU host."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -71,27 +74,67 @@ def test_a_job_evicted_between_steps_trains_exactly_as_one_left_alone() -> None:
         assert torch.equal(kept, moved)
 
 
-def test_process_groups_are_torn_down_on_eviction_and_made_again_on_admission(
+class TwoDeviceOffload(TorchOffloadHooks):
+    """Tensors that count as living on cuda:0 and cuda:1 (in turn) while
+    staying in host memory: this CPU build of torch has no device to copy
+    to. What is checked is which devices are synchronised."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._next = 0
+
+    def _home(self, tensor: Any) -> Any:
+        self._next += 1
+        return torch.device(f"cuda:{self._next % 2}")
+
+    def _to_device(self, data: Any, device: Any) -> Any:
+        return data
+
+
+def test_every_device_the_tensors_used_is_synchronised_both_ways(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    synchronised: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: synchronised.append(str(d)))
+    model, optimizer = trainer(3)
+    hooks = TwoDeviceOffload([model], [optimizer])
+    hooks.evict("offload")
+    assert synchronised == ["cuda:0", "cuda:1"]
+    hooks.admit()
+    assert synchronised == ["cuda:0", "cuda:1"] * 2
+
+
+def test_only_the_jobs_own_groups_are_torn_down_and_both_ranks_reduce_after_re_creation(
     tmp_path: Path,
 ) -> None:
+    """Two real ranks (gloo): the job's group goes and comes back while the
+    default group keeps working; with include_default both go and come back.
+    Each all-reduce sums rank-distinct values, so only both ranks together
+    give the expected sum."""
+    command = [sys.executable, "-m", "tests.nccl_ranks"]
+    ranks = [
+        subprocess.Popen([*command, str(rank), str(tmp_path), str(tmp_path / f"rank{rank}.json")])
+        for rank in range(2)
+    ]
+    assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
+    expected = {
+        "default kept": True, "default after teardown": 3.0, "old group destroyed": True,
+        "new group": 30.0, "new group is new": True,
+        "default destroyed": True, "re-created default": 300.0, "re-created group": 3000.0,
+    }  # fmt: skip
+    for rank in range(2):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == expected
+
+
+def test_the_default_group_is_refused_unless_the_job_includes_it(tmp_path: Path) -> None:
     dist = torch.distributed
-    store = f"file://{tmp_path / 'store'}"
-
-    def create() -> None:
-        (tmp_path / "store").unlink(missing_ok=True)
-        dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
-
-    create()
-    model, optimizer = trainer(2)
-    hooks = NcclHooks(create, inner=TorchOffloadHooks([model], [optimizer]))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
     try:
-        hooks.evict("offload")
-        assert not dist.is_initialized()
-        hooks.admit()
+        hooks = NcclHooks(lambda: None, lambda: [dist.group.WORLD])
+        with pytest.raises(ValueError, match="pass include_default=True"):
+            hooks.evict("offload")
         assert dist.is_initialized()
-        summed = torch.ones(3)
-        dist.all_reduce(summed)  # the new group works
-        assert summed.tolist() == [1.0, 1.0, 1.0]
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        dist.destroy_process_group()

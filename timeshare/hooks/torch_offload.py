@@ -35,22 +35,38 @@ class TorchOffloadHooks(WorkloadHooks):
         if self._homes:
             return
         for tensor in self._tensors():
-            self._homes.append((tensor, tensor.device))
+            self._homes.append((tensor, self._home(tensor)))
             tensor.data = self._to_host(tensor.data)
+        # The copies run on each source device's stream: wait on every device
+        # a tensor left, not only the current one, before its memory is reused.
+        self._synchronize()
         if self.pinned:
-            torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
     def admit(self) -> None:
         for tensor, device in self._homes:
-            tensor.data = tensor.data.to(device, non_blocking=self.pinned)
-        if self.pinned:
-            torch.cuda.synchronize()
+            tensor.data = self._to_device(tensor.data, device)
+        self._synchronize()
         self._homes = []
 
     def moved_bytes(self) -> int:
         """Bytes now held in host memory for the job."""
         return sum(t.data.numel() * t.data.element_size() for t, _ in self._homes)
+
+    def devices(self) -> list[Any]:
+        """The CUDA devices the moved tensors came from."""
+        found = {device for _, device in self._homes if device.type == "cuda"}
+        return sorted(found, key=str)
+
+    def _synchronize(self) -> None:
+        for device in self.devices():
+            torch.cuda.synchronize(device)
+
+    def _home(self, tensor: Any) -> Any:
+        return tensor.device
+
+    def _to_device(self, data: Any, device: Any) -> Any:
+        return data.to(device, non_blocking=self.pinned)
 
     def _to_host(self, data: Any) -> Any:
         host = torch.empty(data.shape, dtype=data.dtype, device="cpu", pin_memory=self.pinned)
