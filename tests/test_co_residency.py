@@ -134,7 +134,8 @@ async def test_an_agent_that_dies_mid_checkpoint_leaves_a_stopped_job_on_the_dev
     checkpoint = asyncio.create_task(dying.checkpoint("g", "a"))
     await asyncio.sleep(0.2)
     checkpoint.cancel()  # the agent died mid-checkpoint
-    restarted = SimBackend(config)
+    # The restarted agent copies fast: only the dying one had to be slow enough to cut off.
+    restarted = SimBackend(config.model_copy(update={"sim_bandwidth_bytes_per_second": STATE * 20}))
     assert restarted.resident("g") == ["a"] and restarted.running("g") == []
     assert (await restarted.checkpoint("g", "a")).bytes == STATE  # the retry moves it
     record = [json.loads(line) for line in (tmp_path / "record").read_text().splitlines()]
