@@ -9,8 +9,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import Client
@@ -18,6 +20,7 @@ from temporalio.worker import Worker
 
 from bench.stack import free_port, timeshare_command
 from tests.gateways import start_gateway
+from tests.needs import skip_what_the_machine_lacks
 from timeshare.activities.backend import BackendConfig
 from timeshare.activities.processes import ProcessTable
 from timeshare.activities.sim import SimBackend
@@ -161,6 +164,21 @@ async def sim_nodes(client: Client, scheduler: Worker) -> AsyncIterator[SimNodes
 @pytest.fixture
 def unique() -> str:
     return uuid.uuid4().hex[:8]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_what_the_machine_lacks(items)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Every skip in one line: what was not run here, and why."""
+    reasons: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        _, _, reason = report.longrepr if isinstance(report.longrepr, tuple) else ("", 0, "?")
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if reasons:
+        parts = "; ".join(f"{count} because {reason}" for reason, count in reasons.items())
+        terminalreporter.write_line(f"skipped {sum(reasons.values())}: {parts}")
 
 
 # The Temporal SDK's native threads can abort a normal interpreter shutdown

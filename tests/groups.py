@@ -3,7 +3,6 @@ Job tokens here are simply "hash-<job>"."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Callable
 
@@ -11,6 +10,7 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
 from tests.conftest import SimNodes
+from tests.polling import wait_until_async
 from timeshare.activities.sim import SimBackend
 from timeshare.models import (
     AcquireInput,
@@ -82,10 +82,9 @@ async def eventually(
     handle: Handle, check: Callable[[GroupStatus], bool], seconds: float = 20
 ) -> GroupStatus:
     """Poll the group's status until ``check`` holds (bounded)."""
-    status = await handle.query(GroupWorkflow.status)
-    for _ in range(int(seconds / 0.1)):
-        if check(status):
-            return status
-        await asyncio.sleep(0.1)
+
+    async def holding() -> GroupStatus | None:
         status = await handle.query(GroupWorkflow.status)
-    raise AssertionError(f"condition never held; last status: {status}")
+        return status if check(status) else None
+
+    return await wait_until_async(holding, "the group's status to hold", seconds, every=0.1)

@@ -19,6 +19,7 @@ import timeshare.aio
 from bench.stack import free_port, timeshare_command
 from tests.conftest import SimNodes
 from tests.gateways import RunningGateway, start_gateway
+from tests.polling import wait_until_async
 from timeshare import errors
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
@@ -162,13 +163,15 @@ async def test_mutual_tls_admits_only_certified_clients(
     anonymous = timeshare.aio.connect(address, tls_ca=files["ca.pem"])
     plain = timeshare.aio.connect(address)
     try:
-        for _ in range(100):
+
+        async def serving() -> bool:
             try:
                 await certified.list_nodes()
-                break
             except errors.Unavailable:
-                await asyncio.sleep(0.1)
-        await certified.list_nodes()
+                return False
+            return True
+
+        await wait_until_async(serving, "the TLS gateway to serve", every=0.1)
         for refused in (anonymous, plain):
             with pytest.raises(errors.Unavailable):
                 await refused.list_nodes()
@@ -228,10 +231,11 @@ async def test_the_group_limit_refuses_new_groups_only(
     await sim_nodes.start(node)
     api = timeshare.aio.connect(gateway)
     await api.join(f"g-{unique}", "a", [node])
-    for _ in range(100):  # visibility lags the new workflow
-        if await count_running_groups(client) >= 1:
-            break
-        await asyncio.sleep(0.1)
+
+    async def counted() -> bool:  # visibility lags the new workflow
+        return await count_running_groups(client) >= 1
+
+    await wait_until_async(counted, "the group to be counted", every=0.1)
     limited = await start_gateway(temporal_address, max_groups=1)
     small = timeshare.aio.connect(limited.address)
     try:

@@ -16,6 +16,7 @@ import pytest
 
 import timeshare
 from bench.stack import LocalStack
+from tests.polling import wait_until
 from tests.processes import detached, kill
 from timeshare.activities.processes import ProcessTable, alive, start_time
 
@@ -110,10 +111,7 @@ def test_kept_registrations_drop_exited_and_reused_process_ids(tmp_path: Path) -
         kill(exiting)
         entries = json.loads(path.read_text())
         assert {(e["job"], e["pid"]) for e in entries} == {("a", living), ("b", exiting)}
-        for _ in range(100):
-            if not alive(exiting):
-                break
-            time.sleep(0.05)
+        wait_until(lambda: not alive(exiting), "the killed process to exit")
         assert ProcessTable(path).processes("g", "a") == [living]
         assert ProcessTable(path).jobs("g") == ["a"]
 

@@ -17,6 +17,7 @@ from bench.chaos_check import JobRecord, double_grants, errors, lost, turns_comp
 from tests.conftest import REPO
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(900)
 def test_half_a_minute_of_chaos_loses_nothing(tmp_path: Path) -> None:
     run = subprocess.run(

@@ -56,9 +56,7 @@ CUSTOM_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
 METRICS_PORT = 9464
 
 KUBECTL = shutil.which("kubectl")
-needs_kubectl = pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl is not on PATH: it renders the kustomizations"
-)
+needs_kubectl = pytest.mark.kubectl
 
 
 # -- helpers ------------------------------------------------------------------------

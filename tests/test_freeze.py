@@ -6,12 +6,12 @@ import asyncio
 import contextlib
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from temporalio.testing import ActivityEnvironment
 
+from tests.polling import async_check, wait_until, wait_until_async
 from tests.processes import detached, kill
 from timeshare.activities.backend import BackendConfig, load_backend
 from timeshare.activities.cgroups import FreezerCgroup, hierarchies, own_cgroup
@@ -43,20 +43,14 @@ def counter(path: Path) -> int:
 
 def counts_past(path: Path, before: int) -> bool:
     """The counter goes past ``before`` (a loaded machine may take seconds)."""
-    for _ in range(1000):
-        if count(path) > before:
-            return True
-        time.sleep(0.01)
-    return False
+    return wait_until(lambda: count(path) > before, f"{path.name} to count past {before}")
 
 
 def count(path: Path) -> int:
-    for _ in range(1000):  # a loaded machine can take seconds to start Python
-        text = path.read_text() if path.exists() else ""
-        if text:
-            return int(text)
-        time.sleep(0.01)
-    raise AssertionError("the counter never counted")
+    def text() -> str:
+        return path.read_text() if path.exists() else ""
+
+    return int(wait_until(text, f"{path.name} to count"))
 
 
 async def test_a_frozen_job_stops_counting_until_restored(tmp_path: Path) -> None:
@@ -96,10 +90,9 @@ async def test_registration_takes_the_pid_from_the_kernel(tmp_path: Path) -> Non
     said = tmp_path / "said"
     async with server:
         child = detached(sys.executable, "-c", register, path, str(said))
-        for _ in range(300):
-            if said.exists() and said.read_text():
-                break
-            await asyncio.sleep(0.05)
+        await wait_until_async(
+            async_check(lambda: said.exists() and said.read_text()), "the child to register"
+        )
         own_pid, registered = map(int, said.read_text().split())
         assert registered == own_pid == child  # the kernel's word
         assert table.jobs("g") == ["job-a"]
@@ -119,10 +112,7 @@ def test_a_process_belongs_to_one_job() -> None:
             table.register("g", "b", sleeper)
     finally:
         kill(sleeper)
-    for _ in range(100):  # reaped by init a moment later
-        if not table.jobs("g"):
-            break
-        time.sleep(0.05)
+    wait_until(lambda: table.jobs("g") == [], "the exited process to be reaped")
     assert table.jobs("g") == []  # an exited process is forgotten
 
 
@@ -136,11 +126,7 @@ async def test_a_newcomer_is_frozen_while_another_job_holds_the_node(tmp_path: P
     newcomer = counter(tmp_path / "count")
     try:
         table.register("g", "b", newcomer)
-        for _ in range(200):
-            if stopped(newcomer):
-                break
-            await asyncio.sleep(0.01)
-        assert stopped(newcomer)
+        await wait_until_async(async_check(lambda: stopped(newcomer)), "the newcomer to stop")
     finally:
         kill(newcomer)
 
@@ -153,10 +139,7 @@ async def test_a_job_whose_processes_all_exited_is_reported_gone() -> None:
     worker = detached(sys.executable, "-c", "import time; time.sleep(30)")
     table.register("g", "a", worker)
     kill(worker)
-    for _ in range(100):
-        if table.gone("g", "a"):
-            break
-        time.sleep(0.05)
+    wait_until(lambda: table.gone("g", "a"), "the killed worker to be gone")
     move = NodeMove(node="n", admit="b", evict=["a"])
     output = await ActivityEnvironment().run(
         switches.switch, SwitchInput(group="g", epoch=2, move=move)

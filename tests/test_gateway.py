@@ -15,6 +15,7 @@ from temporalio.client import Client
 
 import timeshare.aio
 from tests.conftest import SimNodes
+from tests.polling import wait_until_async
 from timeshare import errors
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
@@ -22,11 +23,10 @@ from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 
 async def eventually_listed(api: timeshare.aio.Client, group: str) -> bool:
     # Temporal's visibility store lags the workflow by a moment.
-    for _ in range(50):
-        if group in [g.group for g in await api.list_groups()]:
-            return True
-        await asyncio.sleep(0.2)
-    return False
+    async def listed() -> bool:
+        return group in [g.group for g in await api.list_groups()]
+
+    return await wait_until_async(listed, f"{group} to be listed", every=0.2)
 
 
 async def two_jobs(

@@ -18,6 +18,7 @@ from temporalio.worker import Replayer
 
 from tests.conftest import SimNodes
 from tests.groups import acquire, eventually, group_on_one_node, join, refusal_type, release
+from tests.polling import wait_until_async
 from tests.test_replay import HISTORIES
 from timeshare.models import JobInput, YieldInput
 from timeshare.names import SCHEDULER_TASK_QUEUE
@@ -146,12 +147,11 @@ async def test_node_registry_notices_a_silent_node(client: Client, scheduler: ob
     )
     nodes = await handle.query(NodeRegistryWorkflow.nodes)
     assert [(n.node, n.alive) for n in nodes] == [("n1", True)]
-    for _ in range(50):
-        await asyncio.sleep(0.2)
-        nodes = await handle.query(NodeRegistryWorkflow.nodes)
-        if not nodes[0].alive:
-            break
-    assert not nodes[0].alive
+
+    async def silent() -> bool:
+        return not (await handle.query(NodeRegistryWorkflow.nodes))[0].alive
+
+    await wait_until_async(silent, "n1 to be marked silent", every=0.2)
     await handle.terminate()
 
 

@@ -20,6 +20,7 @@ from temporalio.testing import ActivityEnvironment
 
 from tests.fakes.cuda_driver import FakeDriver
 from tests.fakes.engine import FakeEngine, running_engine
+from tests.polling import async_check, wait_until_async
 from tests.processes import detached, kill
 from timeshare.activities.app import AppBackend
 from timeshare.activities.backend import Backend, BackendConfig, load_backend
@@ -63,11 +64,9 @@ class Agent:
         await ActivityEnvironment().run(self.switches.switch, given)
 
     async def wait_for_hooks(self, job: str) -> None:
-        for _ in range(600):  # a loaded machine can take seconds to start Python
-            if self.hooks.connections("g", job):
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"job {job} never served its hooks")
+        await wait_until_async(
+            async_check(lambda: self.hooks.connections("g", job)), f"job {job} to serve its hooks"
+        )
 
 
 CONFIG = BackendConfig(

@@ -398,9 +398,9 @@ class LockQueueMachine(RuleBasedStateMachine):
                 self.switch("ok", None)
             else:
                 break
-        assert not self.queue.state.queue
-        waiting = {w.request_id for w in self.queue.state.queue}
-        assert not (self.open_requests & waiting)
+        else:
+            raise AssertionError(f"the queue never settled: {self.queue.state}")
+        assert not self.queue.state.queue, f"requests wait forever: {self.queue.state.queue}"
 
 
 TestLockQueueMachine = LockQueueMachine.TestCase

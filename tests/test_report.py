@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.chromium import chromium
 from tests.conftest import REPO
+from tests.needs import CHROMIUM
 from tests.report_history import GIB, JOBS, NODES, T, recorded_history
 from tests.test_cli import assert_one_line_failure, run
 from timeshare.history import GroupHistory
@@ -125,8 +125,9 @@ def test_html_is_well_formed_and_self_contained(tmp_path: Path) -> None:
         assert outside not in lowered
 
 
+@pytest.mark.browser
 def test_html_opens_in_headless_chromium(tmp_path: Path) -> None:
-    browser = chromium()
+    browser = CHROMIUM
     out = write_report(recorded_history(), tmp_path / "pair.html")
     result = subprocess.run(
         [
