@@ -16,7 +16,7 @@ import abc
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, ClassVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from timeshare.activities.processes import ProcessTable
 from timeshare.hooks.protocol import EvictMode
@@ -40,6 +40,8 @@ class BackendConfig(BaseModel):
     sim_capacity_bytes: int | None = None
     sim_bandwidth_bytes_per_second: float = 20e9
     sim_state_bytes: int = 2 * 2**30
+    # Jobs whose simulated state has another size, by job name.
+    sim_job_state_bytes: dict[str, int] = Field(default_factory=dict)
     # Where the sim backend appends its residency record (JSON lines).
     sim_record_path: str | None = None
     # Where the sim backend keeps what its GPU holds, so that, like a real GPU,

@@ -56,9 +56,14 @@ class SimBackend(Backend):
         self.node = config.node
         # Without a capacity, one job at a time: the invariant of a GPU with no co-residency.
         self.shared = config.sim_capacity_bytes is not None
-        self.capacity_bytes = config.sim_capacity_bytes or config.sim_state_bytes
+        # Without one, room for the largest job's state (and one job at a time).
+        self.capacity_bytes = config.sim_capacity_bytes or max(
+            [config.sim_state_bytes, *config.sim_job_state_bytes.values()]
+        )
         self.bandwidth = config.sim_bandwidth_bytes_per_second
         self.state_bytes = config.sim_state_bytes
+        # Jobs whose state is not the default size, by job name (any group).
+        self.job_state_bytes = dict(config.sim_job_state_bytes)
         self.discard_fraction = config.sim_discard_fraction
         self.rebuild_rate = config.sim_rebuild_bytes_per_second
         self.record_path = Path(config.sim_record_path) if config.sim_record_path else None
@@ -83,7 +88,8 @@ class SimBackend(Backend):
     def describe(self) -> str:
         return (
             f"sim (SIMULATED GPU: {self._memory()}, "
-            f"{self.bandwidth / 1e9:g} GB/s, {self.state_bytes / 2**30:g} GiB per job)"
+            f"{self.bandwidth / 1e9:g} GB/s, {self.state_bytes / 2**30:g} GiB per job"
+            f"{f', {len(self.job_state_bytes)} sized apart' if self.job_state_bytes else ''})"
         )
 
     def gpus(self) -> list[str]:
@@ -105,16 +111,21 @@ class SimBackend(Backend):
         )
 
     async def footprint(self, group: str, job: str) -> DeviceBytes:
-        return {DEVICE: self.state_bytes} if job in self.resident(group) else {}
+        return {DEVICE: self.bytes_of(job)} if job in self.resident(group) else {}
 
     async def admission_footprint(self, group: str, job: str) -> DeviceBytes:
-        return {DEVICE: self.state_bytes}
+        return {DEVICE: self.bytes_of(job)}
 
     async def free_memory(self, group: str) -> DeviceBytes | None:
         if not self.shared:
             return None
-        used = self.state_bytes * len(self.resident(group))
-        return {DEVICE: self.capacity_bytes - used}
+        return {DEVICE: self.capacity_bytes - self._used(group)}
+
+    def bytes_of(self, job: str) -> int:
+        return self.job_state_bytes.get(job, self.state_bytes)
+
+    def _used(self, group: str) -> int:
+        return sum(self.bytes_of(job) for job in self.resident(group))
 
     def inject_failure(
         self, action: Literal["checkpoint", "restore"], job: str, times: int
@@ -149,8 +160,9 @@ class SimBackend(Backend):
                 # comes back to a job on the device that does not run.
                 state.location = "locked"
                 self._save()
-            dropped = int(self.state_bytes * self.discard_fraction) if mode == "discard" else 0
-            moved = self.state_bytes - dropped
+            size = self.bytes_of(job)
+            dropped = int(size * self.discard_fraction) if mode == "discard" else 0
+            moved = size - dropped
             await asyncio.sleep(moved / self.bandwidth)
             end = time.time()
             since = state.resident_since if state.resident_since is not None else start
@@ -163,7 +175,7 @@ class SimBackend(Backend):
             # No capacity recorded: a GPU that holds one job at a time.
             capacity = self.capacity_bytes if self.shared else None
             self._record(event="resident", group=group, job=job, start=since, end=end,
-                         bytes=self.state_bytes, capacity=capacity)  # fmt: skip
+                         bytes=size, capacity=capacity)  # fmt: skip
             return BackendAction(job=job, action="checkpoint", bytes=moved, seconds=end - start)
 
     async def restore(self, group: str, job: str) -> BackendAction:
@@ -208,20 +220,20 @@ class SimBackend(Backend):
                 f"simulated GPU on node {self.node}: cannot admit {group}/{job} while "
                 f"{others} {'run' if self.shared else 'still resident'}"
             )
-        if self.state_bytes > self.capacity_bytes:
+        size = self.bytes_of(job)
+        if size > self.capacity_bytes:
             raise BackendError(
-                f"job {job!r} needs {self.state_bytes} bytes; the simulated GPU has "
-                f"{self.capacity_bytes}"
+                f"job {job!r} needs {size} bytes; the simulated GPU has {self.capacity_bytes}"
             )
         if state is not None and state.location == "locked":
             return
-        used = self.state_bytes * len(self.resident(group))
-        if used + self.state_bytes > self.capacity_bytes:
+        used = self._used(group)
+        if used + size > self.capacity_bytes:
             resident = [f"{group}/{j}" for j in self.resident(group)]
             self._record(event="overlap", group=group, job=job, others=resident, at=time.time())
             raise SimOverlapError(
                 f"simulated GPU on node {self.node}: {group}/{job} does not fit beside "
-                f"{resident} ({used + self.state_bytes} of {self.capacity_bytes} bytes)"
+                f"{resident} ({used + size} of {self.capacity_bytes} bytes)"
             )
 
     def _stop_running(self, group: str, job: str, state: SimJob, at: float) -> None:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from timeshare.names import check_name
+
 if TYPE_CHECKING:
     from timeshare.activities.backend import BackendConfig
     from timeshare.workers.gateway_access import GatewaySecurity
@@ -148,6 +150,10 @@ def _sim_options(parser: argparse.ArgumentParser) -> None:
         help="device state per job (0: switches that move no bytes, orchestration only)",
     )  # fmt: skip
     sim.add_argument(
+        "--sim-job-state", type=JOB_STATE, action="append", default=[], metavar="JOB=GIB",
+        help="device state of one job (by name) if not --sim-state-gib; repeat for more jobs",
+    )  # fmt: skip
+    sim.add_argument(
         "--sim-discard-fraction", type=FRACTION, default=0.5,
         help="share of a job's state an eviction in discard mode drops (its KV cache, say)",
     )  # fmt: skip
@@ -186,6 +192,29 @@ AMOUNT = _number(float, 1e-6, 1e6)
 RATE = _number(float, 0.0, 1e6)
 SIZE = _number(float, 0.0, 1e6)
 FRACTION = _number(float, 0.0, 1.0)
+
+
+def JOB_STATE(text: str) -> tuple[str, float]:
+    """JOB=GIB: a job's own simulated state size."""
+    job, _, size = text.partition("=")
+    try:
+        check_name("job", job)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return job, SIZE(size)
+
+
+def ITERATION(text: str) -> list[tuple[str, float]]:
+    """gpu:S,cpu:S,...: the phases of one iteration."""
+    phases = []
+    for part in text.split(","):
+        kind, _, seconds = part.partition(":")
+        if kind not in ("gpu", "cpu"):
+            raise argparse.ArgumentTypeError(f"{part!r}: name a phase gpu:SECONDS or cpu:SECONDS")
+        phases.append((kind, SECONDS(seconds)))
+    if not any(kind == "gpu" for kind, _ in phases):
+        raise argparse.ArgumentTypeError(f"{text!r} has no gpu phase")
+    return phases
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -329,6 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--reward-seconds", type=SECONDS, default=1.8)
     job.add_argument("--train-seconds", type=SECONDS, default=0.6)
     job.add_argument("--start-delay-seconds", type=SECONDS, default=0.0)
+    job.add_argument(
+        "--iteration", type=ITERATION, metavar="gpu:S,cpu:S,...",
+        help="one iteration's phases in order, instead of sample, reward and train",
+    )  # fmt: skip
     job.add_argument("--report", type=Path, help="write the job's record here (JSON)")
     job.add_argument("--lease-seconds", type=PERIOD, help="group policy, if this job makes it")
     job.add_argument("--agent-timeout-seconds", type=PERIOD, help="group policy, likewise")
@@ -443,6 +476,7 @@ def backend_config(args: argparse.Namespace) -> BackendConfig:
         sim_capacity_bytes=int(capacity * 2**30) if capacity is not None else None,
         sim_bandwidth_bytes_per_second=args.sim_bandwidth_gbps * 1e9,
         sim_state_bytes=int(args.sim_state_gib * 2**30),
+        sim_job_state_bytes={job: int(gib * 2**30) for job, gib in args.sim_job_state},
         sim_record_path=str(args.sim_record) if args.sim_record else None,
         sim_state_path=str(args.sim_state) if args.sim_state else None,
         record_path=str(args.record) if args.record else None,
@@ -471,7 +505,6 @@ def _probe() -> int:
 def _cmd_agent(args: argparse.Namespace) -> int:
     if args.probe:
         return _probe()
-    from timeshare.names import check_name
     from timeshare.workers.agent import serve_agent
     from timeshare.workers.service import StartupError, run_service
     from timeshare.workers.temporal_settings import SettingsError
@@ -507,6 +540,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
             *([f"--sim-capacity-gib={args.sim_capacity_gib}"] if args.sim_capacity_gib else []),
             f"--sim-bandwidth-gbps={args.sim_bandwidth_gbps}",
             f"--sim-state-gib={args.sim_state_gib}",
+            *[f"--sim-job-state={job}={gib}" for job, gib in args.sim_job_state],
             f"--sim-discard-fraction={args.sim_discard_fraction}",
             f"--sim-rebuild-gbps={args.sim_rebuild_gbps}",
             *([f"--sim-record={args.sim_record}"] if args.sim_record else []),
@@ -557,6 +591,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_synthetic_job(args: argparse.Namespace) -> int:
     from timeshare.errors import TimeshareError
     from timeshare.models import GroupPolicy
+    from timeshare.placement.spec import Phase
     from timeshare.synthetic import SyntheticJobSpec, run_synthetic_job
 
     spec = SyntheticJobSpec(
@@ -569,6 +604,9 @@ def _cmd_synthetic_job(args: argparse.Namespace) -> int:
         reward_seconds=args.reward_seconds,
         train_seconds=args.train_seconds,
         start_delay_seconds=args.start_delay_seconds,
+        iteration=[Phase.model_validate({kind: s}) for kind, s in args.iteration]
+        if args.iteration
+        else None,
         policy=GroupPolicy(
             lease_seconds=args.lease_seconds or 30.0,
             agent_timeout_seconds=args.agent_timeout_seconds or 30.0,

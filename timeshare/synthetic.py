@@ -1,5 +1,6 @@
 """A synthetic RL job: a sampler phase and a trainer phase on the GPU with a
-CPU-only reward phase between them, in a loop. It uses only the public client
+CPU-only reward phase between them, in a loop, or any iteration of GPU and
+CPU phases a placement profile names. It uses only the public client
 library, and writes what happened as JSON for the demo, tests and benchmarks.
 """
 
@@ -17,6 +18,7 @@ import timeshare
 from timeshare.hooks import WorkloadHooks, serve_hooks
 from timeshare.hooks.protocol import EvictMode
 from timeshare.models import GroupPolicy
+from timeshare.placement.spec import Phase
 
 
 class SyntheticJobSpec(BaseModel):
@@ -29,6 +31,8 @@ class SyntheticJobSpec(BaseModel):
     reward_seconds: float = 1.8
     train_seconds: float = 0.6
     start_delay_seconds: float = 0.0
+    # A profile's iteration instead of sample, reward, train: phases "gpu" and "cpu".
+    iteration: list[Phase] | None = None
     # Applied if this job's join creates the group.
     policy: GroupPolicy | None = None
     # Serve workload hooks to the agent, asking to be evicted this way.
@@ -107,11 +111,13 @@ def run_synthetic_job(
         report.started = time.time()
         try:
             for iteration in range(spec.iterations):
-                _gpu_phase(job, report, "sample", iteration, spec.sample_seconds)
-                start = time.time()
-                time.sleep(spec.reward_seconds)
-                report.phases.append(PhaseRecord(phase="reward", start=start, end=time.time()))
-                _gpu_phase(job, report, "train", iteration, spec.train_seconds)
+                for name, on_gpu, seconds in _phases(spec):
+                    if on_gpu:
+                        _gpu_phase(job, report, name, iteration, seconds)
+                    else:
+                        start = time.time()
+                        time.sleep(seconds)
+                        report.phases.append(PhaseRecord(phase=name, start=start, end=time.time()))
                 last = report.turns[-1]
                 print(
                     f"{spec.job}: iteration {iteration + 1}/{spec.iterations} done "
@@ -124,6 +130,17 @@ def run_synthetic_job(
             if report_path is not None:
                 report_path.write_text(report.model_dump_json(indent=1))
     return report
+
+
+def _phases(spec: SyntheticJobSpec) -> list[tuple[str, bool, float]]:
+    """(name, on the GPU, seconds) of one iteration."""
+    if spec.iteration is not None:
+        return [("gpu" if p.on_gpu else "cpu", p.on_gpu, p.seconds) for p in spec.iteration]
+    return [
+        ("sample", True, spec.sample_seconds),
+        ("reward", False, spec.reward_seconds),
+        ("train", True, spec.train_seconds),
+    ]
 
 
 def _gpu_phase(
