@@ -5,7 +5,8 @@ From synthetic jobs' records (client clocks) and their group's history
 the scheduler, an acquire granted at once and a yield take as the job sees
 them, and, for each hand-over, the wait before the switch begins, the
 switch's time beyond its transfers, and the wait from its end until the
-waiting job's acquire returns. Medians, so one slow call weighs little.
+waiting job's acquire returns. Means, not medians: a job's iteration adds
+these up, so the occasional slow call counts as much as it costs.
 """
 
 from __future__ import annotations
@@ -58,16 +59,16 @@ class CostSamples:
     def costs(self) -> StackCosts:
         defaults = StackCosts()
 
-        def median(samples: list[float], default: float) -> float:
-            return max(0.0, statistics.median(samples)) if samples else default
+        def mean(samples: list[float], default: float) -> float:
+            return max(0.0, statistics.fmean(samples)) if samples else default
 
         return StackCosts(
-            message_seconds=median(self.message, defaults.message_seconds),
-            acquire_seconds=median(self.acquire, defaults.acquire_seconds),
-            yield_seconds=median(self.yield_, defaults.yield_seconds),
-            plan_seconds=median(self.plan, defaults.plan_seconds),
-            switch_seconds=median(self.switch, defaults.switch_seconds),
-            grant_seconds=median(self.grant, defaults.grant_seconds),
+            message_seconds=mean(self.message, defaults.message_seconds),
+            acquire_seconds=mean(self.acquire, defaults.acquire_seconds),
+            yield_seconds=mean(self.yield_, defaults.yield_seconds),
+            plan_seconds=mean(self.plan, defaults.plan_seconds),
+            switch_seconds=mean(self.switch, defaults.switch_seconds),
+            grant_seconds=mean(self.grant, defaults.grant_seconds),
         )
 
     def counts(self) -> str:
