@@ -118,7 +118,7 @@ def predict(
     iterations: int,
 ) -> GroupPrediction:
     model = GroupModel(jobs, plan_input.gpu_sets, plan_input.policy, costs)
-    return whole_run(model.run(iterations, measured.starts), jobs)
+    return whole_run(model.run(iterations, starts=measured.starts), jobs)
 
 
 def costs_line(costs: StackCosts) -> str:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 import timeshare
 from timeshare.history import GroupHistory
 from timeshare.models import GroupStatus
+from timeshare.placement.arguments import TIME_LIMIT_SECONDS
 from timeshare.placement.evaluate import Evaluator
 from timeshare.placement.profile import profile_group
 from timeshare.placement.search import plan_partition
@@ -29,7 +30,7 @@ class LiveSettings(BaseModel):
     states: dict[str, float] = Field(default_factory=dict)
     # Only these groups (default: every live group).
     groups: list[str] | None = None
-    budget_seconds: float = 20.0
+    budget_seconds: float = TIME_LIMIT_SECONDS
 
 
 class Advice(BaseModel):

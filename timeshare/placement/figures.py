@@ -51,14 +51,19 @@ def _figures(
 
 
 def steady_state(run: GroupRun, specs: Sequence[JobSpec]) -> GroupPrediction:
-    """Between the moment every job is past its start-up and the end of the run."""
+    """Between the moment every job is past its start-up and the end of the run:
+    each job's iterations in that window, and the busy fraction they add up to."""
     traces = run.jobs
     start = max(t.boundaries[min(WARMUP_ITERATIONS, len(t.boundaries) - 1)]
                 for t in traces.values())  # fmt: skip
     end = run.end
-    slowdown = {s.name: _steady_iteration(traces[s.name], start, end) / s.iteration_seconds
-                for s in specs}  # fmt: skip
-    return _figures(run, specs, start, end, slowdown)
+    iteration = {s.name: _steady_iteration(traces[s.name], start, end) for s in specs}
+    figures = _figures(run, specs, start, end, {
+        s.name: iteration[s.name] / s.iteration_seconds for s in specs})  # fmt: skip
+    # Each iteration holds the same GPU seconds, so the busy fraction is the
+    # sum of the jobs' rates: exact over whole iterations, whatever the window.
+    figures.busy = sum(s.gpu_seconds * s.gpus / iteration[s.name] for s in specs) / run.gpus
+    return figures
 
 
 def _steady_iteration(trace: JobTrace, start: float, end: float) -> float:

@@ -114,6 +114,7 @@ class GroupModel:
     def run(
         self,
         iterations: int | None,
+        *,
         starts: dict[str, float] | None = None,
         steady_iterations: int = 0,
     ) -> GroupRun:

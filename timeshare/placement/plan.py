@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel
 
 from timeshare.models import GroupPolicy
+from timeshare.placement.arguments import TIME_LIMIT_SECONDS
 from timeshare.placement.evaluate import Evaluator
 from timeshare.placement.figures import GroupPrediction
 from timeshare.placement.search import Partition, plan_partition
@@ -89,7 +90,7 @@ def _util(groups: Sequence[PlannedGroup]) -> float:
 
 
 def make_plan(
-    evaluator: Evaluator, prefix: str = "share", budget_seconds: float = 20.0
+    evaluator: Evaluator, prefix: str = "share", budget_seconds: float = TIME_LIMIT_SECONDS
 ) -> PlanFile:
     """Raises PlanError (one line) when no plan fits."""
     partition: Partition = plan_partition(evaluator, budget_seconds)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -15,42 +14,9 @@ from timeshare.placement.advice import LiveSettings, advise, gather, render_advi
 from timeshare.placement.evaluate import Evaluator
 from timeshare.placement.load import PlanInputError, first_problem, load_plan_input
 from timeshare.placement.plan import make_plan, render
-from timeshare.placement.search import TIME_BUDGET_SECONDS, PlanError
+from timeshare.placement.search import PlanError
 
 BAD_INPUT = 2
-
-
-def _state(text: str) -> tuple[str, float]:
-    job, _, gib = text.partition("=")
-    try:
-        return job, float(gib)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give JOB=GIB") from None
-
-
-def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "file", nargs="?", type=Path, help="jobs and GPU sets: YAML (extra `plan`) or JSON"
-    )
-    parser.add_argument("--out", type=Path, help="write the plan here (JSON)")
-    parser.add_argument("--group-prefix", default="share", help="planned groups are PREFIX-1 ...")
-    parser.add_argument(
-        "--time-limit", type=float, default=TIME_BUDGET_SECONDS,
-        help="seconds the heuristic search (over 10 jobs) may take",
-    )  # fmt: skip
-    live = parser.add_argument_group("--from-groups: advice on the live groups (moves nothing)")
-    live.add_argument("--from-groups", action="store_true", help="profile every live group")
-    live.add_argument("--groups", help="only these groups, comma-separated")
-    live.add_argument("--max-slowdown", type=float, default=1.5)
-    live.add_argument("--gpu-memory-gib", type=float, default=80.0, help="per GPU set")
-    live.add_argument("--host-memory-gib", type=float, default=512.0, help="per GPU set")
-    live.add_argument("--bandwidth-gbps", type=float, help="default: as the switches measured")
-    live.add_argument("--co-residency-margin-gib", type=float, default=2.0)
-    live.add_argument(
-        "--state-gib", type=_state, action="append", default=[], metavar="JOB=GIB",
-        help="state of a job its history never saw checkpointed",
-    )  # fmt: skip
-    live.add_argument("--address", help="gateway HOST:PORT (env TIMESHARE_ADDRESS)")
 
 
 def _fail(message: str, code: int = BAD_INPUT) -> int:

@@ -13,14 +13,6 @@ from timeshare.placement.spec import GIB, JobSpec
 from timeshare.status import table
 
 
-def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("group")
-    parser.add_argument(
-        "--json", action="store_true", help="the profiles as JSON (accepted in a plan's jobs:)"
-    )
-    parser.add_argument("--address", help="gateway HOST:PORT (env TIMESHARE_ADDRESS)")
-
-
 def iteration_text(job: JobSpec) -> str:
     return " / ".join(f"{'gpu' if p.on_gpu else 'cpu'} {p.seconds:.3f}" for p in job.iteration)
 

@@ -20,13 +20,13 @@ import random
 import time
 from dataclasses import dataclass
 
+from timeshare.placement.arguments import TIME_LIMIT_SECONDS
 from timeshare.placement.evaluate import SLACK, Evaluator
 from timeshare.workflows.lockqueue import MAX_JOBS_PER_GROUP
 
 EXACT_JOBS = 10
 # Candidate groups simulated per job in the greedy pass, fullest first.
 GREEDY_TRIES = 6
-TIME_BUDGET_SECONDS = 20.0
 
 
 class PlanError(ValueError):
@@ -43,7 +43,7 @@ class Partition:
         return sum(evaluator.busy(g) for g in self.groups)
 
 
-def plan_partition(evaluator: Evaluator, budget_seconds: float = TIME_BUDGET_SECONDS) -> Partition:
+def plan_partition(evaluator: Evaluator, budget_seconds: float = TIME_LIMIT_SECONDS) -> Partition:
     check_each_job(evaluator)
     jobs = len(evaluator.jobs)
     if jobs <= EXACT_JOBS:
