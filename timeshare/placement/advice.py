@@ -18,6 +18,9 @@ from timeshare.placement.profile import profile_group
 from timeshare.placement.search import plan_partition
 from timeshare.placement.spec import GB, GpuSets, JobSpec, PlanInput, StackCosts, StrictPolicy
 
+# Device<->host GB/s assumed where the histories cannot tell (PCIe 4 x16, roughly).
+DEFAULT_BANDWIDTH_GBPS = 25.0
+
 
 class LiveSettings(BaseModel):
     max_slowdown: float = Field(default=1.5, ge=1.0)
@@ -54,12 +57,13 @@ class Advice(BaseModel):
 
 
 def measured_bandwidth(histories: Sequence[GroupHistory], costs: StackCosts) -> float | None:
-    """GB/s the recorded switches moved their bytes at, beyond the switch's own cost."""
+    """GB/s the recorded switches moved their bytes at, beyond the switch's own
+    cost; only switches whose transfers took longer than that cost say much."""
     rates = [
         s.bytes_moved / (s.finished_at - s.started_at - costs.switch_seconds) / GB
         for h in histories
         for s in h.switches
-        if s.ok and s.bytes_moved and s.finished_at - s.started_at > costs.switch_seconds
+        if s.ok and s.bytes_moved and s.finished_at - s.started_at > 2 * costs.switch_seconds
     ]
     return statistics.median(rates) if rates else None
 
@@ -96,9 +100,14 @@ def live_jobs(
     found = LiveJobs(jobs=[], home=[], notes=[])
     names = [job.job for s in statuses for job in s.jobs]
     for status, history in zip(statuses, histories, strict=True):
+        members = {job.job for job in status.jobs}
         profiles, skipped = profile_group(status, history, costs)
-        found.notes += [f"group {status.group}: {line}; it stays" for line in skipped]
-        for profile in profiles:
+        found.notes += [
+            f"group {status.group}: job {name}: {why}; it stays"
+            for name, why in skipped.items()
+            if name in members
+        ]
+        for profile in (p for p in profiles if p.name in members):
             why = _stays(profile, settings)
             if why:
                 found.notes.append(f"group {status.group}: job {profile.name} {why}; it stays")
@@ -133,9 +142,15 @@ def advise(
     if not jobs:
         raise ValueError("no live job could be profiled: " + ("; ".join(notes) or "no jobs"))
     groups = sorted(set(home), key=home.index)
-    bandwidth = settings.bandwidth_gbps or measured_bandwidth(histories, costs) or 25.0
+    measured = measured_bandwidth(histories, costs)
+    bandwidth = settings.bandwidth_gbps or measured or DEFAULT_BANDWIDTH_GBPS
     if settings.bandwidth_gbps is None:
-        notes.append(f"bandwidth {bandwidth:.1f} GB/s, as the recorded switches moved their bytes")
+        notes.append(
+            f"bandwidth {bandwidth:.1f} GB/s, as the recorded switches moved their bytes"
+            if measured
+            else f"bandwidth {bandwidth:g} GB/s assumed: the switches moved too little to "
+            "measure it (give --bandwidth-gbps)"
+        )
     evaluator = Evaluator(
         PlanInput(
             jobs=jobs,

@@ -24,8 +24,9 @@ from timeshare.placement.spec import GIB, JobSpec, Measured, Phase, StackCosts
 MAX_TURNS_PER_ITERATION = 8
 # Positions of one iteration must agree this well (share of the variance left).
 PERIOD_FIT = 0.05
-# A gap shorter than this is no CPU phase: the job asked again at once.
-MIN_CPU_SECONDS = 0.005
+# A gap shorter than this is no CPU phase: the job asked again at once (the
+# stack's own round trips vary by about this much on a loaded host).
+MIN_CPU_SECONDS = 0.05
 MIN_TURNS = 3
 
 
@@ -35,17 +36,25 @@ class ProfileError(ValueError):
 
 def profile_group(
     status: GroupStatus, history: GroupHistory, costs: StackCosts | None = None
-) -> tuple[list[JobSpec], list[str]]:
-    """Profiles of the group's jobs, and a line for each job that has none."""
+) -> tuple[list[JobSpec], dict[str, str]]:
+    """Profiles of the group's jobs, members now or seen in its history (a
+    finished run profiles too), and why each job that has none has none."""
     costs = costs or StackCosts()
+    nodes = {job.job: job.nodes for job in status.jobs}
+    for turn in history.turns:
+        nodes.setdefault(turn.job, _nodes_seen(turn.job, history))
     profiles: list[JobSpec] = []
-    skipped: list[str] = []
-    for job in status.jobs:
+    skipped: dict[str, str] = {}
+    for name, where in nodes.items():
         try:
-            profiles.append(profile_job(job.job, job.nodes, history, costs))
+            profiles.append(profile_job(name, where, history, costs))
         except ProfileError as why:
-            skipped.append(f"job {job.job}: {why}")
+            skipped[name] = str(why)
     return profiles, skipped
+
+
+def _nodes_seen(job: str, history: GroupHistory) -> list[str]:
+    return sorted({s.node for s in history.switches if s.admitted == job})
 
 
 def profile_job(name: str, nodes: list[str], history: GroupHistory, costs: StackCosts) -> JobSpec:

@@ -53,14 +53,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
         document = {
             "group": args.group,
             "jobs": [job.model_dump(mode="json") for job in jobs],
-            "skipped": skipped,
+            "skipped": [f"job {name}: {why}" for name, why in skipped.items()],
         }
         print(json.dumps(document, indent=1))
         return 0
     if jobs:
         print(profiles_table(jobs))
-    for line in skipped:
-        print(f"not profiled: {line}")
+    for name, why in skipped.items():
+        print(f"not profiled: job {name}: {why}")
     if not jobs and not skipped:
         print(f"group {args.group} has no jobs")
     return 0
