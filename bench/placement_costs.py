@@ -28,11 +28,18 @@ class CostSamples:
         self.plan: list[float] = []
         self.switch: list[float] = []
         self.grant: list[float] = []
+        self.overrun: list[float] = []
 
     def add(
         self, reports: Sequence[SyntheticJobReport], history: GroupHistory, bandwidth: float
     ) -> None:
         """``bandwidth``: the sim agent's bytes a second."""
+        for report in reports:
+            iteration = report.spec.iteration or []
+            for index, phase in enumerate(report.phases):
+                nominal = iteration[index % len(iteration)].seconds if iteration else None
+                if nominal is not None:
+                    self.overrun.append(phase.end - phase.start - nominal)
         client = {(r.spec.job, t.epoch): t for r in reports for t in r.turns}
         switches = {s.epoch: s for s in history.switches if s.ok}
         turns = sorted(history.turns, key=lambda t: t.epoch)
@@ -69,6 +76,7 @@ class CostSamples:
             plan_seconds=mean(self.plan, defaults.plan_seconds),
             switch_seconds=mean(self.switch, defaults.switch_seconds),
             grant_seconds=mean(self.grant, defaults.grant_seconds),
+            overrun_seconds=mean(self.overrun, defaults.overrun_seconds),
         )
 
     def counts(self) -> str:

@@ -11,7 +11,7 @@ from timeshare.placement.model import GroupModel
 from timeshare.placement.spec import JobSpec, PlanInput
 
 # Iterations measured after the start-up, per candidate group.
-STEADY_ITERATIONS = 12
+STEADY_ITERATIONS = 8
 # Slowdowns are compared with this much slack: a tie is not a violation.
 SLACK = 1e-9
 

@@ -174,10 +174,11 @@ class GroupModel:
 
     def _phase(self, job: _Job) -> None:
         phase = job.spec.iteration[job.phase]
+        seconds = phase.seconds + self.costs.overrun_seconds
         if phase.gpu is None:
-            self._at(self.now + phase.seconds, lambda: self._phase_done(job))
+            self._at(self.now + seconds, lambda: self._phase_done(job))
             return
-        job.remaining = phase.seconds
+        job.remaining = seconds
         job.requests += 1
         request_id = f"{job.spec.name}-{job.requests}"
         self._at(self.now + self.costs.message_seconds, lambda: self._request(job, request_id))

@@ -8,9 +8,10 @@ and a dynamic programme over subsets picks the best partition. It skips a
 group whose smaller groups are not all allowed (adding a job never makes the
 others faster) and one whose jobs need more than the GPU (the demand bound).
 Beyond that, best-fit decreasing places the most demanding jobs first, each
-in the fullest group it is allowed into, then local search empties the
-emptiest groups into others and swaps jobs between groups while the
-utilisation rises, within a time budget.
+in the fullest group it is allowed into (of the GREEDY_TRIES fullest that the
+demand bound lets through), then local search empties the emptiest groups
+into others (one GPU set fewer each time) and swaps or moves jobs between
+groups while the utilisation rises, all within one time budget.
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ def exact(evaluator: Evaluator) -> list[frozenset[int]]:
 
 def heuristic(evaluator: Evaluator, budget_seconds: float) -> list[frozenset[int]]:
     deadline = time.monotonic() + budget_seconds
-    groups = best_fit(evaluator)
+    groups = best_fit(evaluator, deadline)
     improved = True
     while improved and time.monotonic() < deadline:
         improved = empty_a_group(evaluator, groups, deadline)
@@ -164,11 +165,14 @@ def _load(evaluator: Evaluator, group: set[int]) -> float:
     return sum(evaluator.demand[i] for i in group)
 
 
-def best_fit(evaluator: Evaluator) -> list[set[int]]:
+def best_fit(evaluator: Evaluator, deadline: float) -> list[set[int]]:
+    """Past the deadline, every job left gets a group of its own."""
     order = sorted(range(len(evaluator.jobs)), key=lambda i: (-evaluator.demand[i], i))
     groups: list[set[int]] = []
     for job in order:
-        target = _fullest_allowed(evaluator, groups, job, exclude=None)
+        target = None
+        if time.monotonic() < deadline:
+            target = _fullest_allowed(evaluator, groups, job, exclude=None)
         if target is None:
             groups.append({job})
         else:

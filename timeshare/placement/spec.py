@@ -169,6 +169,9 @@ class StackCosts(Strict):
     # switch's own time beyond its transfers; from the switch's end until the
     # waiting job's acquire returns.
     plan_seconds: float = Field(default=0.0, ge=0.0, le=60.0)
+    # Each of the job's own phases runs this much longer than its profile
+    # says (a loaded host wakes the job late); 0 on a quiet host.
+    overrun_seconds: float = Field(default=0.0, ge=0.0, le=60.0)
     switch_seconds: float = Field(default=0.084, ge=0.0, le=60.0)
     grant_seconds: float = Field(default=0.040, ge=0.0, le=60.0)
 
