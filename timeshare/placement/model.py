@@ -18,11 +18,12 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from timeshare.history import GroupHistory, SwitchRecord
+from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy
 from timeshare.placement.device import Device
 from timeshare.placement.spec import GpuSets, JobSpec, StackCosts
-from timeshare.workflows.lockqueue import GroupState, LockQueue
+from timeshare.workflows.group_state import GroupState, StoredPolicy, StoredSwitch
+from timeshare.workflows.lockqueue import LockQueue
 
 # Steady state: every job first runs this many iterations (the start-up, in
 # which all jobs ask at once), then at least `iterations` more are measured.
@@ -87,7 +88,8 @@ class GroupModel:
         self.node = node
         self.costs = costs
         self.gpus = gpu_sets.gpus
-        self.queue = LockQueue(GroupState(group=group, policy=policy.model_copy()))
+        # The state a new group's workflow starts from, as GroupWorkflow makes it.
+        self.queue = LockQueue(GroupState(group=group, policy=StoredPolicy.stored(policy)))
         co_resident = policy.co_residency == "auto"
         self.device = Device(
             sizes={j.name: j.state_bytes for j in jobs},
@@ -286,7 +288,7 @@ class GroupModel:
             if self.record_history:
                 self.queue.record_switches(
                     [
-                        SwitchRecord(
+                        StoredSwitch(
                             node=move.node,
                             epoch=plan.epoch,
                             started_at=started,
