@@ -33,6 +33,7 @@ from timeshare.placement.figures import GroupPrediction, whole_run
 from timeshare.placement.load import load_plan_input
 from timeshare.placement.model import GroupModel
 from timeshare.placement.plan import PlanFile, make_plan
+from timeshare.placement.search import PlanError
 from timeshare.placement.spec import JobSpec, Phase, PlanInput, StackCosts
 from timeshare.status import table
 from timeshare.synthetic import SyntheticJobReport, load_report
@@ -149,7 +150,13 @@ def main() -> None:
             costs = calibrate(stack, first, plan_input, workdir)
             print(f"measured stack costs: {costs_line(costs)}", flush=True)
             plan_input = plan_input.model_copy(update={"costs": costs})
-            plan = make_plan(Evaluator(plan_input))
+            try:
+                plan = make_plan(Evaluator(plan_input))
+            except PlanError as error:
+                raise SystemExit(
+                    f"bench.placement: with the stack's costs as measured now: {error}; "
+                    "the machine is busy, try again when it is quieter"
+                ) from None
             for group in plan.groups:
                 if group.node not in stack.nodes:
                     stack.more_nodes.append(group.node)

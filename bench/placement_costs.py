@@ -5,8 +5,11 @@ From synthetic jobs' records (client clocks) and their group's history
 the scheduler, an acquire granted at once and a yield take as the job sees
 them, and, for each hand-over, the wait before the switch begins, the
 switch's time beyond its transfers, and the wait from its end until the
-waiting job's acquire returns. Means, not medians: a job's iteration adds
-these up, so the occasional slow call counts as much as it costs.
+waiting job's acquire returns; and how much longer than asked the jobs' own
+phases ran (a loaded host wakes a sleeping job late). Means, not medians,
+since a job's iteration adds these up, but trimmed of the slowest and
+fastest tenth: a stall of the whole shared host during the calibration says
+nothing about the run that follows.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from collections.abc import Sequence
 from timeshare.history import GroupHistory
 from timeshare.placement.spec import StackCosts
 from timeshare.synthetic import SyntheticJobReport
+
+# A tenth of the samples at either end is left out of each mean.
+TRIM = 10
 
 
 class CostSamples:
@@ -67,7 +73,12 @@ class CostSamples:
         defaults = StackCosts()
 
         def mean(samples: list[float], default: float) -> float:
-            return max(0.0, statistics.fmean(samples)) if samples else default
+            if not samples:
+                return default
+            ordered = sorted(samples)
+            cut = len(ordered) // TRIM
+            kept = ordered[cut : len(ordered) - cut] or ordered
+            return max(0.0, statistics.fmean(kept))
 
         return StackCosts(
             message_seconds=mean(self.message, defaults.message_seconds),
