@@ -131,6 +131,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Placement predictions against real runs.")
     parser.add_argument("--quick", action="store_true", help="4 iterations per job, not 10")
     parser.add_argument("--file", type=Path, default=EXAMPLE, help="jobs and GPU sets (YAML)")
+    parser.add_argument("--keep", type=Path, help="keep the logs and the jobs' records here")
     args = parser.parse_args()
     iterations = 4 if args.quick else 10
     plan_input = load_plan_input(args.file)
@@ -138,7 +139,8 @@ def main() -> None:
     first = make_plan(Evaluator(plan_input))
     nodes = [g.node for g in first.groups]
     with tempfile.TemporaryDirectory() as scratch:
-        workdir = Path(scratch)
+        workdir = args.keep or Path(scratch)
+        workdir.mkdir(parents=True, exist_ok=True)
         stack = LocalStack(
             workdir, node=nodes[0], more_nodes=nodes[1:], backend="sim",
             state_gib=CALIBRATION_STATE_GIB, bandwidth_gbps=sets.bandwidth_gbps,
@@ -181,13 +183,17 @@ def report(
 ) -> None:
     rows = []
     util_errors, slowdown_errors = [], []
+    # The costs the planned run itself showed, over all its groups (as the
+    # calibration's are over all of its own).
+    samples = CostSamples()
+    for reports, history in results.values():
+        samples.add(reports, history, plan_input.gpu_sets.bandwidth_bytes_per_second)
+    in_run = samples.costs()
     for name, _, jobs in groups:
         reports, history = results[name]
         measured = Measured(reports, iterations)
         predicted = predict(plan_input, jobs, measured, costs, iterations)
-        in_run = CostSamples()
-        in_run.add(reports, history, plan_input.gpu_sets.bandwidth_bytes_per_second)
-        again = predict(plan_input, jobs, measured, in_run.costs(), iterations)
+        again = predict(plan_input, jobs, measured, in_run, iterations)
         steady = next(g for g in plan.groups if g.group == name)
         util_errors.append(abs(predicted.busy - measured.busy))
         rows.append([name, "(group busy)", f"{steady.predicted_busy:.1%}", f"{predicted.busy:.1%}",
@@ -203,6 +209,7 @@ def report(
     print()
     headers = ["group", "job", "plan (steady)", "predicted", "in-run costs", "measured", "error"]
     print(table(headers, rows))
+    print(f"costs in the planned run: {costs_line(in_run)}")
     print(plan.summary.line())
     print(f"max_util_error={max(util_errors):.3f} max_slowdown_error={max(slowdown_errors):.3f}")
 

@@ -7,9 +7,10 @@ them, and, for each hand-over, the wait before the switch begins, the
 switch's time beyond its transfers, and the wait from its end until the
 waiting job's acquire returns; and how much longer than asked the jobs' own
 phases ran (a loaded host wakes a sleeping job late). Means, not medians,
-since a job's iteration adds these up, but trimmed of the slowest and
-fastest tenth: a stall of the whole shared host during the calibration says
-nothing about the run that follows.
+since a job's iteration adds these up (a tail of slow calls costs what it
+costs), but with each sample capped at STALL times the median: one stall of
+the whole shared host during the calibration says nothing about the run
+that follows.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from timeshare.history import GroupHistory
 from timeshare.placement.spec import StackCosts
 from timeshare.synthetic import SyntheticJobReport
 
-# A tenth of the samples at either end is left out of each mean.
-TRIM = 10
+# A sample counts for at most this many times the median.
+STALL = 5.0
 
 
 class CostSamples:
@@ -75,10 +76,8 @@ class CostSamples:
         def mean(samples: list[float], default: float) -> float:
             if not samples:
                 return default
-            ordered = sorted(samples)
-            cut = len(ordered) // TRIM
-            kept = ordered[cut : len(ordered) - cut] or ordered
-            return max(0.0, statistics.fmean(kept))
+            cap = STALL * max(0.0, statistics.median(samples))
+            return max(0.0, statistics.fmean(min(sample, cap) for sample in samples))
 
         return StackCosts(
             message_seconds=mean(self.message, defaults.message_seconds),
