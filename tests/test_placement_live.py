@@ -117,6 +117,7 @@ async def test_profiles_and_advice_from_live_group_histories(
         assert phases[1]["cpu"] == max(p["cpu"] or 0.0 for p in phases), phases
         measured = job["measured"]
         assert measured["turns"] >= TURNS_WANTED
+        assert measured["iterations"] == measured["turns"] // 2
         # Every checkpoint of the job moved its whole simulated state, exactly.
         assert measured["state_bytes_by_node"] == {shared: STATE_BYTES}
         assert measured["nodes"] == [shared]

@@ -22,8 +22,10 @@ from timeshare.placement.spec import GIB, JobSpec, Measured, Phase, StackCosts
 
 # An iteration repeats its turns and gaps with at most this many turns.
 MAX_TURNS_PER_ITERATION = 8
-# Positions of one iteration must agree this well (share of the variance left).
+# Positions of one iteration must agree this well (share of the variance
+# left), or come this near the best period's fit.
 PERIOD_FIT = 0.05
+NEAR_BEST = 2.0
 # A gap shorter than this is no CPU phase: the job asked again at once (the
 # stack's own round trips vary by about this much on a loaded host).
 MIN_CPU_SECONDS = 0.05
@@ -87,6 +89,7 @@ def profile_job(name: str, nodes: list[str], history: GroupHistory, costs: Stack
     measured = Measured(
         group=history.group,
         turns=len(turns),
+        iterations=len(turns) // period,
         turn_seconds_mean=statistics.fmean(t.released_at - t.granted_at for t in turns),
         turn_seconds_max=max(t.released_at - t.granted_at for t in turns),
         gap_seconds_mean=statistics.fmean(gaps),
@@ -112,23 +115,26 @@ def _work_seconds(turn: TurnRecord, costs: StackCosts) -> float:
 
 def _period(work: Sequence[float], gaps: Sequence[float]) -> int:
     """The fewest turns per iteration whose positions repeat: each position's
-    turns and gaps agree, leaving little of the variance unexplained."""
+    turns and gaps agree, leaving little of the variance unexplained. A
+    multiple of the true period always explains a little more (it has more
+    positions to fit the noise with), so the smallest period that comes near
+    the best wins."""
     series = [list(work[: len(gaps)]), list(gaps)]
     total = sum(_spread(values) for values in series)
     if total <= 1e-12:
         return 1
-    best, best_left = 1, float("inf")
-    for period in range(1, min(MAX_TURNS_PER_ITERATION, len(gaps) // 2) + 1):
-        left = sum(
+    left = {
+        period: sum(
             _spread(values[position::period])
             for values in series
             for position in range(period)
-        ) / total  # fmt: skip
-        if left <= PERIOD_FIT:
-            return period
-        if left < best_left - 1e-9:
-            best, best_left = period, left
-    return best
+        ) / total
+        for period in range(1, min(MAX_TURNS_PER_ITERATION, len(gaps) // 2) + 1)
+    }  # fmt: skip
+    if not left:
+        return 1
+    near = max(PERIOD_FIT, NEAR_BEST * min(left.values()))
+    return min(period for period, share in left.items() if share <= near)
 
 
 def _spread(values: Sequence[float]) -> float:

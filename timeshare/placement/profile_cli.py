@@ -27,14 +27,15 @@ def profiles_table(jobs: list[JobSpec]) -> str:
         rows.append(
             [
                 job.name,
-                str(measured.turns),
+                f"{measured.turns} ({measured.iterations})",
                 iteration_text(job),
                 f"{measured.duty_cycle:.0%}",
                 state or "unknown (never checkpointed)",
                 f"{measured.switch_seconds_mean:.3f} ({measured.switches_in})",
             ]
         )
-    headers = ["job", "turns", "iteration s", "duty", "state GiB by node", "switch-in s (n)"]
+    headers = ["job", "turns (iterations)", "iteration s", "duty", "state GiB by node",
+               "switch-in s (n)"]  # fmt: skip
     return table(headers, rows)
 
 

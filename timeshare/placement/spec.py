@@ -48,6 +48,8 @@ class Measured(Strict):
 
     group: str
     turns: int
+    # Whole iterations those turns make.
+    iterations: int = 0
     turn_seconds_mean: float
     turn_seconds_max: float
     gap_seconds_mean: float
