@@ -8,8 +8,9 @@ sizes as the plan's, running a reference profile of their own on the same
 agents at the same time); the plan is made with them; then the planned
 groups run together, and the model predicts each group's finite run from the
 moment each job really started. "in-run" repeats the prediction with the
-costs measured in the planned run itself: how much of the error is the
-stack's latencies drifting rather than the model.
+costs the planned run itself showed (plain means over all its groups): how
+much of the error is the stack's latencies drifting (the host is shared;
+the load average is printed) rather than the model.
 
     python -m bench.placement           # 10 iterations per job, about 3 minutes
     python -m bench.placement --quick   # 4 iterations, about 1.5 minutes
@@ -22,6 +23,7 @@ of a group, as a fraction: 0.03 is 3 points) and max_slowdown_error (largest
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from pathlib import Path
 
@@ -134,6 +136,7 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="keep the logs and the jobs' records here")
     args = parser.parse_args()
     iterations = 4 if args.quick else 10
+    load_before = os.getloadavg()[0]
     plan_input = load_plan_input(args.file)
     sets = plan_input.gpu_sets
     first = make_plan(Evaluator(plan_input))
@@ -170,6 +173,8 @@ def main() -> None:
             results = run_groups(stack, groups, iterations, plan_input.policy.co_residency, workdir)
         finally:
             stack.stop_all()
+    print(f"load average (1 min) at the start {load_before:.1f}, at the end "
+          f"{os.getloadavg()[0]:.1f}, on {os.cpu_count()} cores", flush=True)  # fmt: skip
     report(plan_input, plan, groups, results, iterations, costs)
 
 
@@ -188,7 +193,7 @@ def report(
     samples = CostSamples()
     for reports, history in results.values():
         samples.add(reports, history, plan_input.gpu_sets.bandwidth_bytes_per_second)
-    in_run = samples.costs()
+    in_run = samples.costs(capped=False)
     for name, _, jobs in groups:
         reports, history = results[name]
         measured = Measured(reports, iterations)

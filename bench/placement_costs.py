@@ -70,13 +70,15 @@ class CostSamples:
             self.switch.append(switch.finished_at - switch.started_at - transfer)
             self.grant.append(mine.granted - switch.finished_at)
 
-    def costs(self) -> StackCosts:
+    def costs(self, capped: bool = True) -> StackCosts:
+        """``capped`` False: the plain means, which add up to exactly what
+        the recorded jobs spent."""
         defaults = StackCosts()
 
         def mean(samples: list[float], default: float) -> float:
             if not samples:
                 return default
-            cap = STALL * max(0.0, statistics.median(samples))
+            cap = STALL * max(0.0, statistics.median(samples)) if capped else float("inf")
             return max(0.0, statistics.fmean(min(sample, cap) for sample in samples))
 
         return StackCosts(
