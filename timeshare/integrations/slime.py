@@ -151,7 +151,7 @@ def _phase_callback_base() -> type[Any]:
     """Slime's PhaseCallback where the installed Slime has one, else ``object``:
     Slime calls the methods by name."""
     try:
-        from slime.utils.phase_callback import PhaseCallback  # type: ignore[import-not-found]
+        from slime.utils.phase_callback import PhaseCallback
     except ImportError:
         return object
     base: type[Any] = PhaseCallback

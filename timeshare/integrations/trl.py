@@ -119,8 +119,8 @@ def generates_at(step: int, args: Any) -> bool:
     """Whether optimisation step ``step`` (0-based) generates new completions:
     GRPOTrainer._prepare_inputs generates on every micro-step that is a
     multiple of steps_per_generation * num_iterations."""
-    every = args.steps_per_generation * args.num_iterations
-    micro_steps = args.gradient_accumulation_steps
+    every: int = args.steps_per_generation * args.num_iterations
+    micro_steps: int = args.gradient_accumulation_steps
     return (-(step * micro_steps)) % every < micro_steps
 
 
@@ -170,7 +170,7 @@ def grpo_trainer_class() -> type[Any]:
 
     signature = inspect.signature(TrlGRPOTrainer.__init__)
 
-    class GRPOTrainer(TrlGRPOTrainer):  # type: ignore[misc, valid-type]
+    class GRPOTrainer(TrlGRPOTrainer):  # type: ignore[misc]
         def __init__(
             self, *args: Any, turns: Turns | None = None, offload_hooks: bool = False, **kwargs: Any
         ) -> None:

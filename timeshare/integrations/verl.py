@@ -100,7 +100,7 @@ def trainer_with_turns(base: type[Any], mode: str) -> type[Any]:
             f"trainers were written for (tested: {', '.join(TESTED_VERSIONS)})"
         )
 
-    class TimeshareTrainer(base):  # type: ignore[misc, valid-type]
+    class TimeshareTrainer(base):  # type: ignore[misc]
         def __init__(
             self, config: Any, turns: Turns | None = None, rollout_hooks: bool | None = None
         ) -> None:
