@@ -59,3 +59,29 @@ def test_an_unreachable_gateway_is_one_line_and_exit_2() -> None:
     assert result.returncode == 2
     assert result.stderr.startswith("coordinator: UNAVAILABLE"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_process_asking_for_its_own_turns_refuses_a_stopping_backend() -> None:
+    from timeshare.errors import FailedPrecondition
+    from timeshare.integrations.turns import JobTurns
+    from timeshare.models import NodeRecord
+
+    class Nodes:
+        def __init__(self, backend: str) -> None:
+            self.backend = backend
+
+        def list_nodes(self) -> list[NodeRecord]:
+            return [NodeRecord(node="n1", backend=self.backend, simulated=False, alive=True,
+                               last_seen=0.0, gpus=[], drained=False),
+                    NodeRecord(node="other", backend="freeze", simulated=False, alive=True,
+                               last_seen=0.0, gpus=[], drained=False)]  # fmt: skip
+
+    class OnNode:
+        group, name, nodes = "g", "j", ["n1"]
+
+    for backend in ("freeze", "freeze+cuda", "app+freeze"):
+        turns = JobTurns(OnNode(), Nodes(backend))  # type: ignore[arg-type]
+        with pytest.raises(FailedPrecondition, match="timeshare.integrations.coordinator"):
+            turns.refuse_stopping_backends()
+    for backend in ("cuda", "app+cuda", "cuda-checkpoint", "sim"):
+        JobTurns(OnNode(), Nodes(backend)).refuse_stopping_backends()  # type: ignore[arg-type]
