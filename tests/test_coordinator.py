@@ -81,7 +81,7 @@ def test_a_process_asking_for_its_own_turns_refuses_a_stopping_backend() -> None
 
     for backend in ("freeze", "freeze+cuda", "app+freeze"):
         turns = JobTurns(OnNode(), Nodes(backend))  # type: ignore[arg-type]
-        with pytest.raises(FailedPrecondition, match="timeshare.integrations.coordinator"):
+        with pytest.raises(FailedPrecondition, match=r"timeshare\.integrations\.coordinator"):
             turns.refuse_stopping_backends()
     for backend in ("cuda", "app+cuda", "cuda-checkpoint", "sim"):
         JobTurns(OnNode(), Nodes(backend)).refuse_stopping_backends()  # type: ignore[arg-type]

@@ -67,5 +67,3 @@ def test_two_trl_grpo_jobs_take_turns_and_train_as_alone(tmp_path: Path) -> None
     frozen = {pid for e in result.record if e["event"] == "freeze" for pid in e["pids"]}
     assert {shared.pid, other.pid} <= frozen
     check_never_at_once(result)
-
-

@@ -43,8 +43,11 @@ class RecordingTurns(NoTurns):
 def test_generating_steps_are_those_whose_micro_steps_hit_the_generation_rule(
     accumulation: int, per_generation: int, iterations: int
 ) -> None:
-    args = SimpleNamespace(gradient_accumulation_steps=accumulation,
-                           steps_per_generation=per_generation, num_iterations=iterations)  # fmt: skip
+    args = SimpleNamespace(
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=per_generation,
+        num_iterations=iterations,
+    )
     every = per_generation * iterations
     for step in range(12):
         # GRPOTrainer._prepare_inputs: it generates on micro-step m when m % every == 0.
@@ -88,7 +91,7 @@ def test_what_goes_to_a_coordinator_leaves_the_trainers_objects_behind() -> None
                                  answer=["7"], trainer_state=object(), log_extra=print,
                                  log_metric=print)  # fmt: skip
     assert sorted(received) == ["answer", "completion_ids", "completions", "prompts"]
-    with pytest.raises(TypeError, match="'image'.*cannot be sent to the coordinator"):
+    with pytest.raises(TypeError, match=r"'image'.*cannot be sent to the coordinator"):
         portable_kwargs("reward", {"prompts": ["p"], "image": object()})
 
 
