@@ -59,7 +59,14 @@ class NodeRegistryWorkflow:
 
     @workflow.signal
     def announce(self, info: NodeInfo) -> None:
-        self._nodes[info.node] = NodeRecord(**info.model_dump(), alive=True, last_seen=self._now())
+        # An agent announces itself every few seconds; a drain outlasts that.
+        known = self._nodes.get(info.node)
+        self._nodes[info.node] = NodeRecord(
+            **info.model_dump(),
+            alive=True,
+            last_seen=self._now(),
+            drained=known.drained if known is not None else False,
+        )
 
     @workflow.signal
     def depart(self, departure: NodeDeparture) -> None:
