@@ -89,7 +89,7 @@ async def test_spans_over_both_groups_in_opposite_orders_never_deadlock(
     # Job b's trainer pool is job a's sampler pool and the other way round: a
     # job that took its trainer group first would wait for the other's.
     first, second = pools
-    rounds = 15
+    rounds = 8
     errors: list[BaseException] = []
 
     def job(name: str, trainer: str, sampler: str, start: threading.Barrier) -> None:
