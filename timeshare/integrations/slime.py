@@ -30,7 +30,8 @@ waits free of cycles there); doing so raises.
 
 The callback runs in Slime's driver, which is never stopped: the pools' GPU
 processes (Megatron actors, SGLang servers) register with their nodes'
-agents (`timeshare register --pid`, or timeshare.integrations.ray_workers).
+agents (`timeshare register --group G --job J --pid PID` from the pod or
+launcher, or `timeshare.registration.register_process` inside the process).
 """
 
 from __future__ import annotations
