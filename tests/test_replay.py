@@ -53,7 +53,9 @@ def test_histories_are_committed() -> None:
 
 async def test_a_fresh_history_replays(client: Client, sim_nodes: SimNodes, unique: str) -> None:
     """Every kind of message and timer the workflow handles, in one history."""
-    policy = GroupPolicy(lease_seconds=3, max_turn_seconds=0.5, preempt_grace_seconds=0.3)
+    policy = GroupPolicy(
+        lease_seconds=3, idle_lease_seconds=3, max_turn_seconds=0.5, preempt_grace_seconds=0.3
+    )
     handle, backend = await group_on_one_node(client, sim_nodes, unique, ("a", "b", "c"), policy)
     first = await acquire(handle, "a")
     waiting = asyncio.create_task(acquire(handle, "b"))
