@@ -42,8 +42,8 @@ import os
 from contextlib import AbstractContextManager
 from typing import Any
 
+import timeshare
 from timeshare.client import Client, Job
-from timeshare.integrations.turns import acquire_turn, hold_all
 
 log = logging.getLogger("timeshare.integrations.slime")
 TRAINER, SAMPLER, BOTH = "trainer", "sampler", "both"
@@ -77,7 +77,7 @@ class RoleTurns:
         self._client = client
         self._held: set[str] = set()  # groups
         # A span of several groups held together, released together.
-        self._joint: tuple[frozenset[str], AbstractContextManager[None]] | None = None
+        self._joint: tuple[frozenset[str], AbstractContextManager[object]] | None = None
 
     @classmethod
     def from_env(cls, address: str | None = None) -> RoleTurns | None:
@@ -110,11 +110,11 @@ class RoleTurns:
                 "sampler group is held alone; end the sampler's phase first (trainer-first order)"
             )
         if len(wanted) > 1:
-            span = hold_all([self._job(g) for g in wanted], phase)
+            span = timeshare.acquire_all([self._job(g) for g in wanted], phase=phase)
             span.__enter__()
             self._joint = (frozenset(wanted), span)
         elif wanted:
-            acquire_turn(self._job(wanted[0]), phase)
+            self._job(wanted[0]).acquire(phase=phase)
         self._held.update(wanted)
 
     def end(self, phase: str, role: str) -> None:
@@ -131,7 +131,7 @@ class RoleTurns:
             self._job(group).yield_()
             self._held.discard(group)
         for group in keep:
-            acquire_turn(self._job(group), phase)
+            self._job(group).acquire(phase=phase)
             self._held.add(group)
 
     def _release_order(self, group: str) -> int:

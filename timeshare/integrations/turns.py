@@ -20,11 +20,9 @@ Two rules shape every integration, from how the backends stop a job:
 from __future__ import annotations
 
 import abc
-import inspect
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -178,7 +176,7 @@ class JobTurns(Turns):
         return self._granted_at is not None
 
     def _acquire(self, phase: str) -> None:
-        acquire_turn(self.job, phase)
+        self.job.acquire(phase=phase)
         self._granted_at = time.time()
 
     def _release(self) -> None:
@@ -227,37 +225,6 @@ class JobTurns(Turns):
         self.job.leave()
         if self._client is not None:
             self._client.close()
-
-
-def acquire_turn(job: Job, phase: str) -> timeshare.Turn:
-    """``job.acquire(phase=...)`` where the client takes a phase (issue 16's
-    stage priorities), else a plain ``acquire()``."""
-    acquire: Callable[..., timeshare.Turn] = job.acquire
-    if "phase" in inspect.signature(acquire).parameters:
-        return acquire(phase=phase)
-    return acquire()
-
-
-@contextmanager
-def hold_all(jobs: Sequence[Job], phase: str) -> Iterator[None]:
-    """Hold every job's turn (each in its own group) or wait: timeshare's
-    ``acquire_all`` where the client has it, else one global order (by group,
-    then job name), which no two holders of this kind can cross, so no cycle
-    of waits can form; released in reverse."""
-    acquire_all: Callable[..., Any] | None = getattr(timeshare, "acquire_all", None)
-    if acquire_all is not None:
-        with acquire_all(list(jobs), phase=phase):
-            yield
-        return
-    held: list[Job] = []
-    try:
-        for job in sorted(jobs, key=lambda j: (j.group, j.name)):
-            acquire_turn(job, phase)
-            held.append(job)
-        yield
-    finally:
-        for job in reversed(held):
-            job.yield_()
 
 
 def turns_from_env() -> Turns:
