@@ -49,7 +49,15 @@ START_SPACING_SECONDS = 0.2
 
 
 def iteration_option(phases: list[Phase]) -> str:
-    return "--iteration=" + ",".join(f"{'gpu' if p.on_gpu else 'cpu'}:{p.seconds}" for p in phases)
+    parts = [
+        f"gpu:{p.seconds}{f':{p.phase}' if p.phase else ''}" if p.on_gpu else f"cpu:{p.seconds}"
+        for p in phases
+    ]
+    return "--iteration=" + ",".join(parts)
+
+
+def join_options(job: JobSpec) -> list[str]:
+    return [f"--weight={job.weight}", f"--priority={job.priority}"]
 
 
 class Measured:
@@ -79,7 +87,8 @@ def run_groups(
             report = workdir / f"{group}-{job.name}.json"
             process = stack.job(
                 group, job.name, report, f"--iterations={iterations}",
-                iteration_option(job.iteration), f"--co-residency={co_residency}",
+                iteration_option(job.iteration), *join_options(job),
+                f"--co-residency={co_residency}",
                 f"--start-delay-seconds={START_SPACING_SECONDS * index}", nodes=[node],
             )  # fmt: skip
             launched.append((group, report, process))

@@ -112,6 +112,8 @@ BAD_ARGUMENTS = [
     ["synthetic-job", "--group", "g", "--job", "j", "--train-seconds", "-1"],
     ["synthetic-job", "--group", "g", "--job", "j", "--iteration", "gpu:1,tpu:2"],
     ["synthetic-job", "--group", "g", "--job", "j", "--iteration", "cpu:1"],
+    ["synthetic-job", "--group", "g", "--job", "j", "--iteration", "gpu:1,cpu:1:train"],
+    ["synthetic-job", "--group", "g", "--job", "j", "--weight", "0"],
     ["agent", "--sim-job-state", "Big Job=2"],
     ["agent", "--sim-job-state", "big=lots"],
     ["profile", "g", "--address", CLOSED],

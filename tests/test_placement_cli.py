@@ -100,6 +100,10 @@ def test_the_worked_example_prints_tables_and_the_summary_line(tmp_path: Path) -
         (("  - name: grpo-b", "  - name: grpo-a"), ["jobs[1].name", "named twice"]),
         (("      - {gpu: 2.0}\n      - {cpu: 8.0}", "      - {cpu: 8.0}"),
          ["jobs[1] (grpo-b).iteration", "at least one {gpu"]),
+        (("      - {cpu: 9.0}", "      - {cpu: 9.0, phase: train}"),
+         ["jobs[0] (grpo-a).iteration[1]", "a cpu phase has none"]),
+        (("  - name: grpo-b\n", "  - name: grpo-b\n    weight: 0\n"),
+         ["jobs[1] (grpo-b).weight", "greater than 0"]),
         (("gpu_sets:", "gpu_sets: ["), ["line 16, column 7"]),
     ],
 )  # fmt: skip

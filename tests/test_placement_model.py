@@ -98,15 +98,45 @@ def test_a_profile_of_the_models_own_history_gives_back_the_profiles() -> None:
         job("c", ("gpu", 0.2), ("cpu", 0.3), ("gpu", 0.2), ("cpu", 1.0), ("gpu", 0.1),
             state_gib=1.0),
     ]  # fmt: skip
+    # a names its turns as an RL job would; the history keeps the names.
+    named = [p.model_copy(update={"phase": n}) for p, n in zip(
+        jobs[0].iteration, ["rollout", "", "train"], strict=True)]  # fmt: skip
+    jobs[0] = jobs[0].model_copy(update={"iteration": named})
     costs = StackCosts()
     run = GroupModel(jobs, sets(), OFF, costs, record_history=True).run(30)
     assert run.history is not None
     for spec in jobs:
         found = profile_job(spec.name, ["set-1"], run.history, costs)
         assert [p.on_gpu for p in found.iteration] == [p.on_gpu for p in spec.iteration]
+        assert [p.phase for p in found.iteration] == [p.phase for p in spec.iteration]
         assert [p.seconds for p in found.iteration] == pytest.approx(
             [p.seconds for p in spec.iteration]
         )
         assert found.state_gib == pytest.approx(spec.state_gib)
         assert found.measured is not None
         assert found.measured.duty_cycle == pytest.approx(spec.duty_cycle)
+
+
+def test_the_groups_ordering_weights_and_priorities_are_the_queues() -> None:
+    # Three jobs that always want the GPU for 1 s. FIFO: round robin, each
+    # waits for the other two, 3 s an iteration. Fair share with weight 3 for
+    # one: whenever it is among the waiters it has used least for its weight
+    # and goes first, so it takes every other turn (2 s an iteration) and
+    # the two others alternate in between (4 s).
+    weighted = [job("heavy", ("gpu", 1.0)).model_copy(update={"weight": 3.0}),
+                job("light", ("gpu", 1.0)), job("light2", ("gpu", 1.0))]  # fmt: skip
+    slowdown = {}
+    for ordering in ("fifo", "fair"):
+        policy = GroupPolicy(co_residency="off", ordering=ordering)
+        run = GroupModel(weighted, sets(), policy, FREE).run(None, steady_iterations=30)
+        slowdown[ordering] = steady_state(run, weighted).slowdown
+    assert slowdown["fifo"] == pytest.approx({"heavy": 3.0, "light": 3.0, "light2": 3.0})
+    assert slowdown["fair"] == pytest.approx({"heavy": 2.0, "light": 4.0, "light2": 4.0})
+    # A higher priority goes first whatever the ordering: the same for jobs
+    # that each compute 1 s and think 0.5 s.
+    ranked = [job(name, ("gpu", 1.0), ("cpu", 0.5)) for name in ("hi", "lo", "lo2")]
+    ranked[0] = ranked[0].model_copy(update={"priority": 1})
+    run = GroupModel(ranked, sets(), OFF, FREE).run(None, steady_iterations=12)
+    assert steady_state(run, ranked).slowdown == pytest.approx(
+        {"hi": 2.0 / 1.5, "lo": 4.0 / 1.5, "lo2": 4.0 / 1.5}
+    )

@@ -9,7 +9,7 @@ from google.protobuf import json_format
 from pydantic import ValidationError
 
 from timeshare.history import GroupHistory
-from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
+from timeshare.models import PRIORITY_LIMIT, GroupPolicy, GroupStatus, NodeRecord, check_phase
 from timeshare.names import check_name
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.workers.gateway_errors import InvalidRequest
@@ -51,11 +51,36 @@ def reason(value: str) -> str:
     return value
 
 
-def policy(message: pb.GroupPolicy) -> GroupPolicy:
-    """A policy from the wire: fields left at 0 (or "") keep their defaults."""
-    given = {field.name: value for field, value in message.ListFields()}
+def phase(value: str) -> str:
     try:
-        return GroupPolicy(**given)
+        return check_phase(value)
+    except ValueError as error:
+        raise InvalidRequest(str(error)) from None
+
+
+def weight(value: float) -> float:
+    """0 (unset) is the default weight, 1."""
+    if value == 0:
+        return 1.0
+    if math.isnan(value) or not 0 < value <= 1000:
+        raise InvalidRequest(f"weight must be above 0 and at most 1000, got {value}")
+    return value
+
+
+def priority(value: int) -> int:
+    if abs(value) > PRIORITY_LIMIT:
+        raise InvalidRequest(f"priority must be within ±{PRIORITY_LIMIT}, got {value}")
+    return value
+
+
+def policy(message: pb.GroupPolicy) -> GroupPolicy:
+    """A policy from the wire: fields left at 0 (or "", or empty) keep their defaults."""
+    given = {
+        field.name: dict(value) if field.name == "phase_priority" else value
+        for field, value in message.ListFields()
+    }
+    try:
+        return GroupPolicy.model_validate(given)
     except ValidationError as error:
         problem = error.errors()[0]
         field = ".".join(str(part) for part in problem["loc"])
@@ -96,6 +121,9 @@ def group_status(status: GroupStatus) -> pb.GroupStatus:
                 held_seconds=job.held_seconds,
                 preempted=job.preempted,
                 last_seen=job.last_seen,
+                weight=job.weight,
+                priority=job.priority,
+                share_seconds=job.share_seconds,
             )
             for job in status.jobs
         ],
@@ -109,6 +137,8 @@ def group_status(status: GroupStatus) -> pb.GroupStatus:
         policy=pb.GroupPolicy(**status.policy.model_dump()),
         preemptions=status.preemptions,
         evictions=status.evictions,
+        holder_phase=status.holder_phase,
+        yield_requested=status.yield_requested,
     )
 
 

@@ -11,10 +11,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from timeshare.cli.arguments import COUNT, GATEWAY_HELP, PERIOD, PID, SECONDS, fail
+from timeshare.cli.arguments import (
+    COUNT,
+    GATEWAY_HELP,
+    PERIOD,
+    PID,
+    PRIORITY,
+    SECONDS,
+    WEIGHT,
+    fail,
+)
 from timeshare.placement.arguments import add_plan_arguments, add_profile_arguments
 
 Subparsers = Any  # argparse's _SubParsersAction, private in typeshed
+# The operator commands: name, positional arguments, help.
+OPERATOR_CONTROLS = [
+    ("pause", ["group"], "grant no new turns in a group (the holder keeps its turn)"),
+    ("resume", ["group"], "let a paused group grant turns again"),
+    ("evict", ["group", "job"], "take a job out of its group"),
+    ("drain", ["node"], "grant no new turns that need NODE; running turns finish"),
+    ("undrain", ["node"], "put a drained node back in service"),
+]
 
 
 def add_client_commands(commands: Subparsers) -> None:
@@ -23,26 +40,12 @@ def add_client_commands(commands: Subparsers) -> None:
     status.add_argument("--address", help=GATEWAY_HELP)
     status.set_defaults(handler=run_status)
 
-    for name, help_text in (
-        ("pause", "grant no new turns in a group (the holder keeps its turn)"),
-        ("resume", "let a paused group grant turns again"),
-    ):
+    for name, subject, help_text in OPERATOR_CONTROLS:
         control = commands.add_parser(name, help=help_text)
-        control.add_argument("group")
-        control.add_argument("--address", help=GATEWAY_HELP)
-        control.set_defaults(handler=run_control)
-    evict = commands.add_parser("evict", help="take a job out of its group")
-    evict.add_argument("group")
-    evict.add_argument("job")
-    evict.add_argument("--reason", default="", help="told to the job on its next call")
-    evict.add_argument("--address", help=GATEWAY_HELP)
-    evict.set_defaults(handler=run_control)
-    for name, help_text in (
-        ("drain", "grant no new turns that need NODE; running turns finish"),
-        ("undrain", "put a drained node back in service"),
-    ):
-        control = commands.add_parser(name, help=help_text)
-        control.add_argument("node")
+        for positional in subject:
+            control.add_argument(positional)
+        if name == "evict":
+            control.add_argument("--reason", default="", help="told to the job on its next call")
         control.add_argument("--address", help=GATEWAY_HELP)
         control.set_defaults(handler=run_control)
 
@@ -72,15 +75,19 @@ def add_client_commands(commands: Subparsers) -> None:
     plan.set_defaults(handler=run_plan)
 
 
-def iteration_phases(text: str) -> list[tuple[str, float]]:
-    """gpu:S,cpu:S,...: the phases of one iteration, as a placement profile's."""
+def iteration_phases(text: str) -> list[tuple[str, float, str]]:
+    """gpu:S[:PHASE],cpu:S,...: the phases of one iteration, as a placement
+    profile's (PHASE names a GPU phase's acquire)."""
     phases = []
     for part in text.split(","):
-        kind, _, seconds = part.partition(":")
-        if kind not in ("gpu", "cpu"):
-            raise argparse.ArgumentTypeError(f"{part!r}: name a phase gpu:SECONDS or cpu:SECONDS")
-        phases.append((kind, SECONDS(seconds)))
-    if not any(kind == "gpu" for kind, _ in phases):
+        kind, _, rest = part.partition(":")
+        seconds, _, phase = rest.partition(":")
+        if kind not in ("gpu", "cpu") or (phase and kind == "cpu"):
+            raise argparse.ArgumentTypeError(
+                f"{part!r}: name a phase gpu:SECONDS[:PHASE] or cpu:SECONDS"
+            )
+        phases.append((kind, SECONDS(seconds), phase))
+    if not any(kind == "gpu" for kind, _, _ in phases):
         raise argparse.ArgumentTypeError(f"{text!r} has no gpu phase")
     return phases
 
@@ -97,13 +104,16 @@ def _synthetic_job_command(commands: Subparsers) -> None:
     job.add_argument("--train-seconds", type=SECONDS, default=0.6)
     job.add_argument("--start-delay-seconds", type=SECONDS, default=0.0)
     job.add_argument(
-        "--iteration", type=iteration_phases, metavar="gpu:S,cpu:S,...",
+        "--iteration", type=iteration_phases, metavar="gpu:S[:PHASE],cpu:S,...",
         help="one iteration's phases in order, instead of sample, reward and train",
     )  # fmt: skip
     job.add_argument("--report", type=Path, help="write the job's record here (JSON)")
     job.add_argument("--lease-seconds", type=PERIOD, help="group policy, if this job makes it")
     job.add_argument("--agent-timeout-seconds", type=PERIOD, help="group policy, likewise")
     job.add_argument("--co-residency", choices=["auto", "off"], help="group policy, likewise")
+    job.add_argument("--weight", type=WEIGHT, default=1.0, help="the job's weight (fair share)")
+    job.add_argument("--priority", type=PRIORITY, default=0, help="the job's priority")
+    job.add_argument("--ordering", choices=["fair", "fifo"], help="group policy, likewise")
     job.add_argument(
         "--hooks", choices=["offload", "discard"],
         help="serve workload hooks to the agent, asking to be evicted this way",
@@ -171,16 +181,21 @@ def run_synthetic_job(args: argparse.Namespace) -> int:
         reward_seconds=args.reward_seconds,
         train_seconds=args.train_seconds,
         start_delay_seconds=args.start_delay_seconds,
-        iteration=[Phase.model_validate({kind: s}) for kind, s in args.iteration]
+        iteration=[
+            Phase.model_validate({kind: s, "phase": phase}) for kind, s, phase in args.iteration
+        ]
         if args.iteration
         else None,
         policy=GroupPolicy(
             lease_seconds=args.lease_seconds or 30.0,
             agent_timeout_seconds=args.agent_timeout_seconds or 30.0,
             co_residency=args.co_residency or "auto",
+            ordering=args.ordering or "fair",
         ),
         hooks=args.hooks,
         agent_socket=args.agent_socket,
+        weight=args.weight,
+        priority=args.priority,
     )
     # SIGTERM unwinds like Ctrl-C, so the job leaves its group on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

@@ -22,7 +22,12 @@ from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy
 from timeshare.placement.device import Device
 from timeshare.placement.spec import GpuSets, JobSpec, StackCosts
-from timeshare.workflows.group_state import GroupState, StoredPolicy, StoredSwitch
+from timeshare.workflows.group_state import (
+    RULES_POLICIES,
+    GroupState,
+    StoredPolicy,
+    StoredSwitch,
+)
 from timeshare.workflows.lockqueue import LockQueue
 
 # Steady state: every job first runs this many iterations (the start-up, in
@@ -89,7 +94,9 @@ class GroupModel:
         self.costs = costs
         self.gpus = gpu_sets.gpus
         # The state a new group's workflow starts from, as GroupWorkflow makes it.
-        self.queue = LockQueue(GroupState(group=group, policy=StoredPolicy.stored(policy)))
+        self.queue = LockQueue(
+            GroupState(group=group, policy=StoredPolicy.stored(policy), rules=RULES_POLICIES)
+        )
         co_resident = policy.co_residency == "auto"
         self.device = Device(
             sizes={j.name: j.state_bytes for j in jobs},
@@ -107,6 +114,7 @@ class GroupModel:
         self._grant_delay = self._immediate_grant_delay()
         self._planned = False
         self._timer_at: float | None = None
+        self._timer_ran = -1.0
         self.switches = 0
         self.bytes_moved = 0
         self._stop: Callable[[], bool] = lambda: False
@@ -160,17 +168,21 @@ class GroupModel:
         if not self._planned and self.queue.needs_switch():
             self._planned = True
             self._at(self.now + self.costs.plan_seconds, self._begin_switch)
-        deadline = self.queue.next_deadline()
-        if deadline is not None and (self._timer_at is None or deadline < self._timer_at):
+        deadline = self.queue.next_deadline(self.now)
+        if deadline is None or deadline <= self._timer_ran:
+            return  # none, or one a timer has seen to already
+        if self._timer_at is None or deadline < self._timer_at:
             self._timer_at = deadline
-            self._at(deadline, self._timer)
+            self._at(max(deadline, self.now), self._timer)
 
     # -- a job's life -----------------------------------------------------------
 
     def _start(self, job: _Job) -> None:
         job.trace.started = self.now
         job.trace.boundaries.append(self.now)
-        self.queue.join(job.spec.name, [self.node], f"model-{job.spec.name}", self.now)
+        spec = job.spec
+        self.queue.join(spec.name, [self.node], f"model-{spec.name}", self.now,
+                        weight=spec.weight, priority=spec.priority)  # fmt: skip
         self._after_queue_call()
         self._phase(job)
 
@@ -183,15 +195,18 @@ class GroupModel:
         job.remaining = seconds
         job.requests += 1
         request_id = f"{job.spec.name}-{job.requests}"
-        self._at(self.now + self.costs.message_seconds, lambda: self._request(job, request_id))
+        self._at(
+            self.now + self.costs.message_seconds,
+            lambda: self._request(job, request_id, phase.phase),
+        )
 
     def _immediate_grant_delay(self) -> float:
         """A grant made as the job's own acquire (or another's yield) arrives."""
         return max(0.0, self.costs.acquire_seconds - self.costs.message_seconds)
 
-    def _request(self, job: _Job, request_id: str) -> None:
+    def _request(self, job: _Job, request_id: str, phase: str) -> None:
         self._grant_delay = self._immediate_grant_delay()
-        self.queue.request(job.spec.name, request_id, self.now)
+        self.queue.request(job.spec.name, request_id, self.now, phase=phase)
         self._after_queue_call()
 
     def _granted(self, job: _Job, epoch: int, told: int) -> None:
@@ -312,6 +327,7 @@ class GroupModel:
         """The workflow's durable timer: leases (jobs heartbeat, so they hold)
         and the turn limit."""
         self._timer_at = None
+        self._timer_ran = self.now
         for name in self._jobs:
             if name in self.queue.state.jobs:
                 self.queue.touch(name, self.now)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 
 from timeshare.history import GroupHistory, TurnRecord
@@ -40,8 +41,11 @@ def profile_group(
     status: GroupStatus, history: GroupHistory, costs: StackCosts | None = None
 ) -> tuple[list[JobSpec], dict[str, str]]:
     """Profiles of the group's jobs, members now or seen in its history (a
-    finished run profiles too), and why each job that has none has none."""
+    finished run profiles too), and why each job that has none has none. A
+    member's weight and priority are as it joined; each GPU phase is named
+    as the job's acquires named it most often."""
     costs = costs or StackCosts()
+    members = {job.job: job for job in status.jobs}
     nodes = {job.job: job.nodes for job in status.jobs}
     for turn in history.turns:
         nodes.setdefault(turn.job, _nodes_seen(turn.job, history))
@@ -49,7 +53,13 @@ def profile_group(
     skipped: dict[str, str] = {}
     for name, where in nodes.items():
         try:
-            profiles.append(profile_job(name, where, history, costs))
+            found = profile_job(name, where, history, costs)
+            member = members.get(name)
+            if member is not None:
+                found = found.model_copy(
+                    update={"weight": member.weight, "priority": member.priority}
+                )
+            profiles.append(found)
         except ProfileError as why:
             skipped[name] = str(why)
     return profiles, skipped
@@ -79,7 +89,8 @@ def profile_job(name: str, nodes: list[str], history: GroupHistory, costs: Stack
     gaps.append(gaps[-period] if len(gaps) >= period else 0.0)
     iteration: list[Phase] = []
     for position in range(period):
-        iteration.append(Phase(gpu=statistics.median(work[position::period])))
+        named = Counter(t.phase for t in turns[position::period]).most_common(1)[0][0]
+        iteration.append(Phase(gpu=statistics.median(work[position::period]), phase=named))
         cpu = statistics.median(gaps[position::period])
         if cpu >= MIN_CPU_SECONDS:
             iteration.append(Phase(cpu=cpu))

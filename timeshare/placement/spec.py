@@ -8,7 +8,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from timeshare.models import GroupPolicy
+from timeshare.models import PRIORITY_LIMIT, GroupPolicy, check_phase
 from timeshare.names import check_name
 
 GIB = 2**30
@@ -26,11 +26,21 @@ class Phase(Strict):
 
     gpu: float | None = Field(default=None, ge=0.0, le=86400.0)
     cpu: float | None = Field(default=None, ge=0.0, le=86400.0)
+    # The acquire's phase ("rollout", "train") of a GPU phase, for a group
+    # policy's phase_priority.
+    phase: str = ""
+
+    @field_validator("phase")
+    @classmethod
+    def _valid_phase(cls, phase: str) -> str:
+        return check_phase(phase)
 
     @model_validator(mode="after")
     def _one_kind(self) -> Self:
         if (self.gpu is None) == (self.cpu is None):
             raise ValueError("give exactly one of gpu: SECONDS or cpu: SECONDS")
+        if self.phase and self.gpu is None:
+            raise ValueError("phase: names what a GPU phase's turn is for; a cpu phase has none")
         return self
 
     @property
@@ -66,6 +76,10 @@ class JobSpec(Strict):
     name: str
     # GPUs of one set the job needs (all on one node).
     gpus: int = Field(default=1, ge=1, le=64)
+    # As the job's Join gives them: fair share counts GPU time over weight;
+    # a higher priority goes first (scheduling policies).
+    weight: float = Field(default=1.0, gt=0.0, le=1000.0)
+    priority: int = Field(default=0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)
     # Device memory the job holds between its turns, GiB; null from a
     # profile whose job was never checkpointed (unknown, never zero).
     state_gib: float | None = Field(ge=0.0, le=1e6)
