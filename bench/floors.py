@@ -20,7 +20,7 @@ from pathlib import Path
 
 from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowHandle
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from bench.procstat import cpu_seconds
 from bench.profiling import Profiler
@@ -37,7 +37,7 @@ async def floor_noop() -> None:
     return None
 
 
-@workflow.defn(name="FloorWorkflow", sandboxed=False)
+@workflow.defn(name="FloorWorkflow")
 class FloorWorkflow:
     def __init__(self) -> None:
         self._done = False
@@ -74,7 +74,12 @@ async def measure_floors(client: Client, iterations: int) -> dict[str, list[floa
     """Milliseconds per round trip of each floor."""
     timings: dict[str, list[float]] = {"update": [], "update+activity": []}
     async with (
-        Worker(client, task_queue=WORKFLOW_QUEUE, workflows=[FloorWorkflow]),
+        Worker(
+            client,
+            task_queue=WORKFLOW_QUEUE,
+            workflows=[FloorWorkflow],
+            workflow_runner=UnsandboxedWorkflowRunner(),
+        ),
         Worker(client, task_queue=ACTIVITY_QUEUE, activities=[floor_noop]),
     ):
         handle = await _start(client)
@@ -105,8 +110,12 @@ class FloorCpu:
         return self.update_cpu_ms + self.activity_cpu_ms
 
 
-def start_floor_worker(temporal: str, log_path: Path) -> subprocess.Popen[bytes]:
+def start_floor_worker(
+    temporal: str, log_path: Path, sandboxed: bool = False
+) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "bench.floor_worker", f"--temporal={temporal}"]
+    if sandboxed:
+        command.append("--sandboxed")
     with log_path.open("ab") as log:
         process = spawn(command, stdout=log, timeshare_child=True)
     deadline = time.monotonic() + READY_SECONDS
@@ -119,12 +128,19 @@ def start_floor_worker(temporal: str, log_path: Path) -> subprocess.Popen[bytes]
 
 
 async def measure_floor_cpu(
-    client: Client, temporal: str, iterations: int, workdir: Path, profile: Path | None = None
+    client: Client,
+    temporal: str,
+    iterations: int,
+    workdir: Path,
+    profile: Path | None = None,
+    sandboxed: bool = False,
 ) -> FloorCpu:
     """The floor workflow's worker runs in a process of its own, the activity's
     worker here (as the scheduler's activities run in the agent's process).
-    ``profile``: py-spy the worker over the measured updates, to this file."""
-    worker = start_floor_worker(temporal, workdir / "floor-worker.log")
+    ``profile``: py-spy the worker over the measured updates, to this file.
+    ``sandboxed``: the workflow runs in a sandbox like the scheduler's."""
+    log = workdir / f"floor-worker{'-sandboxed' if sandboxed else ''}.log"
+    worker = start_floor_worker(temporal, log, sandboxed)
     profiling = Profiler(worker.pid, profile) if profile is not None else contextlib.nullcontext()
     try:
         cpu: dict[str, float] = {}

@@ -53,5 +53,13 @@ class CpuMeter:
 
 
 def load_average() -> str:
-    """The 1, 5 and 15 minute load averages, as `uptime` prints them."""
-    return ", ".join(Path("/proc/loadavg").read_text().split()[:3])
+    """The 1, 5 and 15 minute load averages, as `uptime` prints them, and where
+    the kernel tells it, the share of the last minute in which some runnable
+    task waited for a CPU (other work on a shared machine shows here)."""
+    loads = ", ".join(Path("/proc/loadavg").read_text().split()[:3])
+    try:
+        some = Path("/proc/pressure/cpu").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return loads
+    avg60 = dict(field.split("=", 1) for field in some[1:] if "=" in field).get("avg60", "?")
+    return f"{loads}; CPU pressure {avg60} %"

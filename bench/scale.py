@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import platform
 import tempfile
 from collections import Counter
@@ -46,7 +47,8 @@ SEARCH_MAX = 1000
 
 
 def stack_pids(stack: LocalStack) -> dict[str, int]:
-    return {name: process.pid for name, process in stack.processes.items()}
+    """The stack's processes and this one (every job's client runs here)."""
+    return {**{name: p.pid for name, p in stack.processes.items()}, "bench": os.getpid()}
 
 
 def load_row(r: LoadResult, parts: list[str], schedulers: list[str]) -> list[str]:
@@ -86,13 +88,16 @@ def print_idle(idle: IdleHistory) -> None:
     print(f"events in the 'now' window: {kinds}")
 
 
-def print_floor(floor: FloorCpu) -> None:
+def print_floor(floor: FloorCpu, sandboxed: FloorCpu) -> None:
     rows = [
-        ["trivial update", f"{floor.update_cpu_ms:.2f}", f"{floor.update_wall_ms:.1f}"],
+        ["trivial update", f"{floor.update_cpu_ms:.2f}", f"{floor.update_wall_ms:.1f}",
+         f"{sandboxed.update_cpu_ms:.2f}"],
         ["update awaiting one remote activity", f"{floor.activity_cpu_ms:.2f}",
-         f"{floor.activity_wall_ms:.1f}"],
+         f"{floor.activity_wall_ms:.1f}", f"{sandboxed.activity_cpu_ms:.2f}"],
     ]  # fmt: skip
-    print(table(["floor (workflow worker in its own process)", "CPU ms", "wall ms"], rows))
+    headers = ["floor (workflow worker in its own process)", "CPU ms", "wall ms",
+               "CPU ms in the scheduler's sandbox"]  # fmt: skip
+    print(table(headers, rows))
 
 
 def print_profiles(directory: Path, cpu_ms: dict[str, float]) -> None:
@@ -126,6 +131,10 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
     floor = await measure_floor_cpu(
         temporal, stack.temporal, args.floor_iterations, workdir,
         args.profile / "floor-worker.txt" if args.profile else None,
+    )  # fmt: skip
+    sandboxed = await measure_floor_cpu(
+        temporal, stack.temporal, args.floor_iterations, workdir,
+        args.profile / "floor-worker-sandboxed.txt" if args.profile else None, sandboxed=True,
     )  # fmt: skip
     print(f"floor: update {floor.update_cpu_ms:.2f} ms CPU, "
           f"update+activity {floor.activity_cpu_ms:.2f} ms CPU", flush=True)  # fmt: skip
@@ -164,18 +173,19 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
             result.p99_ms >= P99_LIMIT_MS or result.evictions or result.lost or groups >= SEARCH_MAX
         ):
             break
-    report(args, stack, floor, idle, results)
+    report(args, stack, floor, sandboxed, idle, results)
 
 
 def report(
     args: argparse.Namespace,
     stack: LocalStack,
     floor: FloorCpu,
+    sandboxed: FloorCpu,
     idle: IdleHistory,
     results: list[LoadResult],
 ) -> None:
     print()
-    print_floor(floor)
+    print_floor(floor, sandboxed)
     print()
     print_idle(idle)
     print()
@@ -185,12 +195,15 @@ def report(
     replicas = f"{len(stack.scheduler_parts)} scheduler(s), {len(stack.gateway_parts)} gateway(s)"
     print(f"load: {args.jobs_per_group} jobs per group, {pace}, {args.seconds:g} s per size; "
           f"{replicas}")  # fmt: skip
-    parts = [*stack.scheduler_parts, *stack.gateway_parts, "temporal", "agent"]
+    parts = [*stack.scheduler_parts, *stack.gateway_parts, "temporal", "agent", "bench"]
     print_loads(results, parts, stack.scheduler_parts)
     reference = next((r for r in results if r.groups == REFERENCE_GROUPS), results[0])
     if args.profile is not None:
         print()
-        units = {"floor-worker": floor.per_handoff_floor_ms}
+        units = {
+            "floor-worker": floor.per_handoff_floor_ms,
+            "floor-worker-sandboxed": sandboxed.per_handoff_floor_ms,
+        }
         for part in (*stack.scheduler_parts, *stack.gateway_parts):
             units[part] = reference.cpu_ms_per_handoff([part])
         print_profiles(args.profile, units)
@@ -205,6 +218,7 @@ def report(
         f"lost_leases={sum(r.evictions + len(r.lost) for r in results)} "
         f"worker_cpu_ms_per_handoff={reference.cpu_ms_per_handoff(stack.scheduler_parts):.2f} "
         f"floor_cpu_ms={floor.per_handoff_floor_ms:.2f} worker_cpu_ratio={ratio:.2f} "
+        f"sandboxed_floor_cpu_ms={sandboxed.per_handoff_floor_ms:.2f} "
         f"history_events_per_idle_job_hour={idle.now_per_job_hour:.2f} "
         f"history_events_per_idle_job_hour_before={idle.before_per_job_hour:.0f}"
     )

@@ -14,7 +14,7 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
     run = subprocess.run(
         [
             sys.executable, "-m", "bench.scale", "--quick", "--period=1", "--sizes=2",
-            "--seconds=4", "--idle-groups=1", "--idle-lease=6", "--idle-seconds=5",
+            "--seconds=4", "--idle-groups=1", "--idle-lease=12", "--idle-seconds=6",
             "--floor-iterations=5",
         ],
         capture_output=True, text=True, cwd=REPO, timeout=280,
