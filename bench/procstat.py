@@ -34,15 +34,19 @@ def tree_cpu_seconds(pid: int) -> float:
 
 
 class CpuMeter:
-    """CPU seconds of named processes (each with the processes below it) from
-    the moment it is made (or reset)."""
+    """CPU seconds of named processes from the moment it is made (or reset):
+    each with the processes below it, but this process alone (the stack it
+    started runs below it)."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = dict(pids)
         self._start = self._read()
 
     def _read(self) -> dict[str, float]:
-        return {name: tree_cpu_seconds(pid) for name, pid in self.pids.items()}
+        return {
+            name: cpu_seconds(pid) if pid == os.getpid() else tree_cpu_seconds(pid)
+            for name, pid in self.pids.items()
+        }
 
     def reset(self) -> None:
         self._start = self._read()

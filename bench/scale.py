@@ -36,6 +36,7 @@ from bench.procstat import load_average
 from bench.profiling import Profiler, read_profile
 from bench.scale_load import LoadResult, run_load
 from bench.stack import LocalStack
+from bench.watch_cost import WatchCost, measure_watch_cost
 from timeshare.status import table
 from timeshare.workers.service import connect_temporal
 
@@ -86,6 +87,16 @@ def print_idle(idle: IdleHistory) -> None:
     print(f"events in the 'before' window: {kinds}")
     kinds = ", ".join(f"{kind} {n}" for kind, n in idle.now.events.most_common())
     print(f"events in the 'now' window: {kinds}")
+
+
+def print_watch(watch: WatchCost) -> None:
+    parts = [name for name in watch.watched if name != "bench"]
+    rows = [
+        [f"{watch.groups} groups, each holder's turn watched",
+         *(f"{watch.watched[p]:.3f}" for p in parts)],
+        [f"{watch.groups} groups, no turn held", *(f"{watch.unwatched[p]:.3f}" for p in parts)],
+    ]  # fmt: skip
+    print(table(["no hand-overs: cores busy", *parts], rows))
 
 
 def print_floor(floor: FloorCpu, sandboxed: FloorCpu) -> None:
@@ -144,6 +155,12 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
     )  # fmt: skip
     print(f"idle history: {idle.before_per_job_hour:.0f} events/job-hour before, "
           f"{idle.now_per_job_hour:.2f} now (load {load_average()})", flush=True)  # fmt: skip
+    watch = await measure_watch_cost(
+        stack.address, stack.node, stack_pids(stack), REFERENCE_GROUPS, args.watch_seconds
+    )
+    watched = watch.watched
+    print(f"watches of {watch.groups} held turns: Temporal {watched['temporal']:.2f} cores, "
+          f"gateway {watched['gateway']:.2f} (load {load_average()})", flush=True)  # fmt: skip
     results: list[LoadResult] = []
     sizes = list(args.sizes) if args.sizes else []
     next_size = SEARCH_STEP
@@ -173,7 +190,7 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
             result.p99_ms >= P99_LIMIT_MS or result.evictions or result.lost or groups >= SEARCH_MAX
         ):
             break
-    report(args, stack, floor, sandboxed, idle, results)
+    report(args, stack, floor, sandboxed, idle, watch, results)
 
 
 def report(
@@ -182,10 +199,13 @@ def report(
     floor: FloorCpu,
     sandboxed: FloorCpu,
     idle: IdleHistory,
+    watch: WatchCost,
     results: list[LoadResult],
 ) -> None:
     print()
     print_floor(floor, sandboxed)
+    print()
+    print_watch(watch)
     print()
     print_idle(idle)
     print()
@@ -220,7 +240,8 @@ def report(
         f"floor_cpu_ms={floor.per_handoff_floor_ms:.2f} worker_cpu_ratio={ratio:.2f} "
         f"sandboxed_floor_cpu_ms={sandboxed.per_handoff_floor_ms:.2f} "
         f"history_events_per_idle_job_hour={idle.now_per_job_hour:.2f} "
-        f"history_events_per_idle_job_hour_before={idle.before_per_job_hour:.0f}"
+        f"history_events_per_idle_job_hour_before={idle.before_per_job_hour:.0f} "
+        f"watch_temporal_cores_per_100_groups={watch.watched['temporal'] * 100 / watch.groups:.2f}"
     )
 
 
@@ -245,6 +266,9 @@ def main() -> None:
         help="the idle jobs' idle lease, scaled to the default's (default %(default)s s)",
     )  # fmt: skip
     parser.add_argument("--floor-iterations", type=int, help="default 200, quick 50")
+    parser.add_argument(
+        "--watch-seconds", type=float, help="each watch window (default 10, quick 5)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", type=Path, help="py-spy the schedulers and gateways here")
     args = parser.parse_args()
@@ -253,6 +277,7 @@ def main() -> None:
     args.seconds = args.seconds or (20.0 if args.quick else 30.0)
     args.idle_seconds = args.idle_seconds or (30.0 if args.quick else 60.0)
     args.floor_iterations = args.floor_iterations or (50 if args.quick else 200)
+    args.watch_seconds = args.watch_seconds or (5.0 if args.quick else 10.0)
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
         stack = LocalStack(workdir, state_gib=0.0, schedulers=args.replicas, gateways=args.replicas)
