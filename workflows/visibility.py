@@ -59,13 +59,23 @@ class GroupVisibility:
 def current_details(status: GroupStatus) -> str:
     """A small markdown table for the Temporal UI."""
     state = status.state + (f" ({status.degraded_cause})" if status.degraded_cause else "")
+    holder = status.holder or "-"
+    if status.holder_phase:
+        holder += f" ({status.holder_phase})"
+    if status.yield_requested:
+        holder += ", asked to yield"
+    policy = status.policy
     lines = [
         f"**{status.group}**: {state}, epoch {status.epoch}, {status.switches} switches",
         "",
         "| | |",
         "|---|---|",
-        f"| holder | {status.holder or '-'} |",
+        f"| holder | {holder} |",
         f"| queue | {', '.join(status.queue) or '-'} |",
+        f"| ordering | {policy.ordering} |",
     ]
+    if policy.phase_priority:
+        bonuses = ", ".join(f"{p} {b:+d}" for p, b in sorted(policy.phase_priority.items()))
+        lines.append(f"| phase priority | {bonuses} |")
     lines += [f"| node {node} | {job} |" for node, job in sorted(status.resident.items())]
     return "\n".join(lines)
