@@ -205,20 +205,31 @@ class LocalStack:
 
 
 def overlaps(record: list[dict[str, Any]]) -> int:
-    """Times the simulated GPU broke its invariant, by the backend's own
-    record: two jobs of a group running at once, or more resident than fits."""
+    """Times the simulated GPUs broke their invariant, by the backend's own
+    record: two jobs running at once on one GPU (whatever their groups), or
+    more resident there than fits."""
     refused = sum(1 for e in record if e["event"] == "overlap")
     broken = 0
-    for node, group in {(e["node"], e.get("group")) for e in record}:
-        mine = [e for e in record if e["node"] == node and e.get("group") == group]
+    for node, device in {(e["node"], gpu) for e in record for gpu in _devices(e)}:
+        mine = [e for e in record if e["node"] == node and device in _devices(e)]
         running = [e for e in mine if e["event"] == "running"]
         broken += sum(
             1
             for a, b in itertools.combinations(running, 2)
-            if a["job"] != b["job"] and a["start"] < b["end"] and b["start"] < a["end"]
+            if _job(a) != _job(b) and a["start"] < b["end"] and b["start"] < a["end"]
         )
         broken += overfull([e for e in mine if e["event"] == "resident"])
     return refused + broken
+
+
+def _devices(event: dict[str, Any]) -> list[str]:
+    """The simulated GPUs an event is about; a record written before nodes
+    had several is about its group's own one."""
+    return list(event.get("devices") or [f"group:{event.get('group')}"])
+
+
+def _job(event: dict[str, Any]) -> tuple[str, str]:
+    return str(event.get("group")), str(event["job"])
 
 
 def overfull(resident: list[dict[str, Any]]) -> int:
@@ -228,7 +239,7 @@ def overfull(resident: list[dict[str, Any]]) -> int:
     for interval in resident:
         here = [e for e in resident if e["start"] <= interval["start"] < e["end"]]
         # One job's interval recorded twice (an agent restarted) is not two jobs.
-        here = list({e["job"]: e for e in here}.values())
+        here = list({_job(e): e for e in here}.values())
         capacity = interval.get("capacity")
         if len(here) > 1 and (capacity is None or sum(e.get("bytes", 0) for e in here) > capacity):
             count += 1

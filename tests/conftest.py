@@ -135,10 +135,11 @@ class SimNodes:
             sim_capacity_bytes=capacity_bytes,
         )
         backend = SimBackend(config)
+        agent = SwitchActivities(node, backend, processes)
         worker = Worker(
             self.client,
             task_queue=node_task_queue(node),
-            activities=[SwitchActivities(node, backend, processes).switch],
+            activities=[agent.switch, agent.release],
         )
         await worker.__aenter__()
         self.backends[node] = backend

@@ -7,6 +7,7 @@ import math
 import os
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from google.protobuf import json_format
 
@@ -220,12 +221,18 @@ def group_status(message: pb.GroupStatus) -> GroupStatus:
         degraded_cause=message.degraded_cause,
         paused=message.paused,
         drained=list(message.drained),
-        policy=GroupPolicy(
-            **{f.name: v for f, v in message.policy.ListFields()},
-        ),
+        policy=GroupPolicy.model_validate(policy_fields(message.policy)),
         preemptions=message.preemptions,
         evictions=message.evictions,
     )
+
+
+def policy_fields(message: pb.GroupPolicy) -> dict[str, Any]:
+    """The policy fields set on the wire (repeated ones as lists)."""
+    return {
+        field.name: value if isinstance(value, (str, int, float)) else list(value)
+        for field, value in message.ListFields()
+    }
 
 
 def node_record(message: pb.NodeStatus) -> NodeRecord:
@@ -237,4 +244,5 @@ def node_record(message: pb.NodeStatus) -> NodeRecord:
         last_seen=message.last_seen,
         gpus=list(message.gpus),
         drained=message.drained,
+        notes=list(message.notes),
     )

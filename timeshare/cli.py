@@ -155,6 +155,14 @@ def _sim_options(parser: argparse.ArgumentParser) -> None:
         "--sim-rebuild-gbps", type=RATE, default=0.0,
         help="GB/s at which a job rebuilds what a discard dropped (0: at once)",
     )  # fmt: skip
+    sim.add_argument(
+        "--sim-gpus", type=GPU_COUNT, default=1,
+        help="simulated GPUs on the node, shared by its groups (a group uses those its policy names)",
+    )  # fmt: skip
+    sim.add_argument(
+        "--sim-host-gib", type=AMOUNT,
+        help="simulated host memory for parked state, shared by all groups (unset: unlimited)",
+    )  # fmt: skip
     sim.add_argument("--sim-record", type=Path, help="append the residency record here (JSONL)")
     sim.add_argument(
         "--sim-state", type=Path, help="keep what the simulated GPU holds here, across restarts"
@@ -186,6 +194,7 @@ AMOUNT = _number(float, 1e-6, 1e6)
 RATE = _number(float, 0.0, 1e6)
 SIZE = _number(float, 0.0, 1e6)
 FRACTION = _number(float, 0.0, 1.0)
+GPU_COUNT = _number(int, 1, 256)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -443,6 +452,8 @@ def backend_config(args: argparse.Namespace) -> BackendConfig:
         sim_capacity_bytes=int(capacity * 2**30) if capacity is not None else None,
         sim_bandwidth_bytes_per_second=args.sim_bandwidth_gbps * 1e9,
         sim_state_bytes=int(args.sim_state_gib * 2**30),
+        sim_gpus=int(args.sim_gpus),
+        sim_host_memory_bytes=int(args.sim_host_gib * 2**30) if args.sim_host_gib else None,
         sim_record_path=str(args.sim_record) if args.sim_record else None,
         sim_state_path=str(args.sim_state) if args.sim_state else None,
         record_path=str(args.record) if args.record else None,
@@ -509,6 +520,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
             f"--sim-state-gib={args.sim_state_gib}",
             f"--sim-discard-fraction={args.sim_discard_fraction}",
             f"--sim-rebuild-gbps={args.sim_rebuild_gbps}",
+            f"--sim-gpus={args.sim_gpus}",
+            *([f"--sim-host-gib={args.sim_host_gib}"] if args.sim_host_gib else []),
             *([f"--sim-record={args.sim_record}"] if args.sim_record else []),
             f"--sim-state={args.sim_state or args.data_dir / f'sim-state-{args.node}.json'}",
             f"--socket={args.socket or args.data_dir / 'agent.sock'}",

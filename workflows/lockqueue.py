@@ -170,6 +170,9 @@ class GroupState(BaseModel):
     # Recent turns and per-node switches, bounded, for `timeshare report`.
     recent_turns: list[TurnRecord] = Field(default_factory=list)
     recent_switches: list[SwitchRecord] = Field(default_factory=list)
+    # Jobs that left the group (leave, eviction, lease, exit), and the nodes
+    # whose agents have yet to release their processes.
+    releasing: dict[str, list[str]] = Field(default_factory=dict)
 
 
 def _remember(reasons: dict[str, str], key: str, reason: str) -> None:
@@ -212,6 +215,8 @@ class LockQueue:
         """Add or refresh a job; returns True when the job is new."""
         self.check_join(job, nodes)
         self.state.evicted_jobs.pop(job, None)
+        # Back before its agents let its processes go: they need not.
+        self.state.releasing.pop(job, None)
         entry = self.state.jobs.get(job)
         if entry is None:
             self.state.jobs[job] = JobEntry(
@@ -267,6 +272,24 @@ class LockQueue:
         self._remove(job, now, reason)
         self.state.evictions += 1
         return True
+
+    def evict_failed(self, job: str, reason: str, now: float) -> None:
+        """A job whose state is lost for good (a process's CUDA state FAILED):
+        evicted, and left out of the switch under way, so that its retry does
+        not act on it again (its agents release what is left of it)."""
+        self.evict(job, reason, now)
+        plan = self.state.switching
+        if plan is not None:
+            for move in plan.moves:
+                move.evict = [j for j in move.evict if j != job]
+
+    def release_done(self, job: str, node: str) -> None:
+        """The node's agent released the job's processes (or could not be reached)."""
+        nodes = [n for n in self.state.releasing.get(job, []) if n != node]
+        if nodes:
+            self.state.releasing[job] = nodes
+        else:
+            self.state.releasing.pop(job, None)
 
     def heartbeat(self, job: str, now: float) -> HeartbeatOutput:
         self.touch(job, now)
@@ -741,6 +764,9 @@ class LockQueue:
         self.state.queue = [w for w in self.state.queue if w.job != job]
         self.state.released.pop(job, None)
         self.state.served_requests.pop(job, None)
+        where = set(self.state.jobs[job].nodes)
+        where |= {node for node, resident in self.state.resident.items() if resident == job}
+        self.state.releasing[job] = sorted(where)
         del self.state.jobs[job]
         self._grant_ready(now)
 

@@ -36,6 +36,7 @@ class GroupPolicy(_message.Message):
     AGENT_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     CONTINUE_AS_NEW_EVERY_FIELD_NUMBER: _builtins.int
     CO_RESIDENCY_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
     lease_seconds: _builtins.float
     """A job that sends nothing, heartbeats included, for this long is evicted (30)."""
     max_turn_seconds: _builtins.float
@@ -50,6 +51,13 @@ class GroupPolicy(_message.Message):
     """"auto" (""): a job that yields stays on the device, locked, while the next
     job's state fits beside it; "off": every switch checkpoints it.
     """
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The indices of the GPUs the group's jobs use on each of their nodes; none:
+        all of them. A GPU belongs to one group at a time: a join that would
+        share one with another group is refused (FAILED_PRECONDITION).
+        """
+
     def __init__(
         self,
         *,
@@ -59,10 +67,11 @@ class GroupPolicy(_message.Message):
         agent_timeout_seconds: _builtins.float = ...,
         continue_as_new_every: _builtins.int = ...,
         co_residency: _builtins.str = ...,
+        gpus: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout_seconds", b"agent_timeout_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "preempt_grace_seconds", b"preempt_grace_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout_seconds", b"agent_timeout_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "gpus", b"gpus", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "preempt_grace_seconds", b"preempt_grace_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -699,6 +708,7 @@ class NodeStatus(_message.Message):
     LAST_SEEN_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     DRAINED_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     backend: _builtins.str
     simulated: _builtins.bool
@@ -707,6 +717,12 @@ class NodeStatus(_message.Message):
     drained: _builtins.bool
     @_builtins.property
     def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What the agent wants operators to know, one line each (co-residency off
+        for a job whose device memory NVML cannot tell, and why).
+        """
+
     def __init__(
         self,
         *,
@@ -717,10 +733,11 @@ class NodeStatus(_message.Message):
         last_seen: _builtins.float = ...,
         gpus: _abc.Iterable[_builtins.str] | None = ...,
         drained: _builtins.bool = ...,
+        notes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alive", b"alive", "backend", b"backend", "drained", b"drained", "gpus", b"gpus", "last_seen", b"last_seen", "node", b"node", "simulated", b"simulated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alive", b"alive", "backend", b"backend", "drained", b"drained", "gpus", b"gpus", "last_seen", b"last_seen", "node", b"node", "notes", b"notes", "simulated", b"simulated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
