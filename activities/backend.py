@@ -156,6 +156,14 @@ class Backend(abc.ABC):
         checkpoint that follows finishes the work. Most backends: a lock."""
         return await self.lock(group, job)
 
+    def failed(self, group: str, job: str) -> bool:
+        """The job was seen in a terminal failed state here (JobFailed)."""
+        return False
+
+    async def on_device(self, group: str, job: str) -> bool:
+        """Any of the job's state is in device memory here (running or locked)."""
+        return job in await self.resident_jobs(group)
+
     async def stopped(self, group: str, job: str) -> bool:
         """The job is stopped here with its state still on the device (locked
         or frozen)."""

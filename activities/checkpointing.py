@@ -62,7 +62,7 @@ from timeshare.activities.backend import (
     StateUnknown,
 )
 from timeshare.activities.gpus import DeviceMemory, device_memory, host_memory_available, node_gpus
-from timeshare.activities.processes import ProcessTable
+from timeshare.activities.processes import ProcessTable, alive
 from timeshare.activities.residency import fits
 from timeshare.hooks.protocol import EvictMode
 from timeshare.models import ActionName, BackendAction, RankAction
@@ -112,6 +112,9 @@ class ProcessCheckpointBackend(Backend):
         self._in_flight: dict[int, asyncio.Future[Any]] = {}
         # Jobs whose device memory NVML cannot tell, and why.
         self._unknown_memory: dict[JobKey, str] = {}
+        # Jobs a process of which was seen FAILED: terminal for the job, even
+        # once that process has exited, until the job is released.
+        self._failed: dict[JobKey, set[int]] = {}
 
     def attach(self, processes: ProcessTable) -> None:
         self.processes = processes
@@ -223,10 +226,16 @@ class ProcessCheckpointBackend(Backend):
             if isinstance(state, BaseException):
                 raise state
             states[pid] = state
-        failed = [pid for pid, state in states.items() if state == CudaState.FAILED]
-        if failed and not allow_failed:
-            raise JobFailed(group, job, _failed_message(group, job, failed, self.node))
+        failed = {pid for pid, state in states.items() if state == CudaState.FAILED}
+        if failed:
+            self._failed.setdefault((group, job), set()).update(failed)
+        if (group, job) in self._failed and not allow_failed:
+            pids = sorted(self._failed[(group, job)])
+            raise JobFailed(group, job, _failed_message(group, job, pids, self.node))
         return states
+
+    def failed(self, group: str, job: str) -> bool:
+        return (group, job) in self._failed
 
     async def resident_jobs(self, group: str) -> list[str]:
         """Jobs with any CUDA process whose state is on the device, including
@@ -235,13 +244,17 @@ class ProcessCheckpointBackend(Backend):
         resident = []
         for job in self.processes.jobs(group):
             states = (await self.states(group, job, allow_failed=True)).values()
-            if CudaState.FAILED not in states and any(s in ON_DEVICE for s in states):
+            if not self.failed(group, job) and any(s in ON_DEVICE for s in states):
                 resident.append(job)
         return resident
 
     async def stopped(self, group: str, job: str) -> bool:
         states = await self.states(group, job, allow_failed=True)
         return CudaState.LOCKED in states.values()
+
+    async def on_device(self, group: str, job: str) -> bool:
+        states = await self.states(group, job, allow_failed=True)
+        return any(state in ON_DEVICE for state in states.values())
 
     # -- memory --------------------------------------------------------------------
 
@@ -366,7 +379,9 @@ class ProcessCheckpointBackend(Backend):
         stays checkpointed (its CUDA calls block; the process can be killed);
         a FAILED process is left as it is."""
         states = await self.states(group, job, allow_failed=True)
-        failed = sorted(pid for pid, state in states.items() if state == CudaState.FAILED)
+        failed = sorted(
+            pid for pid in self._failed.get((group, job), set()) if states.get(pid) is not None
+        )
         parked = sorted(pid for pid, state in states.items() if state == CudaState.CHECKPOINTED)
         done: list[str] = []
         need, free = self._parked.get((group, job)), await self.free_memory(group)
@@ -393,6 +408,7 @@ class ProcessCheckpointBackend(Backend):
         after = await self.states(group, job, allow_failed=True)
         if not any(state == CudaState.CHECKPOINTED for state in after.values()):
             self._parked.pop((group, job), None)
+        self._failed.pop((group, job), None)  # it left: nothing more to refuse for it
         return Released(
             running=sorted(p for p, s in after.items() if s == CudaState.RUNNING),
             checkpointed=sorted(p for p, s in after.items() if s == CudaState.CHECKPOINTED),
@@ -418,7 +434,7 @@ class ProcessCheckpointBackend(Backend):
             *(self._act_and_time("lock", pid) for pid in running), return_exceptions=True
         )
         locked = {pid: o for pid, o in zip(running, outcomes, strict=True) if isinstance(o, float)}
-        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        errors = await self._still_there(running, outcomes)
         if not errors:
             return locked
         await self._raise_if_failed(group, job, errors)
@@ -450,7 +466,7 @@ class ProcessCheckpointBackend(Backend):
         outcomes = await asyncio.gather(
             *(self._act_and_time(action, pid) for pid in pids), return_exceptions=True
         )
-        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        errors = await self._still_there(pids, outcomes)
         if memory is None and pids:
             memory = device_memory()
         done = [
@@ -471,6 +487,19 @@ class ProcessCheckpointBackend(Backend):
                 f"job {group}/{job}: {first}" + (f"; {action} of {ok} succeeded" if ok else "")
             )
         return done
+
+    async def _still_there(
+        self, pids: list[int], outcomes: list[float | BaseException]
+    ) -> list[BaseException]:
+        """The failures of processes that still hold a CUDA context: one that
+        exited meanwhile has no state left to move."""
+        errors = []
+        for pid, outcome in zip(pids, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                gone = not alive(pid) or not await self._is_cuda(pid)
+                if isinstance(outcome, StateUnknown) or not gone:
+                    errors.append(outcome)
+        return errors
 
     async def _check_all(self, group: str, job: str, wanted: CudaState, what: str) -> None:
         """Every CUDA process of the job is ``wanted`` now: a {what} that

@@ -93,7 +93,7 @@ class CudaCheckpointBackend(ProcessCheckpointBackend):
         )
         code, out, err = await self._run("--action", action, "--pid", str(pid), *timeout)
         if code != 0:
-            raise BackendError(f"cuda-checkpoint --action {action} --pid {pid}: {err or out}")
+            raise BackendError(f"{action} of process {pid} failed (cuda-checkpoint): {err or out}")
 
     async def _run(self, *args: str) -> tuple[int, str, str]:
         """One run of the utility, waited for until it exits."""

@@ -82,7 +82,7 @@ class FreezeBackend(Backend):
 
     async def lock(self, group: str, job: str) -> BackendAction:
         # Freezing never moves memory: a lock is the same freeze, reported as one.
-        action = await self.checkpoint(group, job)
+        action = await self._freeze(group, job)
         if action.action == "noop":
             return action
         self._locked.add((group, job))
@@ -90,6 +90,9 @@ class FreezeBackend(Backend):
 
     async def checkpoint(self, group: str, job: str, mode: EvictMode = "offload") -> BackendAction:
         self._locked.discard((group, job))
+        return await self._freeze(group, job)
+
+    async def _freeze(self, group: str, job: str) -> BackendAction:
         pids = self.processes.processes(group, job)
         if not pids or self.processes.released(group, job) or self._is_frozen(group, job):
             return BackendAction(job=job, action="noop")

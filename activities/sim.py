@@ -149,6 +149,10 @@ class SimBackend(Backend):
             key for key, s in self.jobs.items() if s.location in locations and device in s.devices
         )
 
+    def failed(self, group: str, job: str) -> bool:
+        state = self.jobs.get((group, job))
+        return state is not None and state.location == "failed"
+
     async def stopped(self, group: str, job: str) -> bool:
         state = self.jobs.get((group, job))
         return state is not None and state.location == "locked"

@@ -110,7 +110,12 @@ class StackedBackend(Backend):
         resident: set[str] = set()
         for layer in self.layers:
             resident.update(await layer.resident_jobs(group))
-        return sorted(resident)
+        # A job that failed for good is the scheduler's to evict, whatever
+        # the other layers see.
+        return sorted(job for job in resident if not self.failed(group, job))
+
+    def failed(self, group: str, job: str) -> bool:
+        return any(layer.failed(group, job) for layer in self.layers)
 
     async def stopped(self, group: str, job: str) -> bool:
         for layer in self.layers:
@@ -130,7 +135,7 @@ class StackedBackend(Backend):
         return combined(job, [await layer.quiesce(group, job, mode) for layer in layers])
 
     async def checkpoint(self, group: str, job: str, mode: EvictMode = "offload") -> BackendAction:
-        if self._of(DEVICE):
+        if any([await layer.on_device(group, job) for layer in self._of(DEVICE)]):
             # Thawed first if an earlier lock froze it: the driver needs it
             # running. (Not reported: the action is the checkpoint.)
             for layer in self._of(PROCESSES):

@@ -19,6 +19,8 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from bench.stack import free_port, timeshare_command
+from tests import emulator
+from tests.emulator.rig import Emulator, emulator_in_this_process
 from tests.gateways import start_gateway
 from tests.needs import skip_what_the_machine_lacks
 from timeshare.activities.backend import BackendConfig
@@ -160,6 +162,16 @@ async def sim_nodes(client: Client, scheduler: Worker) -> AsyncIterator[SimNodes
     nodes = SimNodes(client)
     yield nodes
     await nodes.stop()
+
+
+@pytest.fixture(scope="session")
+def gpu_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
+    """The GPU emulator, loaded into this test process once (it reads its
+    configuration once per process) and shared by the tests that need it."""
+    if emulator.gcc() is None:
+        pytest.skip("gcc is not installed: the GPU emulator is built from C")
+    with emulator_in_this_process(tmp_path_factory.mktemp("emulator")) as emu:
+        yield emu
 
 
 @pytest.fixture
