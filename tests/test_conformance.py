@@ -174,8 +174,12 @@ def make_backend(kind: str, config: BackendConfig, emu: Emulator | None) -> Back
 DRIVERS = ["emulator", pytest.param("gpu", marks=pytest.mark.gpu)]
 
 
-@pytest.fixture(params=[(k, d) for k in KINDS for d in DRIVERS if not (k == "sim" and d != "emulator")],
-                ids=lambda p: f"{p[0]}-{p[1] if isinstance(p[1], str) else 'gpu'}")  # fmt: skip
+PARAMS = [
+    (kind, driver) for kind in KINDS for driver in DRIVERS if driver == "emulator" or kind != "sim"
+]
+
+
+@pytest.fixture(params=PARAMS, ids=lambda p: f"{p[0]}-{p[1] if isinstance(p[1], str) else 'gpu'}")
 def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
     kind, driver = request.param
     name = driver if isinstance(driver, str) else "gpu"
@@ -269,9 +273,7 @@ async def test_processes_without_cuda_are_never_acted_on_by_the_driver(rig: Rig)
             assert done.pids == job.rank_pids
         if action == backend.checkpoint and not rig.freezes:
             # Left alone: the data loaders run on while the ranks are checkpointed.
-            child = job.ranks[0]
-            before = child.child_count(0)
-            wait_until(lambda: child.child_count(0) > before, "a non-CUDA child to run on")
+            await _runs_on(job.ranks[0])
         if action == backend.checkpoint and rig.freezes:
             assert all(stopped(pid) for pid in job.children)
     assert rig.acted_on(job.children) == []
@@ -292,6 +294,13 @@ async def test_processes_without_cuda_are_never_acted_on_by_the_driver(rig: Rig)
         kill(sleeper)
 
 
+async def _runs_on(rank: CudaWorker) -> None:
+    before = rank.child_count(0)
+    await asyncio.to_thread(
+        wait_until, lambda: rank.child_count(0) > before, "a non-CUDA child to run on"
+    )
+
+
 # -- a rank failing midway --------------------------------------------------------
 
 
@@ -307,7 +316,7 @@ async def test_a_rank_failing_midway_fails_the_action_and_a_retry_finishes_it(ri
             await backend.checkpoint(GROUP, "a")
         assert (await backend.checkpoint(GROUP, "a")).action == "checkpoint"
         return
-    first, second = job.rank_pids
+    second = job.rank_pids[1]
     # A lock that fails on one rank: the other is unlocked again, the job left running.
     rule = rig.fault(second, "lock", "error", 999)
     with pytest.raises(BackendError, match="left running") as failed:

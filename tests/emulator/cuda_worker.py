@@ -76,7 +76,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--children", type=int, default=0)
     parser.add_argument("--ready", type=Path)
     parser.add_argument("--register", nargs=3, metavar=("SOCKET", "GROUP", "JOB"))
+    parser.add_argument("--wait-for", type=Path, help="start CUDA only once this file exists")
     args = parser.parse_args(argv)
+
+    if args.wait_for:
+        if args.ready:
+            write(args.ready, json.dumps({"pid": os.getpid(), "children": [], "cuda": False}))
+        while not args.wait_for.exists():
+            time.sleep(0.01)
 
     from cuda.bindings import driver
 

@@ -22,6 +22,7 @@ from types import ModuleType
 from tests import emulator
 from tests.emulator import wait_for
 from tests.processes import detached
+from timeshare.activities.gpus import DeviceMemory
 
 REPO = Path(__file__).resolve().parents[2]
 ARGUMENTS = {
@@ -138,13 +139,17 @@ def start_worker(
     children: int = 0,
     register: tuple[str, str, str] | None = None,
     timeout: float = 60,
+    start_when: Path | None = None,
 ) -> CudaWorker:
     """A CUDA worker on the emulator (or, with the real driver's environment,
-    on a GPU), detached from this process; returns once it is up."""
+    on a GPU), detached from this process; returns once it is up (with
+    ``start_when``: once it runs, before it starts CUDA when that file appears)."""
     counter, ready = directory / f"{name}.count", directory / f"{name}.ready"
     options = ["--children", str(children), "--ready", str(ready), "--interval", "0.01"]
     if register:
         options += ["--register", *register]
+    if start_when:
+        options += ["--wait-for", str(start_when)]
     command = " ".join(
         [f"cd {REPO} &&", *(f"{k}='{v}'" for k, v in env.items()), "exec",
          sys.executable, "-m", "tests.emulator.cuda_worker", str(nbytes), str(counter), *options]
@@ -162,3 +167,16 @@ def process_state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return ""
+
+
+def nvml_device_memory(env: dict[str, str]) -> dict[str, DeviceMemory]:
+    """What timeshare.activities.gpus.device_memory would read through the real
+    pynvml on the emulator, read in a child process (so that this test process
+    never loads an NVML library, which other tests must not find)."""
+    view = emulator.nvml_view(env)
+    return {
+        f"gpu{index}": DeviceMemory(
+            free_bytes=gpu["free"], total_bytes=gpu["total"], by_pid=dict(gpu["processes"])
+        )
+        for index, gpu in enumerate(view["gpus"])
+    }
