@@ -172,7 +172,8 @@ class SimBackend(Backend):
         return {device_name(d): self.capacity_bytes - self._used(d) for d in self._devices(group)}
 
     def _used(self, device: int) -> int:
-        return self.state_bytes * len(self._on(device, "running", "locked", "failed"))
+        # A failed job's simulated CUDA context is gone with its state.
+        return self.state_bytes * len(self._on(device, "running", "locked"))
 
     def inject_failure(
         self,
@@ -324,7 +325,7 @@ class SimBackend(Backend):
         fit in its memory (or, without a capacity, are only this one)."""
         me = (group, job)
         for device in devices:
-            where = ("running", "locked", "failed") if not self.shared else ("running",)
+            where = ("running", "locked") if not self.shared else ("running",)
             others = [f"{g}/{j}" for g, j in self._on(device, *where) if (g, j) != me]
             if others:
                 self._record(event="overlap", group=group, job=job, others=others,
@@ -343,7 +344,7 @@ class SimBackend(Backend):
         for device in devices:
             used = self._used(device)
             if used + self.state_bytes > self.capacity_bytes:
-                resident = [f"{g}/{j}" for g, j in self._on(device, "running", "locked", "failed")]
+                resident = [f"{g}/{j}" for g, j in self._on(device, "running", "locked")]
                 self._record(event="overlap", group=group, job=job, others=resident,
                              at=time.time(), device=device_name(device))  # fmt: skip
                 raise SimOverlapError(

@@ -380,6 +380,7 @@ class GroupWorkflow:
                 for job in lost:
                     cause = "; ".join(f.cause for f in failures if f.failed_job == job)
                     self._queue.evict_failed(job, cause, self._now())
+                self._release_left_jobs()
             if not failures:
                 for output in results:
                     for job in output.gone if isinstance(output, SwitchOutput) else []:
