@@ -55,6 +55,13 @@ class LocalStack:
     ui_port: int = field(default_factory=free_port)
     gateway_port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # Set for every agent on top of this process's environment (the GPU
+    # emulator's variables, say).
+    agent_env: dict[str, str] = field(default_factory=dict)
+    # Passed to every agent after the others (--call-timeout=..., say).
+    agent_options: list[str] = field(default_factory=list)
+    # Each group's simulated GPUs per node (sim backend).
+    sim_gpus: int = 1
 
     @property
     def address(self) -> str:
@@ -110,15 +117,19 @@ class LocalStack:
             *([f"--sim-capacity-gib={self.capacity_gib}"] if self.capacity_gib else []),
             f"--sim-record={self._node_file(node, 'residency', '.jsonl')}",
             f"--sim-state={self._node_file(node, 'sim-state', '.json')}",
-            f"--socket={self.socket_for(node)}",
+            f"--sim-gpus={self.sim_gpus}",
+            f"--socket={self.socket_for(node)}", *self.agent_options,
         )  # fmt: skip
 
     def start(self, name: str) -> None:
         """Start one part (again) and wait until it says it is ready."""
         log_path = self.workdir / f"{name}.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
+        env = self.agent_env if name in self.agents else None
         with log_path.open("ab") as log:
-            self.processes[name] = spawn(self.commands()[name], stdout=log, timeshare_child=True)
+            self.processes[name] = spawn(
+                self.commands()[name], stdout=log, timeshare_child=True, env=env
+            )
         deadline = time.monotonic() + READY_SECONDS
         while time.monotonic() < deadline:
             text = log_path.read_bytes()[offset:].decode(errors="replace")

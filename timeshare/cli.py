@@ -157,7 +157,7 @@ def _sim_options(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     sim.add_argument(
         "--sim-gpus", type=GPU_COUNT, default=1,
-        help="simulated GPUs on the node, shared by its groups (a group uses those its policy names)",
+        help="simulated GPUs, shared by the node's groups (each uses those its policy names)",
     )  # fmt: skip
     sim.add_argument(
         "--sim-host-gib", type=AMOUNT,
