@@ -253,8 +253,8 @@ async def test_the_group_limit_refuses_new_groups_only(
 def test_cli_refuses_bad_temporal_settings_in_one_line(tmp_path: Path) -> None:
     key = tmp_path / "client.key"
     key.write_text("x")
-    config = tmp_path / "timeshare.toml"
-    config.write_text('[temporal]\nnamespace = ""\nport = 7\n')
+    config = tmp_path / "temporal.toml"
+    config.write_text('[profile.default]\naddress = "no port"\nport = 7\n')
     cases = [
         ["scheduler", "--temporal-tls-key", str(key)],
         ["scheduler", "--temporal", "no port here"],
@@ -275,6 +275,5 @@ def test_cli_refuses_bad_temporal_settings_in_one_line(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
-    # One line naming each bad field.
-    assert "temporal.namespace" in config_result.stderr
-    assert "temporal.port" in config_result.stderr
+    # One line naming the bad field.
+    assert "port" in config_result.stderr

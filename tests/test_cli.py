@@ -3,15 +3,18 @@ when they cannot start, and a client library free of temporalio."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from bench.stack import free_port, timeshare_command
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_for_line
 from timeshare import cli
+from timeshare.cli.server_settings import AGENT_OPTIONS, agent_arguments
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -135,3 +138,41 @@ def test_the_benchmarks_zero_byte_sim_state_is_accepted() -> None:
     start their agents with no simulated state, to time the orchestration alone."""
     args = cli.build_parser().parse_args(["agent", "--sim-state-gib", "0"])
     assert args.sim_state_gib == 0.0
+
+
+def test_up_passes_every_agent_flag_on_to_its_agent() -> None:
+    """Each agent option given to `timeshare up` reaches the agent it starts
+    with the same value; a new agent option is covered by being in the list."""
+    given: list[str] = []
+    for option in AGENT_OPTIONS:
+        default = option.kwargs.get("default")
+        value = "/tmp/x" if option.kwargs.get("type") in (Path, None) else str((default or 0) + 0.5)
+        given.append(f"{option.flag}={value}")
+    up = cli.build_parser().parse_args(["up", *given])
+    agent = cli.build_parser().parse_args(["agent", *agent_arguments(up)])
+    for option in AGENT_OPTIONS:
+        assert getattr(agent, option.dest) == getattr(up, option.dest), option.flag
+        assert getattr(agent, option.dest) != option.kwargs.get("default"), option.flag
+
+
+def test_temporal_address_alone_points_every_process_at_temporal(temporal_address: str) -> None:
+    """No flag: TEMPORAL_ADDRESS (Temporal's own variable) is enough for the
+    scheduler, the gateway and the agent to reach the server and serve."""
+    env = {**os.environ, "TEMPORAL_ADDRESS": temporal_address}
+    env.pop("TIMESHARE_TEMPORAL", None)
+    commands = [
+        ["scheduler"],
+        ["gateway", f"--listen=127.0.0.1:{free_port()}"],
+        ["agent", "--node=env-node", "--socket", f"/tmp/timeshare-env-{os.getpid()}.sock"],
+    ]
+    for command in commands:
+        process = subprocess.Popen(
+            timeshare_command(*command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, cwd=REPO, env=env,
+        )  # fmt: skip
+        try:
+            lines = wait_for_line(process, ": ready:", timeout=60)
+            assert temporal_address in lines[-1], lines
+        finally:
+            process.terminate()
+            process.wait(30)

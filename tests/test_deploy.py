@@ -35,7 +35,7 @@ from typing import Any
 import grpc
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
-import yaml  # type: ignore[import-untyped]
+import yaml  # type: ignore[import-untyped,unused-ignore]
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tests.conftest import REPO
@@ -400,8 +400,8 @@ def test_scheduler_runs_two_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
     args, unknown = container_cli(scheduler, settings(objects), monkeypatch)
     assert (args.command, unknown) == ("scheduler", [])
     temporal = temporal_settings(args)  # flags, then the environment
-    assert temporal.address == settings(objects)["TIMESHARE_TEMPORAL"]
-    assert temporal.namespace == settings(objects)["TIMESHARE_NAMESPACE"]
+    assert temporal.address == settings(objects)["TEMPORAL_ADDRESS"]
+    assert temporal.namespace == settings(objects)["TEMPORAL_NAMESPACE"]
     budget = one(objects, "PodDisruptionBudget", "timeshare-scheduler")
     assert selects(budget["spec"]["selector"], pod_labels(scheduler))
 
@@ -443,7 +443,7 @@ def test_network_policies_admit_only_what_is_needed() -> None:
     assert rule["ports"] == [{"protocol": "TCP", "port": 50051}]
 
     # Every process reaches the Temporal frontend the settings name.
-    host, _, port = settings(objects)["TIMESHARE_TEMPORAL"].rpartition(":")
+    host, _, port = settings(objects)["TEMPORAL_ADDRESS"].rpartition(":")
     service, temporal_namespace = host.split(".")[:2]
     temporal = policies["temporal-frontend"]
     assert all(selects(temporal["podSelector"], labels) for labels in pods.values())
@@ -608,11 +608,11 @@ def test_temporal_values_register_the_scheduler_search_attributes(temporal_value
     assert registered == SEARCH_ATTRIBUTES
     assert "search-attribute create" in script and "search-attribute list" in script
 
-    namespace = plain_env(item)["TIMESHARE_NAMESPACE"]
+    namespace = plain_env(item)["TEMPORAL_NAMESPACE"]
     created = [n["name"] for n in temporal_values["server"]["config"]["namespaces"]["namespace"]]
     assert temporal_values["server"]["config"]["namespaces"]["create"] is True
     assert namespace in created
-    assert namespace == env_file(KUBE / "base" / "settings.env")["TIMESHARE_NAMESPACE"]
+    assert namespace == env_file(KUBE / "base" / "settings.env")["TEMPORAL_NAMESPACE"]
 
 
 def test_temporal_values_use_postgresql_and_admit_every_waiter(temporal_values: Obj) -> None:
@@ -673,8 +673,8 @@ def test_systemd_unit_runs_a_command_the_cli_accepts(
     args, unknown = parse_cli(arguments, environment, monkeypatch)
     assert (args.command, unknown) == (name, [])
     temporal = temporal_settings(args)  # flags, then the environment file
-    assert temporal.address == environment["TIMESHARE_TEMPORAL"]
-    assert temporal.namespace == environment["TIMESHARE_NAMESPACE"]
+    assert temporal.address == environment["TEMPORAL_ADDRESS"]
+    assert temporal.namespace == environment["TEMPORAL_NAMESPACE"]
     if name == "agent":
         assert unit["User"] == ["root"]
         assert args.socket == environment["TIMESHARE_AGENT_SOCKET"]

@@ -21,6 +21,15 @@ from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 
 
+async def queued(api: timeshare.aio.Client, group: str, queue: list[str]) -> None:
+    """Until the group's queue is ``queue``: a waiter has reached the scheduler."""
+
+    async def seen() -> bool:
+        return (await api.get_group(group)).queue == queue
+
+    await wait_until_async(seen, f"{group}'s queue to be {queue}", every=0.05)
+
+
 async def eventually_listed(api: timeshare.aio.Client, group: str) -> bool:
     # Temporal's visibility store lags the workflow by a moment.
     async def listed() -> bool:
@@ -50,7 +59,7 @@ async def test_turns_through_the_gateway(
     a, b = await two_jobs(api, sim_nodes, f"g-{unique}", node)
     async with a.turn() as first:
         waiting = asyncio.create_task(b.acquire())
-        await asyncio.sleep(0.2)
+        await queued(api, f"g-{unique}", ["b"])
         assert not waiting.done()
     second = await waiting
     assert second.epoch == first.epoch + 1 and second.ticket == first.ticket + 1
@@ -154,7 +163,7 @@ async def test_operator_controls_through_the_gateway(
     a, b = await two_jobs(api, sim_nodes, group, node)
     assert (await api.pause(group)).state == "paused"
     waiting = asyncio.create_task(a.acquire())
-    await asyncio.sleep(0.3)
+    await queued(api, group, ["a"])
     assert not waiting.done()
     assert (await api.pause(group, paused=False)).state in ("held", "switching")
     await waiting

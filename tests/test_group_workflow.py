@@ -33,7 +33,7 @@ async def test_handover_checkpoints_before_it_grants(
     handle, backend = await group_on_one_node(client, sim_nodes, unique)
     first = await acquire(handle, "a")
     waiting = asyncio.create_task(acquire(handle, "b"))
-    await asyncio.sleep(0.3)
+    await eventually(handle, lambda s: s.queue == ["b"])
     assert not waiting.done()
     await release(handle, "a", first.epoch)
     second = await waiting

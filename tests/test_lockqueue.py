@@ -10,8 +10,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from timeshare.models import GroupPolicy, NodeMove
-from timeshare.workflows.lockqueue import GroupState, LockQueue, QueueError, SwitchPlan
+from timeshare.models import GroupPolicy
+from timeshare.workflows.group_state import GroupState, StoredMove, StoredPolicy, SwitchPlan
+from timeshare.workflows.lockqueue import LockQueue, QueueError
 
 
 def queue_with(*jobs: tuple[str, list[str]]) -> LockQueue:
@@ -208,7 +209,7 @@ def test_cancelling_the_waiter_being_switched_in_grants_nobody() -> None:
 
 def test_a_holder_gets_its_grace_from_when_it_was_first_asked() -> None:
     policy = GroupPolicy(max_turn_seconds=60, preempt_grace_seconds=10)
-    queue = LockQueue(GroupState(group="g", policy=policy))
+    queue = LockQueue(GroupState(group="g", policy=StoredPolicy.stored(policy)))
     for job in ("a", "b"):
         queue.join(job, ["n"], "h", now=0.0)
     queue.request("a", "ra", now=0.0)
@@ -247,7 +248,7 @@ class LockQueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         policy = GroupPolicy(lease_seconds=30, max_turn_seconds=20, preempt_grace_seconds=5)
-        self.queue = LockQueue(GroupState(group="g", policy=policy))
+        self.queue = LockQueue(GroupState(group="g", policy=StoredPolicy.stored(policy)))
         self.now = 0.0
         self.grants: list[tuple[int, int]] = []  # (epoch, ticket)
         self.requests = 0
@@ -358,7 +359,7 @@ class LockQueueMachine(RuleBasedStateMachine):
             self.queue.finish_switch(self.tick())
         self.record()
 
-    def move_state(self, moves: list[NodeMove], nodes: list[str]) -> None:
+    def move_state(self, moves: list[StoredMove], nodes: list[str]) -> None:
         for move in moves:
             if move.node in nodes:
                 self.device[move.node] = {move.admit} if move.admit else set()

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client, WorkflowHistory, WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
+from temporalio.worker import Replayer, Worker
 
 from tests.conftest import SimNodes
 from tests.groups import acquire, eventually, group_on_one_node, heartbeat, release
-from timeshare.models import DrainInput, EvictInput, GroupPolicy, PauseInput
+from tests.polling import wait_until_async
+from timeshare.models import DrainInput, EvictInput, GroupPolicy, NodeInfo, PauseInput
+from timeshare.names import SCHEDULER_TASK_QUEUE
 from timeshare.workflows.group import GroupWorkflow
+from timeshare.workflows.registry import NodeDeparture, NodeRegistryInput, NodeRegistryWorkflow
 from timeshare.workflows.sandbox import workflow_runner
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -32,12 +36,15 @@ def recorded() -> list[Path]:
 @pytest.mark.parametrize("path", recorded(), ids=lambda p: p.stem)
 async def test_recorded_history_replays(path: Path) -> None:
     history = WorkflowHistory.from_json(path.stem, path.read_text())
-    replayer = Replayer(
-        workflows=[GroupWorkflow],
+    await replayer().replay_workflow(history)
+
+
+def replayer() -> Replayer:
+    return Replayer(
+        workflows=[GroupWorkflow, NodeRegistryWorkflow],
         data_converter=pydantic_data_converter,
         workflow_runner=workflow_runner(),
     )
-    await replayer.replay_workflow(history)
 
 
 def test_histories_are_committed() -> None:
@@ -67,12 +74,44 @@ async def test_a_fresh_history_replays(client: Client, sim_nodes: SimNodes, uniq
     status = await eventually(handle, lambda s: s.jobs == [])  # a's and b's leases run out
     assert status.preemptions == 1
     history = await handle.fetch_history()
-    replayer = Replayer(
-        workflows=[GroupWorkflow],
-        data_converter=pydantic_data_converter,
-        workflow_runner=workflow_runner(),
+    await replayer().replay_workflow(history)
+    record(history, "group-every-message")
+
+
+async def test_a_fresh_registry_history_replays(client: Client, scheduler: Worker) -> None:
+    """Every signal, query and timer of the node registry, in one history."""
+    handle = await client.start_workflow(
+        NodeRegistryWorkflow.run,
+        NodeRegistryInput(liveness_seconds=1.0),
+        id=f"timeshare-nodes-replay-{uuid.uuid4().hex[:8]}",
+        task_queue=SCHEDULER_TASK_QUEUE,
     )
-    await replayer.replay_workflow(history)
+    for node in ("n1", "n2"):
+        await handle.signal(
+            NodeRegistryWorkflow.announce, NodeInfo(node=node, backend="sim", simulated=True)
+        )
+    await handle.signal(NodeRegistryWorkflow.set_drained, DrainInput(node="n1", drained=True))
+    await handle.signal(NodeRegistryWorkflow.depart, NodeDeparture(node="n2"))
+
+    async def n1_dead() -> bool:
+        nodes = await handle.query(NodeRegistryWorkflow.nodes)
+        return [(n.node, n.alive, n.drained) for n in nodes] == [
+            ("n1", False, True),
+            ("n2", False, False),
+        ]
+
+    await wait_until_async(n1_dead, "the registry's timer to mark n1 dead", 20, every=0.1)
+    await handle.signal(
+        NodeRegistryWorkflow.announce, NodeInfo(node="n1", backend="sim", simulated=True)
+    )
+    await wait_until_async(n1_dead, "n1 to be marked dead again", 20, every=0.1)
+    history = await handle.fetch_history()
+    await handle.terminate()
+    await replayer().replay_workflow(history)
+    record(history, "registry-every-message")
+
+
+def record(history: WorkflowHistory, name: str) -> None:
     if os.environ.get("TIMESHARE_RECORD_HISTORIES") == "1":
         HISTORIES.mkdir(exist_ok=True)
-        (HISTORIES / "group-every-message.json").write_text(history.to_json())
+        (HISTORIES / f"{name}.json").write_text(history.to_json())

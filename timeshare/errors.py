@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import grpc
 
+from timeshare.refusals import Refusal
+
 
 class TimeshareError(Exception):
     """A call to timeshare failed; ``code`` is the gRPC status name."""
 
-    code = "UNKNOWN"
+    code: str = "UNKNOWN"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -19,41 +21,47 @@ class TimeshareError(Exception):
 
 
 class InvalidArgument(TimeshareError):
-    code = "INVALID_ARGUMENT"
+    code: str = Refusal.INVALID_ARGUMENT
 
 
 class NotFound(TimeshareError):
-    code = "NOT_FOUND"
+    code: str = Refusal.NOT_FOUND
 
 
 class Unauthenticated(TimeshareError):
-    code = "UNAUTHENTICATED"
+    code: str = Refusal.UNAUTHENTICATED
 
 
 class PermissionDenied(TimeshareError):
-    code = "PERMISSION_DENIED"
+    code: str = Refusal.PERMISSION_DENIED
 
 
 class FailedPrecondition(TimeshareError):
-    code = "FAILED_PRECONDITION"
+    code: str = Refusal.FAILED_PRECONDITION
 
 
 class DeadlineExceeded(TimeshareError):
-    code = "DEADLINE_EXCEEDED"
+    code: str = Refusal.DEADLINE_EXCEEDED
 
 
 class Aborted(TimeshareError):
     """The job was evicted or its state could not be restored."""
 
-    code = "ABORTED"
+    code: str = Refusal.ABORTED
 
 
 class ResourceExhausted(TimeshareError):
-    code = "RESOURCE_EXHAUSTED"
+    code: str = Refusal.RESOURCE_EXHAUSTED
+
+
+class Internal(TimeshareError):
+    """The scheduler failed on this message; the group is as it was before it."""
+
+    code: str = Refusal.INTERNAL
 
 
 class Unavailable(TimeshareError):
-    code = "UNAVAILABLE"
+    code: str = "UNAVAILABLE"
 
 
 _BY_CODE: dict[str, type[TimeshareError]] = {
@@ -67,6 +75,7 @@ _BY_CODE: dict[str, type[TimeshareError]] = {
         DeadlineExceeded,
         Aborted,
         ResourceExhausted,
+        Internal,
         Unavailable,
     )
 }

@@ -79,7 +79,7 @@ async def serve_agent(
         ready(
             "agent",
             f"node {config.node}, backend {backend.describe()}, task queue {task_queue}, "
-            f"registrations on {socket_path}",
+            f"registrations on {socket_path}, Temporal {temporal.describe()}",
         )
         while not stop.is_set():
             with contextlib.suppress(asyncio.TimeoutError):

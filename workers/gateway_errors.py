@@ -16,21 +16,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from timeshare.names import group_workflow_id
+from timeshare.refusals import Refusal
 
-# Status codes a workflow refusal may carry (ApplicationError.type).
-REPORTABLE = {
-    code.name: code
-    for code in (
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.ABORTED,
-    )
-}
+# A workflow refusal (ApplicationError.type) is the gRPC status of its name.
+REPORTABLE = {refusal.value: grpc.StatusCode[refusal.value] for refusal in Refusal}
 
 
 # How Temporal says a workflow's last task failed (a scheduler bug, or a

@@ -23,6 +23,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from timeshare.models import AcquireInput, Grant, GroupPolicy, JobInput, JoinInput, YieldInput
 from timeshare.names import check_name
+from timeshare.refusals import Refusal
 from timeshare.v1 import llmd_compat_pb2 as llmd
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
 from timeshare.workers import gateway_convert as convert
@@ -177,9 +178,9 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
         cause = refusal.cause
         if not isinstance(cause, ApplicationError):
             return False
-        if cause.type == "UNAUTHENTICATED":
+        if cause.type == Refusal.UNAUTHENTICATED:
             return True
-        if cause.type not in ("NOT_FOUND", "ABORTED"):
+        if cause.type not in (Refusal.NOT_FOUND, Refusal.ABORTED):
             return False
         status = await within(MESSAGE_SECONDS, handle.query(GroupWorkflow.status))
         return job not in {j.job for j in status.jobs}

@@ -54,7 +54,7 @@ async def connect_temporal(
         raise StartupError(
             f"cannot reach Temporal at {settings.describe()}: {error}. "
             "Start it with `timeshare temporal` (or `timeshare up`), "
-            "or point --temporal / TIMESHARE_TEMPORAL at a running server"
+            "or point --temporal / TEMPORAL_ADDRESS at a running server"
         ) from None
 
 

@@ -1,123 +1,172 @@
-"""How a timeshare process reaches Temporal: address, namespace, TLS or mTLS,
-and an API key (Temporal Cloud).
+"""How a timeshare process reaches Temporal: Temporal's own environment
+configuration (temporalio.envconfig), so a Temporal user's settings just work.
 
-Each setting comes from, in order of precedence: a command-line flag, an
-environment variable, the `[temporal]` table of the config file (--config or
-TIMESHARE_CONFIG), the default. Validated by pydantic, so every bad field gets
-its own clear line.
+Sources, highest first: command-line flags; the standard variables
+(`TEMPORAL_ADDRESS`, `TEMPORAL_NAMESPACE`, `TEMPORAL_API_KEY`, `TEMPORAL_TLS*`,
+`TEMPORAL_PROFILE`, `TEMPORAL_CONFIG_FILE`, `TEMPORAL_GRPC_META_*`); the
+profile in the TOML config file (default `~/.config/temporalio/temporal.toml`);
+the defaults (localhost:7233, namespace default). Flags are applied as those
+same variables, so envconfig alone merges every source and reads every
+certificate. The older `TIMESHARE_TEMPORAL*` variables still work, each with a
+deprecation line.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from temporalio.envconfig import ClientConfigProfile
 from temporalio.service import TLSConfig
 
-from timeshare.workers.toml_file import TomlFileError, read_toml
-
 DEFAULT_ADDRESS = "localhost:7233"
-# setting name -> environment variable
-ENVIRONMENT = {
-    "address": "TIMESHARE_TEMPORAL",
-    "namespace": "TIMESHARE_NAMESPACE",
-    "tls": "TIMESHARE_TEMPORAL_TLS",
-    "tls_ca": "TIMESHARE_TEMPORAL_TLS_CA",
-    "tls_cert": "TIMESHARE_TEMPORAL_TLS_CERT",
-    "tls_key": "TIMESHARE_TEMPORAL_TLS_KEY",
-    "tls_server_name": "TIMESHARE_TEMPORAL_TLS_SERVER_NAME",
-    "api_key": "TIMESHARE_TEMPORAL_API_KEY",
+DEFAULT_NAMESPACE = "default"
+
+# A flag's setting name -> the envconfig variable it stands for.
+FLAG_VARIABLES = {
+    "address": "TEMPORAL_ADDRESS",
+    "namespace": "TEMPORAL_NAMESPACE",
+    "profile": "TEMPORAL_PROFILE",
+    "config_file": "TEMPORAL_CONFIG_FILE",
+    "api_key": "TEMPORAL_API_KEY",
+    "tls": "TEMPORAL_TLS",
+    "tls_ca": "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
+    "tls_cert": "TEMPORAL_TLS_CLIENT_CERT_PATH",
+    "tls_key": "TEMPORAL_TLS_CLIENT_KEY_PATH",
+    "tls_server_name": "TEMPORAL_TLS_SERVER_NAME",
+}
+# Variables of earlier releases -> the standard variable that replaces each.
+DEPRECATED_VARIABLES = {
+    "TIMESHARE_TEMPORAL": "TEMPORAL_ADDRESS",
+    "TIMESHARE_NAMESPACE": "TEMPORAL_NAMESPACE",
+    "TIMESHARE_TEMPORAL_TLS": "TEMPORAL_TLS",
+    "TIMESHARE_TEMPORAL_TLS_CA": "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
+    "TIMESHARE_TEMPORAL_TLS_CERT": "TEMPORAL_TLS_CLIENT_CERT_PATH",
+    "TIMESHARE_TEMPORAL_TLS_KEY": "TEMPORAL_TLS_CLIENT_KEY_PATH",
+    "TIMESHARE_TEMPORAL_TLS_SERVER_NAME": "TEMPORAL_TLS_SERVER_NAME",
+    "TIMESHARE_TEMPORAL_API_KEY": "TEMPORAL_API_KEY",
+}
+# Where a certificate path may have come from, to name it when it is unreadable.
+PATH_VARIABLES = {
+    "TEMPORAL_TLS_SERVER_CA_CERT_PATH": "--temporal-tls-ca",
+    "TEMPORAL_TLS_CLIENT_CERT_PATH": "--temporal-tls-cert",
+    "TEMPORAL_TLS_CLIENT_KEY_PATH": "--temporal-tls-key",
 }
 
 
 class SettingsError(ValueError):
-    """Bad settings; the message has one line per bad field."""
+    """Bad settings; the message is one line naming what is wrong."""
 
 
 class TemporalSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """The connection every timeshare process makes to Temporal."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     address: str = Field(default=DEFAULT_ADDRESS, pattern=r"^[^\s:]+:\d{1,5}$")
-    namespace: str = Field(default="default", min_length=1, max_length=1000)
-    # TLS with the system's roots; implied by any of the tls_* files or an API key.
-    tls: bool = False
-    tls_ca: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_server_name: str | None = None
+    namespace: str = Field(default=DEFAULT_NAMESPACE, min_length=1, max_length=1000)
     api_key: SecretStr | None = None
-
-    @model_validator(mode="after")
-    def _consistent(self) -> TemporalSettings:
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("tls_cert and tls_key go together (mTLS)")
-        for name in ("tls_ca", "tls_cert", "tls_key"):
-            path: Path | None = getattr(self, name)
-            if path is not None and not path.is_file():
-                raise ValueError(f"{name}: {path} is not a readable file")
-        return self
+    # False, True (system roots) or the certificates; never shown (a client key).
+    tls: TLSConfig | bool = Field(default=False, repr=False)
+    rpc_metadata: dict[str, str] = Field(default_factory=dict, repr=False)
+    profile: str = "default"
 
     @property
     def uses_tls(self) -> bool:
-        return self.tls or any((self.tls_ca, self.tls_cert, self.api_key))
+        return self.tls is not False
 
     def tls_config(self) -> TLSConfig | bool:
-        if not self.uses_tls:
-            return False
-        return TLSConfig(
-            server_root_ca_cert=self.tls_ca.read_bytes() if self.tls_ca else None,
-            client_cert=self.tls_cert.read_bytes() if self.tls_cert else None,
-            client_private_key=self.tls_key.read_bytes() if self.tls_key else None,
-            domain=self.tls_server_name,
-        )
+        return self.tls
 
     def describe(self) -> str:
         """For logs: never the key."""
-        extras = ["mTLS" if self.tls_cert else "TLS"] if self.uses_tls else []
+        extras = []
+        if self.uses_tls:
+            mutual = isinstance(self.tls, TLSConfig) and self.tls.client_cert is not None
+            extras.append("mTLS" if mutual else "TLS")
         extras += ["API key"] if self.api_key else []
         suffix = f" ({', '.join(extras)})" if extras else ""
         return f"{self.address}/{self.namespace}{suffix}"
 
 
 def load_temporal_settings(
-    flags: Mapping[str, Any],
-    environ: Mapping[str, str] | None = None,
-    config_file: Path | None = None,
+    flags: Mapping[str, Any], environ: Mapping[str, str] | None = None
 ) -> TemporalSettings:
-    """Merge the sources; ``flags`` holds only the flags actually given."""
-    environ = os.environ if environ is None else environ
-    config_file = config_file or _path_or_none(environ.get("TIMESHARE_CONFIG"))
-    merged: dict[str, Any] = dict(_config_table(config_file)) if config_file else {}
-    merged.update({k: environ[v] for k, v in ENVIRONMENT.items() if environ.get(v)})
-    merged.update({k: v for k, v in flags.items() if v is not None})
+    """Merge flags (only those given, by FLAG_VARIABLES names) over the
+    environment over the config file's profile. Raises SettingsError."""
+    variables = _with_deprecated_variables(dict(os.environ if environ is None else environ))
+    for name, value in flags.items():
+        if value is None or value is False:
+            continue
+        if name not in FLAG_VARIABLES:
+            raise SettingsError(f"unknown Temporal setting {name!r}")
+        variables[FLAG_VARIABLES[name]] = "true" if value is True else str(value)
+    config_file = variables.get("TEMPORAL_CONFIG_FILE")
+    if config_file and not Path(config_file).is_file():
+        raise SettingsError(f"Temporal config file {config_file} does not exist")
+    if bool(variables.get("TEMPORAL_TLS_CLIENT_CERT_PATH")) != bool(
+        variables.get("TEMPORAL_TLS_CLIENT_KEY_PATH")
+    ):
+        raise SettingsError("a client certificate and its key go together (mTLS)")
     try:
-        return TemporalSettings.model_validate(merged)
+        profile = ClientConfigProfile.load(
+            profile=variables.get("TEMPORAL_PROFILE") or None,
+            config_source=Path(config_file) if config_file else None,
+            config_file_strict=True,
+            override_env_vars=variables,
+        )
+        connect = profile.to_client_connect_config()
+    except FileNotFoundError as error:
+        path = _named_path(error.filename, variables)
+        raise SettingsError(f"{path} is not a readable file") from None
+    except Exception as error:  # envconfig's own ConfigError and TOML errors
+        raise SettingsError(f"Temporal settings: {_one_line(error)}") from None
+    try:
+        return TemporalSettings(
+            address=connect.get("target_host") or DEFAULT_ADDRESS,
+            namespace=connect.get("namespace", DEFAULT_NAMESPACE),
+            api_key=SecretStr(connect["api_key"]) if "api_key" in connect else None,
+            tls=connect.get("tls", False),
+            rpc_metadata=dict(connect.get("rpc_metadata", {})),
+            profile=variables.get("TEMPORAL_PROFILE") or "default",
+        )
     except ValidationError as error:
         raise SettingsError(_problems(error)) from None
 
 
-def _config_table(path: Path) -> Mapping[str, Any]:
-    try:
-        data = read_toml(path, "config file")
-    except TomlFileError as error:
-        raise SettingsError(str(error)) from None
-    table = data.get("temporal", {})
-    if not isinstance(table, dict):
-        raise SettingsError(f"config file {path}: [temporal] must be a table")
-    return table
+def _with_deprecated_variables(variables: dict[str, str]) -> dict[str, str]:
+    if variables.get("TIMESHARE_CONFIG"):
+        raise SettingsError(
+            "TIMESHARE_CONFIG ([temporal] table) is no longer read: put the settings in a "
+            "profile of a Temporal config file (TEMPORAL_CONFIG_FILE; see docs/security.md)"
+        )
+    for old, new in DEPRECATED_VARIABLES.items():
+        if not variables.get(old):
+            continue
+        print(f"timeshare: {old} is deprecated; set {new} instead", file=sys.stderr)
+        variables.setdefault(new, variables[old])
+    return variables
+
+
+def _named_path(path: str | None, variables: Mapping[str, str]) -> str:
+    for variable, flag in PATH_VARIABLES.items():
+        if path and variables.get(variable) == path:
+            return f"{flag} / {variable}: {path}"
+    return str(path)
+
+
+def _one_line(error: Exception) -> str:
+    lines = [line.strip(" |^") for line in str(error).splitlines()]
+    return " ".join(line for line in lines if line)
 
 
 def _problems(error: ValidationError) -> str:
     lines = []
     for problem in error.errors():
         where = ".".join(str(part) for part in problem["loc"])
-        message = str(problem["msg"]).removeprefix("Value error, ")
-        lines.append(f"temporal.{where}: {message}" if where else f"temporal: {message}")
+        lines.append(f"temporal.{where}: {problem['msg']}")
     return "; ".join(lines)
-
-
-def _path_or_none(value: str | None) -> Path | None:
-    return Path(value) if value else None

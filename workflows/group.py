@@ -21,7 +21,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from timeshare.history import GroupHistory, SwitchRecord
+    from timeshare.history import GroupHistory
     from timeshare.models import (
         JOB_FAILED,
         RESTORE_FAILED,
@@ -35,7 +35,6 @@ with workflow.unsafe.imports_passed_through():
         JobInput,
         JoinInput,
         JoinOutput,
-        NodeMove,
         PauseInput,
         ReleaseInput,
         ReleaseOutput,
@@ -46,7 +45,15 @@ with workflow.unsafe.imports_passed_through():
         YieldOutput,
     )
     from timeshare.names import node_task_queue
-    from timeshare.workflows.lockqueue import GroupState, LockQueue, QueueError, SwitchPlan
+    from timeshare.refusals import Refusal
+    from timeshare.workflows.group_state import (
+        GroupState,
+        StoredMove,
+        StoredPolicy,
+        StoredSwitch,
+        SwitchPlan,
+    )
+    from timeshare.workflows.lockqueue import LockQueue, QueueError, Snapshot
     from timeshare.workflows.visibility import GroupVisibility
 
 # An acquire waits inside one update at most this long, then returns "still
@@ -92,20 +99,13 @@ class MoveFailure(BaseModel):
     failed_job: str = ""
 
 
-@contextmanager
-def _refusals() -> Iterator[None]:
-    """Report a queue refusal to the caller as a typed, non-retryable failure."""
-    try:
-        yield
-    except QueueError as refusal:
-        raise ApplicationError(refusal.message, type=refusal.code, non_retryable=True) from None
-
-
 @workflow.defn(name="GroupWorkflow")
 class GroupWorkflow:
     @workflow.init
     def __init__(self, input: GroupInput) -> None:
-        state = input.state or GroupState(group=input.group, policy=input.policy or GroupPolicy())
+        state = input.state or GroupState(
+            group=input.group, policy=StoredPolicy.stored(input.policy or GroupPolicy())
+        )
         self._queue = LockQueue(state)
         self._grants_at_start = state.grants
         # Set by every message: the main loop re-reads deadlines and duties.
@@ -228,34 +228,67 @@ class GroupWorkflow:
     def _mark_changed(self) -> None:
         self._changed = True
 
+    @contextmanager
+    def _handling(self, message: str) -> Iterator[None]:
+        """Turn every failure of a message into a typed, non-retryable
+        rejection of that message alone, with the state as it was before it.
+        An exception that escaped a handler would instead fail the workflow
+        task again and again, and the whole group would stop."""
+        before = self._queue.snapshot()
+        try:
+            yield
+        except ApplicationError:
+            raise  # a rejection the handler chose, with the state it meant to leave
+        except QueueError as refusal:
+            self._undo(before)
+            raise ApplicationError(refusal.message, type=refusal.code, non_retryable=True) from None
+        except Exception as bug:
+            undone = self._undo(before)
+            workflow.logger.exception(
+                "group %s: %s failed (state %s)", self._queue.state.group, message,
+                "restored" if undone else "unchanged",
+            )  # fmt: skip
+            raise ApplicationError(
+                f"the scheduler could not handle {message}: {type(bug).__name__}: {bug}; "
+                "the group is as it was before it (see the scheduler's log)",
+                type=Refusal.INTERNAL,
+                non_retryable=True,
+            ) from None
+
+    def _undo(self, before: Snapshot) -> bool:
+        if not self._queue.changed_since(before):
+            return False
+        self._queue.restore(before)
+        return True
+
     # -- messages from jobs -----------------------------------------------------
 
     @workflow.update
     def join(self, input: JoinInput) -> JoinOutput:
-        with _refusals():
+        with self._handling("join"):
             created = self._queue.join(input.job, input.nodes, input.token_hash, self._now())
-        self._mark_changed()
-        return JoinOutput(
-            created=created,
-            nodes=input.nodes,
-            lease_seconds=self._queue.state.policy.lease_seconds,
-        )
+            self._mark_changed()
+            return JoinOutput(
+                created=created,
+                nodes=input.nodes,
+                lease_seconds=self._queue.state.policy.lease_seconds,
+            )
 
     @join.validator
     def _check_join(self, input: JoinInput) -> None:
-        with _refusals():
+        with self._handling("join"):
             self._queue.check_join(input.job, input.nodes)
 
     @workflow.update
     async def acquire(self, input: AcquireInput) -> AcquireResult:
         job, request_id = input.job, input.request_id
-        with _refusals():
+        with self._handling("acquire"):
             grant = self._queue.request(
                 job, request_id, self._now(), input.call_id, input.trace_context
             )
-        self._mark_changed()
+            self._mark_changed()
         if grant is not None:
-            return AcquireResult(grant=grant)
+            return AcquireResult(grant=grant.as_grant())
         final = 0 < input.timeout_seconds <= ACQUIRE_WAIT_SLICE_SECONDS
         wait = input.timeout_seconds if final else ACQUIRE_WAIT_SLICE_SECONDS
         try:
@@ -264,50 +297,57 @@ class GroupWorkflow:
                 timeout=timedelta(seconds=wait),
             )
         except TimeoutError:
-            if final and self._queue.cancel(job, request_id, self._now(), input.call_id):
+            with self._handling("acquire timeout"):
+                cancelled = final and self._queue.cancel(
+                    job, request_id, self._now(), input.call_id
+                )
+            if cancelled:
                 self._mark_changed()
                 raise ApplicationError(
                     f"job {job!r} was not granted within its timeout",
-                    type="DEADLINE_EXCEEDED",
+                    type=Refusal.DEADLINE_EXCEEDED,
                     non_retryable=True,
                 ) from None
-        grant = self._queue.grant_for(job, request_id)
-        if grant is not None:
-            return AcquireResult(grant=grant)
-        if self._queue.is_waiting(job, request_id):
-            return AcquireResult(grant=None)
-        with _refusals():
+        with self._handling("acquire"):
+            grant = self._queue.grant_for(job, request_id)
+            if grant is not None:
+                return AcquireResult(grant=grant.as_grant())
+            if self._queue.is_waiting(job, request_id):
+                return AcquireResult(grant=None)
             self._queue.raise_if_aborted(request_id)
         raise ApplicationError(
-            f"job {job!r} left the group before its turn came", type="ABORTED", non_retryable=True
+            f"job {job!r} left the group before its turn came",
+            type=Refusal.ABORTED,
+            non_retryable=True,
         )
 
     @acquire.validator
     def _check_acquire(self, input: AcquireInput) -> None:
-        with _refusals():
+        with self._handling("acquire"):
             self._queue.authenticate(input.job, input.token_hash)
             self._queue.check_acquire(input.job, input.request_id)
 
     @workflow.update
     def cancel_acquire(self, input: CancelAcquireInput) -> bool:
-        self._mark_changed()
-        return self._queue.cancel(input.job, input.request_id, self._now(), input.call_id)
+        with self._handling("cancel_acquire"):
+            self._mark_changed()
+            return self._queue.cancel(input.job, input.request_id, self._now(), input.call_id)
 
     @cancel_acquire.validator
     def _check_cancel(self, input: CancelAcquireInput) -> None:
-        with _refusals():
+        with self._handling("cancel_acquire"):
             self._queue.authenticate(input.job, input.token_hash)
 
     @workflow.update(name="yield")
     def yield_turn(self, input: YieldInput) -> YieldOutput:
-        with _refusals():
+        with self._handling("yield"):
             held = self._queue.release(input.job, input.epoch, self._now())
-        self._mark_changed()
-        return YieldOutput(held_seconds=held)
+            self._mark_changed()
+            return YieldOutput(held_seconds=held)
 
     @yield_turn.validator
     def _check_yield(self, input: YieldInput) -> None:
-        with _refusals():
+        with self._handling("yield"):
             self._queue.authenticate(input.job, input.token_hash)
             self._queue.check_release(input.job, input.epoch)
 
@@ -315,44 +355,49 @@ class GroupWorkflow:
     def heartbeat(self, input: JobInput) -> HeartbeatOutput:
         # A heartbeat moves the lease deadline later, never earlier: the main
         # loop's timer need not be reset for it.
-        return self._queue.heartbeat(input.job, self._now())
+        with self._handling("heartbeat"):
+            return self._queue.heartbeat(input.job, self._now())
 
     @heartbeat.validator
     def _check_heartbeat(self, input: JobInput) -> None:
-        with _refusals():
+        with self._handling("heartbeat"):
             self._queue.authenticate(input.job, input.token_hash)
 
     @workflow.update
     def leave(self, input: JobInput) -> None:
-        self._queue.leave(input.job, self._now())
-        self._mark_changed()
+        with self._handling("leave"):
+            self._queue.leave(input.job, self._now())
+            self._mark_changed()
 
     @leave.validator
     def _check_leave(self, input: JobInput) -> None:
         # Leaving is idempotent: a job already gone (left or evicted) is fine.
         if input.job in self._queue.state.jobs:
-            with _refusals():
+            with self._handling("leave"):
                 self._queue.authenticate(input.job, input.token_hash)
 
     # -- operator controls --------------------------------------------------------
 
     @workflow.update
     def evict(self, input: EvictInput) -> bool:
-        evicted = self._queue.evict(input.job, input.reason, self._now())
-        self._mark_changed()
-        return evicted
+        with self._handling("evict"):
+            evicted = self._queue.evict(input.job, input.reason, self._now())
+            self._mark_changed()
+            return evicted
 
     @workflow.update
     def pause(self, input: PauseInput) -> GroupStatus:
-        self._queue.pause(input.paused, self._now())
-        self._mark_changed()
-        return self._queue.status()
+        with self._handling("pause"):
+            self._queue.pause(input.paused, self._now())
+            self._mark_changed()
+            return self._queue.status()
 
     @workflow.update
     def drain(self, input: DrainInput) -> GroupStatus:
-        self._queue.drain(input.node, input.drained, self._now())
-        self._mark_changed()
-        return self._queue.status()
+        with self._handling("drain"):
+            self._queue.drain(input.node, input.drained, self._now())
+            self._mark_changed()
+            return self._queue.status()
 
     @workflow.query
     def status(self) -> GroupStatus:
@@ -439,7 +484,7 @@ class GroupWorkflow:
         return [r for r in stopped if isinstance(r, MoveFailure)]
 
     async def _move(
-        self, plan: SwitchPlan, move: NodeMove, phase: SwitchPhase = "switch"
+        self, plan: SwitchPlan, move: StoredMove, phase: SwitchPhase = "switch"
     ) -> SwitchOutput | MoveFailure:
         """Run one node's part of a switch: what it did, or why it failed."""
         agent_timeout = timedelta(seconds=self._queue.state.policy.agent_timeout_seconds)
@@ -450,7 +495,7 @@ class GroupWorkflow:
                 SwitchInput(
                     group=self._queue.state.group,
                     epoch=plan.epoch,
-                    move=move,
+                    move=move.as_move(),
                     plan=plan.number,
                     trace_context=plan.waiter.trace_context,
                     co_residency=self._queue.state.policy.co_residency,
@@ -491,7 +536,7 @@ class GroupWorkflow:
     def _record_move(
         self,
         plan: SwitchPlan,
-        move: NodeMove,
+        move: StoredMove,
         started: float,
         output: SwitchOutput | None,
         error: str,
@@ -499,7 +544,7 @@ class GroupWorkflow:
         actions = output.actions if output is not None else []
         self._queue.record_switches(
             [
-                SwitchRecord(
+                StoredSwitch(
                     node=move.node,
                     epoch=plan.epoch,
                     started_at=started,

@@ -30,37 +30,22 @@ Rules:
 from __future__ import annotations
 
 import hmac
-from collections import Counter
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any
 
-from pydantic import BaseModel, Field
-
-from timeshare.history import (
-    HISTORY_SWITCHES,
-    HISTORY_TURNS,
-    GroupHistory,
-    SwitchRecord,
-    TurnRecord,
+from timeshare.history import HISTORY_SWITCHES, HISTORY_TURNS, GroupHistory
+from timeshare.models import GroupStateName, GroupStatus, HeartbeatOutput, JobStatus
+from timeshare.refusals import Refusal
+from timeshare.workflows.group_state import (
+    GroupState,
+    JobEntry,
+    StoredGrant,
+    StoredMove,
+    StoredSwitch,
+    StoredTurn,
+    SwitchPlan,
+    Waiter,
 )
-from timeshare.models import (
-    Grant,
-    GroupPolicy,
-    GroupStateName,
-    GroupStatus,
-    HeartbeatOutput,
-    JobStatus,
-    NodeMove,
-)
-
-ErrorCode = Literal[
-    "INVALID_ARGUMENT",
-    "NOT_FOUND",
-    "UNAUTHENTICATED",
-    "PERMISSION_DENIED",
-    "FAILED_PRECONDITION",
-    "RESOURCE_EXHAUSTED",
-    "ABORTED",
-]
 
 MAX_JOBS_PER_GROUP = 64
 MAX_NODES_PER_JOB = 256
@@ -73,106 +58,28 @@ UNKNOWN_RESIDENT = "?"
 
 
 class QueueError(Exception):
-    """A message the queue refuses; ``code`` is the gRPC status name to report."""
+    """A message the queue refuses; ``code`` says why, as the gRPC status to report."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: Refusal, message: str) -> None:
         super().__init__(message)
-        self.code: ErrorCode = code
+        self.code = code
         self.message = message
 
 
-class JobEntry(BaseModel):
-    nodes: list[str]
-    token_hash: str
-    joined_at: float
-    last_seen: float
-    turns: int = 0
-    waited_seconds: float = 0.0
-    held_seconds: float = 0.0
-    # Preempted by the turn limit: its turn is suspended and it waits to resume.
-    preempted: bool = False
+@dataclass(frozen=True)
+class Snapshot:
+    """The state before a message, so that a handler that fails part-way can
+    be undone. The bounded histories are only appended to (and the last turn
+    closed), so a shallow copy and the last turn's fields are enough of them."""
+
+    core: dict[str, Any]
+    turns: list[StoredTurn]
+    last_turn: dict[str, Any] | None
+    switches: list[StoredSwitch]
 
 
-class Waiter(BaseModel):
-    job: str
-    request_id: str
-    ticket: int
-    since: float
-    # W3C trace context of the acquire call, so the switch made for this
-    # waiter joins the caller's trace.
-    trace_context: dict[str, str] = Field(default_factory=dict)
-    # The call that waits for this request now: a withdrawal from an older
-    # call (superseded by a retry of the same request) is ignored.
-    call_id: str = ""
-    # Set for a preempted turn waiting to resume: the epoch the job holds.
-    resumes_epoch: int = 0
-
-
-class SwitchPlan(BaseModel):
-    waiter: Waiter
-    epoch: int
-    moves: list[NodeMove]
-    started_at: float
-    attempts: int = 0
-    # Grows with every plan: an agent refuses a plan older than one it ran.
-    number: int = 0
-    # Planned by a scheduler whose jobs leave as a whole (quiesce first).
-    whole_jobs: bool = False
-
-    def quiesce_moves(self) -> list[NodeMove]:
-        """Where jobs that leave more than one node must first be stopped:
-        no rank of theirs is checkpointed before all of them are stopped."""
-        if not self.whole_jobs:
-            return []
-        counts = Counter(job for move in self.moves for job in move.evict)
-        spread = {job for job, nodes in counts.items() if nodes > 1}
-        return [
-            NodeMove(node=move.node, admit="", evict=[j for j in move.evict if j in spread])
-            for move in self.moves
-            if spread.intersection(move.evict)
-        ]
-
-
-class GroupState(BaseModel):
-    """Everything the scheduler knows about a group; carried across continue-as-new."""
-
-    group: str
-    policy: GroupPolicy = Field(default_factory=GroupPolicy)
-    jobs: dict[str, JobEntry] = Field(default_factory=dict)
-    queue: list[Waiter] = Field(default_factory=list)
-    turn: Grant | None = None
-    epoch: int = 0
-    next_ticket: int = 1
-    resident: dict[str, str] = Field(default_factory=dict)
-    switching: SwitchPlan | None = None
-    degraded_cause: str = ""
-    paused: bool = False
-    drained: list[str] = Field(default_factory=list)
-    # Why a request or a job was ended by the scheduler (eviction, lease, failed restore).
-    aborted_requests: dict[str, str] = Field(default_factory=dict)
-    evicted_jobs: dict[str, str] = Field(default_factory=dict)
-    # The epoch each job last yielded, so a retried yield is answered again,
-    # and the request that turn served, so a late duplicate is not queued again.
-    released: dict[str, int] = Field(default_factory=dict)
-    served_requests: dict[str, str] = Field(default_factory=dict)
-    # The call that was told (or is about to be told) of the current turn.
-    turn_call_id: str = ""
-    plans: int = 0
-    grants: int = 0
-    switches: int = 0
-    switch_seconds_total: float = 0.0
-    preemptions: int = 0
-    evictions: int = 0
-    # How many times the workflow has continued as new with this state.
-    runs: int = 1
-    # When the turn, a switch or an outage last began or ended.
-    since: float = 0.0
-    # Recent turns and per-node switches, bounded, for `timeshare report`.
-    recent_turns: list[TurnRecord] = Field(default_factory=list)
-    recent_switches: list[SwitchRecord] = Field(default_factory=list)
-    # Jobs that left the group (leave, eviction, lease, exit), and the nodes
-    # whose agents have yet to release their processes.
-    releasing: dict[str, list[str]] = Field(default_factory=dict)
+def _same_objects(these: list[Any], those: list[Any]) -> bool:
+    return len(these) == len(those) and all(a is b for a, b in zip(these, those, strict=True))
 
 
 def _remember(reasons: dict[str, str], key: str, reason: str) -> None:
@@ -192,22 +99,23 @@ class LockQueue:
 
     def check_join(self, job: str, nodes: list[str]) -> None:
         if not nodes:
-            raise QueueError("INVALID_ARGUMENT", f"job {job!r} names no nodes")
+            raise QueueError(Refusal.INVALID_ARGUMENT, f"job {job!r} names no nodes")
         if len(nodes) > MAX_NODES_PER_JOB:
             raise QueueError(
-                "INVALID_ARGUMENT", f"nodes: at most {MAX_NODES_PER_JOB} per job, got {len(nodes)}"
+                Refusal.INVALID_ARGUMENT,
+                f"nodes: at most {MAX_NODES_PER_JOB} per job, got {len(nodes)}",
             )
         if len(set(nodes)) != len(nodes):
-            raise QueueError("INVALID_ARGUMENT", f"nodes: {nodes} names a node twice")
+            raise QueueError(Refusal.INVALID_ARGUMENT, f"nodes: {nodes} names a node twice")
         entry = self.state.jobs.get(job)
         if entry is None and len(self.state.jobs) >= MAX_JOBS_PER_GROUP:
             raise QueueError(
-                "RESOURCE_EXHAUSTED",
+                Refusal.RESOURCE_EXHAUSTED,
                 f"group {self.state.group!r} already has {MAX_JOBS_PER_GROUP} jobs",
             )
         if entry is not None and sorted(entry.nodes) != sorted(nodes) and self._is_active(job):
             raise QueueError(
-                "FAILED_PRECONDITION",
+                Refusal.FAILED_PRECONDITION,
                 f"job {job!r} holds or waits for the turn; yield before changing its nodes",
             )
 
@@ -233,21 +141,22 @@ class LockQueue:
         if entry is None:
             reason = self.state.evicted_jobs.get(job)
             if reason is not None:
-                raise QueueError("ABORTED", f"job {job!r} was evicted: {reason}; join again")
+                raise QueueError(Refusal.ABORTED, f"job {job!r} was evicted: {reason}; join again")
             raise QueueError(
-                "NOT_FOUND", f"job {job!r} is not in group {self.state.group!r}; Join first"
+                Refusal.NOT_FOUND, f"job {job!r} is not in group {self.state.group!r}; Join first"
             )
         if hmac.compare_digest(entry.token_hash, token_hash):
             return entry
         owner = self._token_owner(token_hash)
         if owner is not None:
             raise QueueError(
-                "PERMISSION_DENIED",
+                Refusal.PERMISSION_DENIED,
                 f"the job token given belongs to job {owner!r}, not {job!r}; "
                 "each job acts only with the token its own Join returned",
             )
         raise QueueError(
-            "UNAUTHENTICATED", f"wrong or missing job token for job {job!r}; Join again for one"
+            Refusal.UNAUTHENTICATED,
+            f"wrong or missing job token for job {job!r}; Join again for one",
         )
 
     def _token_owner(self, token_hash: str) -> str | None:
@@ -310,25 +219,25 @@ class LockQueue:
     def check_acquire(self, job: str, request_id: str) -> None:
         """Refuse an acquire that cannot be served, without changing anything."""
         if not request_id:
-            raise QueueError("INVALID_ARGUMENT", "request_id must not be empty")
+            raise QueueError(Refusal.INVALID_ARGUMENT, "request_id must not be empty")
         if request_id in self.state.aborted_requests:
             return  # answered with its reason by request()
         if self.state.served_requests.get(job) == request_id:
             raise QueueError(
-                "FAILED_PRECONDITION",
+                Refusal.FAILED_PRECONDITION,
                 f"request {request_id!r} of job {job!r} was granted and yielded already",
             )
         turn = self.state.turn
         if turn is not None and turn.job == job and turn.request_id != request_id:
             raise QueueError(
-                "FAILED_PRECONDITION",
+                Refusal.FAILED_PRECONDITION,
                 f"job {job!r} already holds the turn (epoch {turn.epoch}); yield it first",
             )
         for waiter in self.state.queue:
             if waiter.job == job and waiter.request_id != request_id:
                 what = "its preempted turn resumes" if waiter.resumes_epoch else "its request"
                 raise QueueError(
-                    "FAILED_PRECONDITION",
+                    Refusal.FAILED_PRECONDITION,
                     f"job {job!r} already waits ({what}: {waiter.request_id!r})",
                 )
 
@@ -339,7 +248,7 @@ class LockQueue:
         now: float,
         call_id: str = "",
         trace_context: dict[str, str] | None = None,
-    ) -> Grant | None:
+    ) -> StoredGrant | None:
         """Queue an acquire (once per request_id); return its grant if it is granted now.
         ``call_id`` names the caller now waiting (a retry of the request takes it over)."""
         self.check_acquire(job, request_id)
@@ -369,9 +278,9 @@ class LockQueue:
     def raise_if_aborted(self, request_id: str) -> None:
         reason = self.state.aborted_requests.get(request_id)
         if reason is not None:
-            raise QueueError("ABORTED", reason)
+            raise QueueError(Refusal.ABORTED, reason)
 
-    def grant_for(self, job: str, request_id: str) -> Grant | None:
+    def grant_for(self, job: str, request_id: str) -> StoredGrant | None:
         turn = self.state.turn
         if turn is not None and turn.job == job and turn.request_id == request_id:
             return turn
@@ -412,13 +321,13 @@ class LockQueue:
         if turn is None or turn.job != job:
             holder = turn.job if turn is not None else "nobody"
             raise QueueError(
-                "FAILED_PRECONDITION",
+                Refusal.FAILED_PRECONDITION,
                 f"job {job!r} does not hold the turn of group {self.state.group!r} "
                 f"(held by {holder})",
             )
         if epoch not in (turn.epoch, turn.resumes_epoch):
             raise QueueError(
-                "FAILED_PRECONDITION",
+                Refusal.FAILED_PRECONDITION,
                 f"stale epoch {epoch}: job {job!r} holds epoch {self._epoch_known_to(job)}",
             )
 
@@ -508,7 +417,7 @@ class LockQueue:
         schedulers did before jobs left as a whole (for their histories)."""
         waiter = self._next_waiter()
         if not self.needs_switch() or waiter is None:
-            raise QueueError("FAILED_PRECONDITION", "no switch is due")
+            raise QueueError(Refusal.FAILED_PRECONDITION, "no switch is due")
         self.state.plans += 1
         moves = self.moves_for(waiter.job)
         if whole_jobs:
@@ -580,7 +489,7 @@ class LockQueue:
     def switch_target_waits_for(self, plan: SwitchPlan) -> bool:
         return any(w.ticket == plan.waiter.ticket for w in self.state.queue)
 
-    def finish_switch(self, now: float, restored: bool = False) -> Grant | None:
+    def finish_switch(self, now: float, restored: bool = False) -> StoredGrant | None:
         """Every node reported: record the new residency and grant the waiter.
         ``restored``: some node brought the job's state back from host memory."""
         plan = self._plan()
@@ -596,36 +505,68 @@ class LockQueue:
         turn = self.state.turn
         return turn if turn is not None and turn.ticket == plan.waiter.ticket else None
 
-    def moves_for(self, job: str) -> list[NodeMove]:
+    def moves_for(self, job: str) -> list[StoredMove]:
         moves = []
         for node in self.state.jobs[job].nodes:
             resident = self.state.resident.get(node, UNKNOWN_RESIDENT)
             if resident != job:
                 evict = [] if resident == UNKNOWN_RESIDENT else [resident]
-                moves.append(NodeMove(node=node, admit=job, evict=evict))
+                moves.append(StoredMove(node=node, admit=job, evict=evict))
         return moves
 
-    def _leaving_elsewhere(self, moves: list[NodeMove]) -> list[NodeMove]:
+    def _leaving_elsewhere(self, moves: list[StoredMove]) -> list[StoredMove]:
         """The jobs these moves evict leave their other nodes too, except
         drained ones: their agents may be down for maintenance."""
         left_alone = {move.node for move in moves} | set(self.state.drained)
         leaving = {job for move in moves for job in move.evict}
         return [
-            NodeMove(node=node, admit="", evict=[job])
+            StoredMove(node=node, admit="", evict=[job])
             for node, job in sorted(self.state.resident.items())
             if job in leaving and node not in left_alone
         ]
 
-    def _now_resident(self, move: NodeMove) -> None:
+    def _now_resident(self, move: StoredMove) -> None:
         if move.admit:
             self.state.resident[move.node] = move.admit
         else:
             # Nothing of the group's runs there; the next switch there looks.
             self.state.resident.pop(move.node, None)
 
+    # -- undoing a failed message ------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """Cheap enough to take before every message (well under a millisecond)."""
+        state = self.state
+        return Snapshot(
+            core=state.model_dump(exclude={"recent_turns", "recent_switches"}),
+            turns=list(state.recent_turns),
+            last_turn=state.recent_turns[-1].model_dump() if state.recent_turns else None,
+            switches=list(state.recent_switches),
+        )
+
+    def changed_since(self, snapshot: Snapshot) -> bool:
+        state = self.state
+        turns, switches = state.recent_turns, state.recent_switches
+        return (
+            state.model_dump(exclude={"recent_turns", "recent_switches"}) != snapshot.core
+            or not _same_objects(turns[:-1], snapshot.turns[:-1])
+            or len(turns) != len(snapshot.turns)
+            or (turns[-1].model_dump() if turns else None) != snapshot.last_turn
+            or not _same_objects(switches, snapshot.switches)
+        )
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Put the state back as it was when ``snapshot`` was taken."""
+        turns = list(snapshot.turns)
+        if turns and snapshot.last_turn is not None:
+            turns[-1] = StoredTurn.model_validate(snapshot.last_turn)
+        self.state = GroupState.model_validate(
+            {**snapshot.core, "recent_turns": turns, "recent_switches": list(snapshot.switches)}
+        )
+
     # -- status ---------------------------------------------------------------
 
-    def record_switches(self, records: list[SwitchRecord]) -> None:
+    def record_switches(self, records: list[StoredSwitch]) -> None:
         self.state.recent_switches.extend(records)
         del self.state.recent_switches[:-HISTORY_SWITCHES]
 
@@ -633,8 +574,8 @@ class LockQueue:
         return GroupHistory(
             group=self.state.group,
             captured_at=now,
-            turns=[t.model_copy() for t in self.state.recent_turns],
-            switches=[s.model_copy() for s in self.state.recent_switches],
+            turns=[t.as_record() for t in self.state.recent_turns],
+            switches=[s.as_record() for s in self.state.recent_switches],
         )
 
     def status(self) -> GroupStatus:
@@ -673,7 +614,7 @@ class LockQueue:
             degraded_cause=s.degraded_cause,
             paused=s.paused,
             drained=list(s.drained),
-            policy=s.policy,
+            policy=s.policy.as_policy(),
             preemptions=s.preemptions,
             evictions=s.evictions,
             runs=s.runs,
@@ -685,7 +626,7 @@ class LockQueue:
 
     def _plan(self) -> SwitchPlan:
         if self.state.switching is None:
-            raise QueueError("FAILED_PRECONDITION", "no switch is under way")
+            raise QueueError(Refusal.FAILED_PRECONDITION, "no switch is under way")
         return self.state.switching
 
     def _is_active(self, job: str) -> bool:
@@ -726,7 +667,7 @@ class LockQueue:
         due = self._yield_due_at()
         return due is not None and now >= due
 
-    def _preempt(self, turn: Grant, now: float) -> None:
+    def _preempt(self, turn: StoredGrant, now: float) -> None:
         held = max(0.0, now - turn.granted_at)
         entry = self.state.jobs[turn.job]
         entry.held_seconds += held
@@ -770,7 +711,7 @@ class LockQueue:
         del self.state.jobs[job]
         self._grant_ready(now)
 
-    def _end_turn(self, turn: Grant, now: float, ended_by: str) -> None:
+    def _end_turn(self, turn: StoredGrant, now: float, ended_by: str) -> None:
         for record in reversed(self.state.recent_turns):
             if record.epoch == turn.epoch:
                 record.released_at = now
@@ -794,7 +735,7 @@ class LockQueue:
         after_switch = switched is not None and switched[0] == waiter.ticket
         switch_seconds = switched[1] if switched and after_switch else 0.0
         self.state.since = now
-        self.state.turn = Grant(
+        self.state.turn = StoredGrant(
             job=waiter.job,
             request_id=waiter.request_id,
             epoch=self.state.epoch,
@@ -806,7 +747,7 @@ class LockQueue:
             context_restored=bool(switched and after_switch and switched[2]),
         )
         self.state.recent_turns.append(
-            TurnRecord(
+            StoredTurn(
                 job=waiter.job,
                 epoch=self.state.epoch,
                 requested_at=waiter.since,

@@ -104,6 +104,7 @@ class NodeRegistryWorkflow:
 
     @workflow.signal
     def announce(self, info: NodeInfo) -> None:
+        # An agent announces itself every few seconds; a drain outlasts that.
         known = self._nodes.get(info.node)
         self._nodes[info.node] = NodeRecord(
             **info.model_dump(),

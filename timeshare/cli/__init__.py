@@ -1,0 +1,61 @@
+"""The `timeshare` command: one parser, its subcommands in two modules (the
+client commands a light install runs, the server commands that need
+`timeshare[server]`), and the flag-to-settings mapping of the server
+processes in server_settings."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from typing import NoReturn
+
+from timeshare.cli.arguments import OneLineParser
+from timeshare.cli.client_commands import add_client_commands
+from timeshare.cli.server_commands import add_server_commands
+from timeshare.cli.server_settings import gateway_security, temporal_settings
+
+__all__ = ["build_parser", "gateway_security", "main", "temporal_settings"]
+
+# The light client (`pip install timeshare`) lacks these; a server command run there
+# names the extra instead of failing with a traceback from deep inside a worker.
+SERVER_MODULES = ("temporalio", "grpc_health", "opentelemetry.sdk")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="timeshare", description="Cooperative GPU time-slicing for RL jobs, on Temporal."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_server_commands(commands)
+    add_client_commands(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    if os.environ.get("TIMESHARE_DIE_WITH_PARENT"):
+        from timeshare.workers.children import die_with_parent_if_asked
+
+        die_with_parent_if_asked()
+    args = build_parser().parse_args(argv)
+    missing = missing_server_parts() if getattr(args, "server", False) else None
+    if missing:
+        print(
+            f"timeshare: `timeshare {args.command}` needs the server parts ({missing} is not"
+            " installed): pip install 'timeshare[server]'",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    sys.exit(args.handler(args))
+
+
+def missing_server_parts() -> str | None:
+    for module in SERVER_MODULES:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # a missing parent package
+            found = False
+        if not found:
+            return module
+    return None

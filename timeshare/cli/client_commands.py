@@ -1,0 +1,151 @@
+"""The subcommands a light client install (`pip install timeshare`) runs:
+status, the operator controls, report, register and synthetic-job. They
+talk to a gateway (or an agent's socket) and never import temporalio."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from timeshare.cli.arguments import COUNT, GATEWAY_HELP, PERIOD, PID, SECONDS, fail
+
+Subparsers = Any  # argparse's _SubParsersAction, private in typeshed
+
+
+def add_client_commands(commands: Subparsers) -> None:
+    status = commands.add_parser("status", help="show groups, holders, queues and nodes")
+    status.add_argument("group", nargs="?")
+    status.add_argument("--address", help=GATEWAY_HELP)
+    status.set_defaults(handler=run_status)
+
+    for name, help_text in (
+        ("pause", "grant no new turns in a group (the holder keeps its turn)"),
+        ("resume", "let a paused group grant turns again"),
+    ):
+        control = commands.add_parser(name, help=help_text)
+        control.add_argument("group")
+        control.add_argument("--address", help=GATEWAY_HELP)
+        control.set_defaults(handler=run_control)
+    evict = commands.add_parser("evict", help="take a job out of its group")
+    evict.add_argument("group")
+    evict.add_argument("job")
+    evict.add_argument("--reason", default="", help="told to the job on its next call")
+    evict.add_argument("--address", help=GATEWAY_HELP)
+    evict.set_defaults(handler=run_control)
+    for name, help_text in (
+        ("drain", "grant no new turns that need NODE; running turns finish"),
+        ("undrain", "put a drained node back in service"),
+    ):
+        control = commands.add_parser(name, help=help_text)
+        control.add_argument("node")
+        control.add_argument("--address", help=GATEWAY_HELP)
+        control.set_defaults(handler=run_control)
+
+    report = commands.add_parser("report", help="draw a group's recent history as a timeline")
+    report.add_argument("group")
+    report.add_argument("--out", type=Path, required=True, help="FILE.html or FILE.png")
+    report.add_argument("--from-json", type=Path, help="draw a saved GroupHistory JSON instead")
+    report.add_argument("--address", help=GATEWAY_HELP)
+    report.set_defaults(handler=run_report)
+
+    register = commands.add_parser(
+        "register", help="register a process of a job with this node's agent (root or owner)"
+    )
+    register.add_argument("--group", required=True)
+    register.add_argument("--job", required=True)
+    register.add_argument("--pid", type=PID, required=True)
+    register.add_argument("--socket", help="agent socket (env TIMESHARE_AGENT_SOCKET)")
+    register.set_defaults(handler=run_register)
+
+    _synthetic_job_command(commands)
+
+
+def _synthetic_job_command(commands: Subparsers) -> None:
+    job = commands.add_parser("synthetic-job", help="run one synthetic RL job (demo, tests)")
+    job.add_argument("--group", required=True)
+    job.add_argument("--job", required=True)
+    job.add_argument("--address")
+    job.add_argument("--nodes", help="comma-separated node names")
+    job.add_argument("--iterations", type=COUNT, default=5)
+    job.add_argument("--sample-seconds", type=SECONDS, default=0.8)
+    job.add_argument("--reward-seconds", type=SECONDS, default=1.8)
+    job.add_argument("--train-seconds", type=SECONDS, default=0.6)
+    job.add_argument("--start-delay-seconds", type=SECONDS, default=0.0)
+    job.add_argument("--report", type=Path, help="write the job's record here (JSON)")
+    job.add_argument("--lease-seconds", type=PERIOD, help="group policy, if this job makes it")
+    job.add_argument("--agent-timeout-seconds", type=PERIOD, help="group policy, likewise")
+    job.add_argument("--co-residency", choices=["auto", "off"], help="group policy, likewise")
+    job.add_argument(
+        "--hooks", choices=["offload", "discard"],
+        help="serve workload hooks to the agent, asking to be evicted this way",
+    )  # fmt: skip
+    job.add_argument("--agent-socket", help="the agent's socket, for --hooks")
+    job.set_defaults(handler=run_synthetic_job)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from timeshare.status import print_status
+
+    return print_status(args.address, args.group)
+
+
+def run_control(args: argparse.Namespace) -> int:
+    from timeshare.status import run_control
+
+    return run_control(args)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from timeshare.report_cli import cmd_report
+
+    return cmd_report(args)
+
+
+def run_register(args: argparse.Namespace) -> int:
+    from timeshare.errors import TimeshareError
+    from timeshare.registration import register_process
+
+    try:
+        pid = register_process(args.group, args.job, args.socket, pid=args.pid)
+    except TimeshareError as error:
+        return fail(f"register: {error}")
+    print(f"process {pid} registered to {args.group}/{args.job}")
+    return 0
+
+
+def run_synthetic_job(args: argparse.Namespace) -> int:
+    from timeshare.errors import TimeshareError
+    from timeshare.models import GroupPolicy
+    from timeshare.synthetic import SyntheticJobSpec
+    from timeshare.synthetic import run_synthetic_job as run_job
+
+    spec = SyntheticJobSpec(
+        group=args.group,
+        job=args.job,
+        address=args.address,
+        nodes=args.nodes.split(",") if args.nodes else None,
+        iterations=args.iterations,
+        sample_seconds=args.sample_seconds,
+        reward_seconds=args.reward_seconds,
+        train_seconds=args.train_seconds,
+        start_delay_seconds=args.start_delay_seconds,
+        policy=GroupPolicy(
+            lease_seconds=args.lease_seconds or 30.0,
+            agent_timeout_seconds=args.agent_timeout_seconds or 30.0,
+            co_residency=args.co_residency or "auto",
+        ),
+        hooks=args.hooks,
+        agent_socket=args.agent_socket,
+    )
+    # SIGTERM unwinds like Ctrl-C, so the job leaves its group on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        run_job(spec, args.report)
+    except TimeshareError as error:
+        return fail(f"job {args.job}: {error}")
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,234 @@
+"""The subcommands that run the stack's processes: temporal, scheduler,
+gateway, agent, up and demo. They need `timeshare[server]`; their workers are
+imported only when they run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from timeshare.cli.arguments import (
+    COUNT,
+    DEFAULT_LISTEN,
+    PORT,
+    default_agent_socket,
+    default_node_name,
+    fail,
+)
+from timeshare.cli.server_settings import (
+    add_agent_options,
+    add_telemetry_options,
+    add_temporal_options,
+    agent_arguments,
+    backend_config,
+    gateway_security,
+    telemetry,
+    temporal_settings,
+)
+
+Subparsers = Any  # argparse's _SubParsersAction, private in typeshed
+
+
+def add_server_commands(commands: Subparsers) -> None:
+    temporal = commands.add_parser("temporal", help="run the embedded Temporal dev server")
+    temporal.add_argument("--port", type=PORT, default=7233)
+    temporal.add_argument("--ui-port", type=PORT, default=8233)
+    temporal.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
+    temporal.set_defaults(handler=run_temporal, server=True)
+
+    scheduler = commands.add_parser("scheduler", help="run the scheduler worker")
+    add_temporal_options(scheduler)
+    add_telemetry_options(scheduler)
+    scheduler.set_defaults(handler=run_scheduler, server=True)
+
+    gateway = commands.add_parser("gateway", help="run the gRPC gateway")
+    add_temporal_options(gateway)
+    add_telemetry_options(gateway)
+    _gateway_options(gateway)
+    gateway.set_defaults(handler=run_gateway, server=True)
+
+    agent = commands.add_parser("agent", help="run the node agent of this host")
+    add_temporal_options(agent)
+    add_telemetry_options(agent)
+    agent.add_argument("--node", default=default_node_name(), help="node name (env TIMESHARE_NODE)")
+    agent.add_argument("--backend", default="sim", help="snapshot backend (default %(default)s)")
+    agent.add_argument(
+        "--socket",
+        default=default_agent_socket(),
+        help="Unix socket where job processes register (env TIMESHARE_AGENT_SOCKET)",
+    )
+    agent.add_argument("--probe", action="store_true", help="print this host's GPUs and exit")
+    add_agent_options(agent)
+    agent.set_defaults(handler=run_agent, server=True)
+
+    up = commands.add_parser("up", help="run the whole stack on this machine")
+    up.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
+    up.add_argument("--port", type=PORT, default=7233, help="Temporal gRPC port")
+    up.add_argument("--ui-port", type=PORT, default=8233, help="Temporal Web UI port")
+    up.add_argument("--listen", default=DEFAULT_LISTEN, help="gateway HOST:PORT")
+    up.add_argument("--node", default=default_node_name(), help="this host's node name")
+    up.add_argument("--backend", default="sim")
+    up.add_argument("--socket", help="agent registration socket (default DATA_DIR/agent.sock)")
+    add_agent_options(up)
+    up.set_defaults(handler=run_up, server=True)
+
+    demo = commands.add_parser("demo", help="run two synthetic RL jobs through the stack")
+    demo.add_argument("--iterations", type=COUNT, default=6)
+    demo.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
+    demo.set_defaults(handler=run_demo, server=True)
+
+
+def _gateway_options(gateway: argparse.ArgumentParser) -> None:
+    gateway.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT (default %(default)s)")
+    callers = gateway.add_argument_group(
+        "who may call (required when --listen is not a loopback address)"
+    )
+    callers.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
+    callers.add_argument("--tls-key", type=Path, help="server private key (PEM)")
+    callers.add_argument("--tls-client-ca", type=Path, help="require client certificates (mTLS)")
+    callers.add_argument(
+        "--tokens-file", type=Path, help="TOML file of bearer tokens, each scoped to groups"
+    )
+    callers.add_argument(
+        "--insecure", action="store_true", help="plain text, no caller checks: for tests only"
+    )
+    gateway.add_argument(
+        "--max-groups", type=COUNT, default=1000, help="groups per deployment (default %(default)s)"
+    )
+    compat = gateway.add_argument_group(
+        "llm-d compatibility (its clients send no job token: off by default)"
+    )
+    compat.add_argument(
+        "--llmd-compat",
+        action="store_true",
+        help="also serve timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService",
+    )
+    compat.add_argument("--llmd-compat-groups", help="comma-separated groups (default: all)")
+    compat.add_argument(
+        "--llmd-compat-allow",
+        action="append",
+        metavar="CIDR",
+        help="networks allowed to call it (repeatable; default loopback only)",
+    )
+    compat.add_argument(
+        "--llmd-compat-lease-seconds",
+        type=float,
+        default=3600.0,
+        help="lease of groups it creates: longer than any GPU phase (default %(default)s)",
+    )
+
+
+def run_temporal(args: argparse.Namespace) -> int:
+    from timeshare.workers.service import run_service
+    from timeshare.workers.temporal_server import serve_temporal
+
+    run_service(
+        "temporal", lambda stop: serve_temporal(stop, args.port, args.ui_port, args.data_dir)
+    )
+
+
+def run_scheduler(args: argparse.Namespace) -> int:
+    from timeshare.workers.scheduler import serve_scheduler
+    from timeshare.workers.service import StartupError, run_service
+    from timeshare.workers.temporal_settings import SettingsError
+
+    try:
+        temporal = temporal_settings(args)
+        traced = telemetry(args)
+    except (SettingsError, StartupError) as error:
+        return fail(f"scheduler: {error}")
+    run_service("scheduler", lambda stop: serve_scheduler(stop, temporal, traced))
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from timeshare.workers.gateway import GatewayOptions, serve_gateway
+    from timeshare.workers.gateway_access import first_problem
+    from timeshare.workers.llmd_compat import compat_settings
+    from timeshare.workers.service import StartupError, run_service
+    from timeshare.workers.temporal_settings import SettingsError
+
+    try:
+        compat = None
+        if args.llmd_compat:
+            compat = compat_settings(
+                args.llmd_compat_groups, args.llmd_compat_allow, args.llmd_compat_lease_seconds
+            )
+        options = GatewayOptions(
+            temporal=temporal_settings(args),
+            security=gateway_security(args),
+            llmd_compat=compat,
+            max_groups=args.max_groups,
+        )
+        traced = telemetry(args)
+    except ValidationError as error:
+        return fail(f"gateway: {first_problem(error).removeprefix('Value error, ')}")
+    except (SettingsError, StartupError, ValueError) as error:
+        return fail(f"gateway: {error}")
+    run_service("gateway", lambda stop: serve_gateway(stop, options, traced))
+
+
+def _probe() -> int:
+    from timeshare.activities.gpus import NoGpus, gpu_inventory
+
+    try:
+        gpus = gpu_inventory()
+    except NoGpus as error:
+        return fail(f"agent --probe: {error}; the cuda backends cannot run here")
+    for gpu in gpus:
+        print(gpu.describe())
+    return 0 if gpus else fail("agent --probe: NVML found no GPUs")
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    if args.probe:
+        return _probe()
+    from timeshare.names import check_name
+    from timeshare.workers.agent import serve_agent
+    from timeshare.workers.service import StartupError, run_service
+    from timeshare.workers.temporal_settings import SettingsError
+
+    try:
+        check_name("node", args.node)
+    except ValueError as error:
+        return fail(f"--node: {error}")
+    try:
+        temporal = temporal_settings(args)
+        traced = telemetry(args)
+    except (SettingsError, StartupError) as error:
+        return fail(f"agent: {error}")
+    config = backend_config(args)
+    run_service(
+        "agent",
+        lambda stop: serve_agent(stop, temporal, args.backend, config, args.socket, traced),
+    )
+
+
+def run_up(args: argparse.Namespace) -> int:
+    from timeshare.workers.service import run_service
+    from timeshare.workers.up import StackOptions, serve_stack
+
+    # The stack's own files live in its data directory unless told otherwise.
+    if args.sim_state is None:
+        args.sim_state = args.data_dir / f"sim-state-{args.node}.json"
+    options = StackOptions(
+        data_dir=args.data_dir,
+        port=args.port,
+        ui_port=args.ui_port,
+        listen=args.listen,
+        node=args.node,
+        backend=args.backend,
+        agent_args=[
+            *agent_arguments(args),
+            f"--socket={args.socket or args.data_dir / 'agent.sock'}",
+        ],
+    )
+    run_service("up", lambda stop: serve_stack(stop, options))
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from timeshare.workers.demo import run_demo as demo
+
+    return demo(args.iterations, args.data_dir)

@@ -1,0 +1,223 @@
+"""The durable state of one group: what GroupWorkflow keeps and carries across
+continue-as-new, in a schema of its own.
+
+The public models (timeshare.models, timeshare.history) are what clients see
+and may change with them; the models here are what running workflows hold, so
+they change only on purpose, with ``SCHEMA_VERSION``. Where a durable model
+has a public counterpart the two have the same fields, and crossing between
+them (``public()``, ``stored()``) forbids fields the other side lacks: a
+change to one side alone fails loudly in tests instead of silently changing
+continue-as-new payloads. Version 1 has the field names and shapes the
+scheduler carried before the schema had a number, so recorded histories
+still decode.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from timeshare.history import SwitchRecord, TurnRecord
+from timeshare.models import Grant, GroupPolicy, NodeMove
+
+# 2: the policy's GPUs, and the jobs whose agents have yet to release them.
+SCHEMA_VERSION = 2
+Public = TypeVar("Public", bound=BaseModel)
+Stored = TypeVar("Stored", bound="StoredModel")
+
+
+class StoredModel(BaseModel):
+    """A durable model: unknown fields are refused, never dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def public(self, kind: type[Public]) -> Public:
+        return kind.model_validate(self.model_dump())
+
+    @classmethod
+    def stored(cls: type[Stored], model: BaseModel) -> Stored:
+        return cls.model_validate(model.model_dump())
+
+
+class StoredPolicy(StoredModel):
+    """GroupPolicy as the group keeps it (its checks ran when it was given)."""
+
+    lease_seconds: float = 30.0
+    max_turn_seconds: float = 0.0
+    preempt_grace_seconds: float = 10.0
+    agent_timeout_seconds: float = 30.0
+    continue_as_new_every: int = 0
+    co_residency: Literal["auto", "off"] = "auto"
+    gpus: list[int] = Field(default_factory=list)
+
+    def as_policy(self) -> GroupPolicy:
+        return self.public(GroupPolicy)
+
+
+class StoredGrant(StoredModel):
+    """One turn, as Grant reports it."""
+
+    job: str
+    request_id: str
+    epoch: int
+    ticket: int
+    granted_at: float
+    waited_seconds: float
+    switch_seconds: float
+    resumes_epoch: int = 0
+    context_restored: bool = False
+
+    def as_grant(self) -> Grant:
+        return self.public(Grant)
+
+
+class StoredMove(StoredModel):
+    """One node's part of a switch, as NodeMove carries it to the agent."""
+
+    node: str
+    admit: str
+    evict: list[str] = Field(default_factory=list)
+
+    def as_move(self) -> NodeMove:
+        return self.public(NodeMove)
+
+
+class StoredTurn(StoredModel):
+    """One turn in the group's bounded history (TurnRecord)."""
+
+    job: str
+    epoch: int
+    requested_at: float
+    granted_at: float
+    released_at: float = 0.0
+    switch_seconds: float = 0.0
+    ended_by: str = ""
+
+    def as_record(self) -> TurnRecord:
+        return self.public(TurnRecord)
+
+
+class StoredSwitch(StoredModel):
+    """One node's part of one hand-over in the bounded history (SwitchRecord)."""
+
+    node: str
+    epoch: int
+    started_at: float
+    finished_at: float
+    evicted: list[str] = Field(default_factory=list)
+    admitted: str = ""
+    bytes_moved: int = 0
+    backend: str = ""
+    ok: bool = True
+    error: str = ""
+
+    def as_record(self) -> SwitchRecord:
+        return self.public(SwitchRecord)
+
+
+class JobEntry(StoredModel):
+    nodes: list[str]
+    token_hash: str
+    joined_at: float
+    last_seen: float
+    turns: int = 0
+    waited_seconds: float = 0.0
+    held_seconds: float = 0.0
+    # Preempted by the turn limit: its turn is suspended and it waits to resume.
+    preempted: bool = False
+
+
+class Waiter(StoredModel):
+    job: str
+    request_id: str
+    ticket: int
+    since: float
+    # W3C trace context of the acquire call, so the switch made for this
+    # waiter joins the caller's trace.
+    trace_context: dict[str, str] = Field(default_factory=dict)
+    # The call that waits for this request now: a withdrawal from an older
+    # call (superseded by a retry of the same request) is ignored.
+    call_id: str = ""
+    # Set for a preempted turn waiting to resume: the epoch the job holds.
+    resumes_epoch: int = 0
+
+
+class SwitchPlan(StoredModel):
+    waiter: Waiter
+    epoch: int
+    moves: list[StoredMove]
+    started_at: float
+    attempts: int = 0
+    # Grows with every plan: an agent refuses a plan older than one it ran.
+    number: int = 0
+    # Planned by a scheduler whose jobs leave as a whole (quiesce first).
+    whole_jobs: bool = False
+
+    def quiesce_moves(self) -> list[StoredMove]:
+        """Where jobs that leave more than one node must first be stopped:
+        no rank of theirs is checkpointed before all of them are stopped."""
+        if not self.whole_jobs:
+            return []
+        counts = Counter(job for move in self.moves for job in move.evict)
+        spread = {job for job, nodes in counts.items() if nodes > 1}
+        return [
+            StoredMove(node=move.node, admit="", evict=[j for j in move.evict if j in spread])
+            for move in self.moves
+            if spread.intersection(move.evict)
+        ]
+
+
+class GroupState(StoredModel):
+    """Everything the scheduler knows about a group; carried across continue-as-new."""
+
+    # Histories from before the schema had a number decode as version 1.
+    schema_version: int = SCHEMA_VERSION
+    group: str
+    policy: StoredPolicy = Field(default_factory=StoredPolicy)
+    jobs: dict[str, JobEntry] = Field(default_factory=dict)
+    queue: list[Waiter] = Field(default_factory=list)
+    turn: StoredGrant | None = None
+    epoch: int = 0
+    next_ticket: int = 1
+    resident: dict[str, str] = Field(default_factory=dict)
+    switching: SwitchPlan | None = None
+    degraded_cause: str = ""
+    paused: bool = False
+    drained: list[str] = Field(default_factory=list)
+    # Why a request or a job was ended by the scheduler (eviction, lease, failed restore).
+    aborted_requests: dict[str, str] = Field(default_factory=dict)
+    evicted_jobs: dict[str, str] = Field(default_factory=dict)
+    # The epoch each job last yielded, so a retried yield is answered again,
+    # and the request that turn served, so a late duplicate is not queued again.
+    released: dict[str, int] = Field(default_factory=dict)
+    served_requests: dict[str, str] = Field(default_factory=dict)
+    # The call that was told (or is about to be told) of the current turn.
+    turn_call_id: str = ""
+    plans: int = 0
+    grants: int = 0
+    switches: int = 0
+    switch_seconds_total: float = 0.0
+    preemptions: int = 0
+    evictions: int = 0
+    # How many times the workflow has continued as new with this state.
+    runs: int = 1
+    # When the turn, a switch or an outage last began or ended.
+    since: float = 0.0
+    # Recent turns and per-node switches, bounded, for `timeshare report`.
+    recent_turns: list[StoredTurn] = Field(default_factory=list)
+    recent_switches: list[StoredSwitch] = Field(default_factory=list)
+    # Jobs that left the group (leave, eviction, lease, exit), and the nodes
+    # whose agents have yet to release their processes.
+    releasing: dict[str, list[str]] = Field(default_factory=dict)
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if value > SCHEMA_VERSION:
+            raise ValueError(
+                f"group state schema {value} is newer than this scheduler's "
+                f"({SCHEMA_VERSION}): upgrade the scheduler before running it on this group"
+            )
+        return value
