@@ -39,7 +39,9 @@ from timeshare.activities.freeze import FreezeBackend
 from timeshare.activities.processes import ProcessTable
 from timeshare.activities.stacked import StackedBackend
 from timeshare.activities.switch import SwitchActivities
-from timeshare.models import CHECKPOINT_FAILED, NodeMove, SwitchInput
+from timeshare.models import CHECKPOINT_FAILED, NodeInfo, NodeMove, NodeRecord, SwitchInput
+from timeshare.status import nodes_table
+from timeshare.workers.agent import node_info
 
 MiB = 2**20
 GiB = 2**30
@@ -388,6 +390,10 @@ async def test_memory_nvml_cannot_tell_is_unknown_and_such_a_job_is_moved_never_
     assert [a.action for a in moved.actions] == ["checkpoint", "unlock"]
     (note,) = {n for n in backend.notes() if "g/b" in n}
     assert "co-residency off for g/b" in note and "MIG" in note
+    # The agent announces it, and `timeshare status` says it under the node.
+    info = node_info(NodeInfo(node="n", backend="cuda", simulated=False), backend)
+    assert note in info.notes
+    assert f"n: {note}" in nodes_table([NodeRecord(**info.model_dump())])
 
 
 async def test_switches_of_two_groups_on_one_node_never_overlap(

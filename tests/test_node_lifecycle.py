@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,18 +21,19 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
 from tests.conftest import SimNodes
-from tests.emulator.rig import CudaWorker, Emulator, nvml_device_memory, start_worker
+from tests.emulator.rig import REPO, CudaWorker, Emulator, nvml_device_memory, start_worker
 from tests.groups import acquire, eventually, group_on_one_node, heartbeat, join, release
 from tests.polling import async_check, wait_until_async
 from tests.processes import detached, kill
 from timeshare.activities.backend import Backend, BackendConfig
 from timeshare.activities.cuda_driver import CudaDriverBackend
 from timeshare.activities.freeze import FreezeBackend
-from timeshare.activities.processes import ProcessTable, stopped
+from timeshare.activities.processes import ProcessTable, RegistrationRefused, stopped
 from timeshare.activities.stacked import StackedBackend
 from timeshare.activities.switch import SwitchActivities, release_summary
 from timeshare.models import EvictInput, GroupPolicy, JobInput
 from timeshare.names import node_task_queue
+from timeshare.workers.agent_socket import forgotten, serve_agent_socket
 from timeshare.workflows.group import GroupWorkflow
 
 COUNTER = (
@@ -183,3 +185,45 @@ def test_release_summary_says_what_to_do() -> None:
     text = release_summary("g", "a", "n", [1], [2], [3], [])
     assert "[1] run again" in text and "[2] left checkpointed" in text and "[3]" in text
     assert release_summary("g", "a", "n", [], [], [], []).endswith("no process left stopped")
+
+
+async def test_forget_releases_a_jobs_processes_by_hand(tmp_path: Path) -> None:
+    """`timeshare forget` on the node: for a job whose agent was down when it left."""
+    table = ProcessTable()
+    backend = FreezeBackend(BackendConfig(node="n"))
+    backend.attach(table)
+    agent = SwitchActivities("n", backend, table)
+    path = str(tmp_path / "agent.sock")
+    worker = detached(sys.executable, "-c", COUNTER, str(tmp_path / "count"))
+    try:
+        table.register("g", "a", worker)
+        await backend.checkpoint("g", "a")
+        assert stopped(worker)
+        async with await serve_agent_socket(path, table, forget=agent.release_job):
+            done = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "timeshare", "forget", "--group=g", "--job=a",
+                 f"--socket={path}"],
+                capture_output=True, text=True, timeout=120, cwd=REPO,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert f"[{worker}] run again" in done.stdout
+            assert not stopped(worker) and table.jobs("g") == []
+            again = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "timeshare", "forget", "--group=g", "--job=a",
+                 f"--socket={path}"],
+                capture_output=True, text=True, timeout=120, cwd=REPO,
+            )  # fmt: skip
+            assert again.returncode == 1 and "no live process registered" in again.stderr
+            bad = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "timeshare", "forget", "--group=Bad Name", "--job=a"],
+                capture_output=True, text=True, timeout=120, cwd=REPO,
+            )  # fmt: skip
+            assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+        table.register("g", "a", worker)
+        with pytest.raises(RegistrationRefused, match="only root or the owner"):
+            await forgotten({"group": "g", "job": "a"}, 4242, table, agent.release_job)
+    finally:
+        kill(worker)
