@@ -30,7 +30,7 @@ from tests.emulator.rig import (
     process_state,
     start_worker,
 )
-from tests.polling import wait_until
+from tests.polling import async_check, wait_until, wait_until_async
 from timeshare.activities.backend import BackendConfig, BackendError
 from timeshare.activities.checkpointing import CudaState, ProcessCheckpointBackend
 from timeshare.activities.cuda_checkpoint import CudaCheckpointBackend
@@ -212,9 +212,18 @@ async def test_checkpointing_and_restoring_are_waited_for(
     outside = threading.Thread(target=emu.act, args=("checkpoint", pid), daemon=True)
     outside.start()
     wait_until(lambda: emu.state(pid) == (0, CHECKPOINTING), "the outside checkpoint to begin")
+    seen = len(emulator.calls(emu.log, "cuCheckpointProcessGetState", pid))
     reading = asyncio.create_task(backend.states("g", "a"))
-    await asyncio.sleep(0)
-    assert not reading.done()
+    # The backend has read the state while the checkpoint is under way ...
+    await wait_until_async(
+        async_check(
+            lambda: any(
+                e["phase"] == "end" and e["result"] == 0
+                for e in emulator.calls(emu.log, "cuCheckpointProcessGetState", pid)[seen:]
+            )
+        ),
+        "the backend to read the state mid-checkpoint",
+    )
     emulator.remove_fault(emu.state_dir, rule)
     # Read once it ended: checkpointed, never "failed" on the way.
     assert await reading == {pid: CudaState.CHECKPOINTED}
