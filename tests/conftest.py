@@ -174,6 +174,14 @@ def gpu_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]
         yield emu
 
 
+@pytest.fixture(autouse=True)
+def _emulator_log_of_this_test(request: pytest.FixtureRequest) -> None:
+    """A test on the GPU emulator reads only its own part of the session's call
+    log (process ids are reused within a session)."""
+    if "gpu_emulator" in request.fixturenames:
+        emulator.mark(request.getfixturevalue("gpu_emulator").log)
+
+
 @pytest.fixture
 def unique() -> str:
     return uuid.uuid4().hex[:8]
