@@ -87,8 +87,6 @@ class CudaState(enum.StrEnum):
 
 ON_DEVICE = (CudaState.RUNNING, CudaState.LOCKED)
 IN_PROGRESS = (CudaState.CHECKPOINTING, CudaState.RESTORING, CudaState.BUSY)
-# Kept for callers that name the states as text.
-RUNNING, LOCKED, CHECKPOINTED = CudaState.RUNNING, CudaState.LOCKED, CudaState.CHECKPOINTED
 
 
 class NotCuda(Exception):
