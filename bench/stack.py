@@ -117,6 +117,7 @@ class LocalStack:
             *([f"--sim-capacity-gib={self.capacity_gib}"] if self.capacity_gib else []),
             f"--sim-record={self._node_file(node, 'residency', '.jsonl')}",
             f"--sim-state={self._node_file(node, 'sim-state', '.json')}",
+            f"--record={self._node_file(node, 'process-record', '.jsonl')}",
             f"--sim-gpus={self.sim_gpus}",
             f"--socket={self.socket_for(node)}", *self.agent_options,
         )  # fmt: skip
@@ -206,7 +207,14 @@ class LocalStack:
 
     def record(self) -> list[dict[str, Any]]:
         """The residency record of every node's simulated GPUs."""
-        paths = [self._node_file(node, "residency", ".jsonl") for node in self.nodes]
+        return self._read_records("residency")
+
+    def process_record(self) -> list[dict[str, Any]]:
+        """What every node's process backend (freeze) did: its freeze and thaw events."""
+        return self._read_records("process-record")
+
+    def _read_records(self, stem: str) -> list[dict[str, Any]]:
+        paths = [self._node_file(node, stem, ".jsonl") for node in self.nodes]
         return [
             json.loads(line)
             for path in paths

@@ -30,9 +30,14 @@ Handle = WorkflowHandle[GroupWorkflow, None]
 
 
 async def join(
-    client: Client, group: str, job: str, nodes: list[str], policy: GroupPolicy | None = None
+    client: Client,
+    group: str,
+    job: str,
+    nodes: list[str],
+    policy: GroupPolicy | None = None,
+    priority: int = 0,
 ) -> Handle:
-    message = JoinInput(job=job, nodes=nodes, token_hash=f"hash-{job}")
+    message = JoinInput(job=job, nodes=nodes, token_hash=f"hash-{job}", priority=priority)
     await join_group(client, group, message, policy)
     return client.get_workflow_handle_for(GroupWorkflow.run, group_workflow_id(group))
 
@@ -52,11 +57,15 @@ async def group_on_one_node(
     return handle, backend
 
 
-async def acquire(handle: Handle, job: str, timeout: float = 0.0) -> Grant:
+async def acquire(handle: Handle, job: str, timeout: float = 0.0, phase: str = "") -> Grant:
     return await acquire_turn(
         handle,
         AcquireInput(
-            job=job, token_hash=f"hash-{job}", request_id=uuid.uuid4().hex, timeout_seconds=timeout
+            job=job,
+            token_hash=f"hash-{job}",
+            request_id=uuid.uuid4().hex,
+            timeout_seconds=timeout,
+            phase=phase,
         ),
     )
 

@@ -44,7 +44,7 @@ def test_three_jobs_take_turns_without_overlap(tmp_path: Path) -> None:
                 timeshare_command(
                     "synthetic-job", "--group=e2e", f"--job={job}", f"--address={address}",
                     f"--iterations={ITERATIONS}", "--sample-seconds=0.05",
-                    "--reward-seconds=0.05", "--train-seconds=0.05",
+                    "--reward-seconds=0.05", "--train-seconds=0.05", "--ordering=fifo",
                     f"--report={tmp_path / job}.json",
                 ),
                 cwd=REPO,
@@ -93,7 +93,7 @@ def check_turns(reports: list[SyntheticJobReport], record: list[dict[str, Any]])
         ((r.spec.job, t) for r in reports for t in r.turns), key=lambda pair: pair[1].epoch
     )
     assert len(turns) == len(JOBS) * ITERATIONS * 2
-    # Grants followed arrival order: epochs and tickets rise together.
+    # Grants followed arrival order (the group is FIFO): epochs and tickets rise together.
     tickets = [turn.ticket for _, turn in turns]
     assert tickets == sorted(tickets)
     assert len({turn.epoch for _, turn in turns}) == len(turns)

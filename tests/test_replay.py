@@ -18,7 +18,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, Worker
 
 from tests.conftest import SimNodes
-from tests.groups import acquire, eventually, group_on_one_node, heartbeat, release
+from tests.groups import acquire, eventually, group_on_one_node, heartbeat, join, release
 from tests.polling import wait_until_async
 from timeshare.models import DrainInput, EvictInput, GroupPolicy, JobInput, NodeInfo, PauseInput
 from timeshare.names import SCHEDULER_TASK_QUEUE
@@ -59,7 +59,9 @@ def test_histories_are_committed() -> None:
 
 async def test_a_fresh_history_replays(client: Client, sim_nodes: SimNodes, unique: str) -> None:
     """Every kind of message and timer the workflow handles, in one history."""
-    policy = GroupPolicy(lease_seconds=3, max_turn_seconds=0.5, preempt_grace_seconds=0.3)
+    policy = GroupPolicy(
+        lease_seconds=3, idle_lease_seconds=3, max_turn_seconds=0.5, preempt_grace_seconds=0.3
+    )
     handle, backend = await group_on_one_node(client, sim_nodes, unique, ("a", "b", "c"), policy)
     first = await acquire(handle, "a")
     waiting = asyncio.create_task(acquire(handle, "b"))
@@ -82,6 +84,37 @@ async def test_a_fresh_history_replays(client: Client, sim_nodes: SimNodes, uniq
     history = await handle.fetch_history()
     await replayer().replay_workflow(history)
     record(history, "group-every-message")
+
+
+async def test_a_fresh_policies_history_replays(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    """Preemption by priority, a yield request published, phases, fair share:
+    what groups with scheduling policies do, in one history."""
+    policy = GroupPolicy(
+        phase_priority={"train": 5}, preempt_lower_after_seconds=0.5, aging_seconds=60
+    )
+    node = f"n-{unique}"
+    await sim_nodes.start(node)
+    group = f"g-{unique}"
+    for job in ("batch", "other"):
+        handle = await join(client, group, job, [node], policy)
+    await join(client, group, "trainer", [node], priority=1)
+    held = await acquire(handle, "batch", phase="rollout")
+    waiting = asyncio.create_task(acquire(handle, "trainer", phase="train"))
+    await eventually(handle, lambda s: s.yield_requested and s.holder == "batch")
+    trained = await waiting  # batch did not yield: preempted after the grace
+    assert trained.phase == "train" and (await heartbeat(handle, "batch")).preempted
+    await release(handle, "batch", held.epoch)  # its late yield is accepted
+    await release(handle, "trainer", trained.epoch)
+    for job in ("other", "batch"):  # fair share: other has used nothing yet
+        grant = await acquire(handle, job)
+        await release(handle, job, grant.epoch)
+    status = await handle.query(GroupWorkflow.status)
+    assert status.preemptions == 1 and not status.yield_requested
+    history = await handle.fetch_history()
+    await replayer().replay_workflow(history)
+    record(history, "group-policies")
 
 
 async def test_a_fresh_registry_history_replays(client: Client, scheduler: Worker) -> None:

@@ -177,7 +177,7 @@ async def test_continue_as_new_loses_no_acquire_in_100_handovers(
     client: Client, sim_nodes: SimNodes, unique: str
 ) -> None:
     jobs = ("a", "b", "c")
-    policy = GroupPolicy(continue_as_new_every=4)
+    policy = GroupPolicy(continue_as_new_every=4, ordering="fifo")
     handle, backend = await group_on_one_node(client, sim_nodes, unique, jobs, policy)
     backend.state_bytes = 0
     turns_each = 34  # 102 turns in all, over 25 runs

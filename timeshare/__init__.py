@@ -10,11 +10,12 @@ pydantic, never temporalio.
 """
 
 from timeshare._protocol import Turn
-from timeshare.client import Client, Job, connect
+from timeshare.client import Client, Job, acquire_all, connect
 from timeshare.errors import (
     Aborted,
     DeadlineExceeded,
     FailedPrecondition,
+    Internal,
     InvalidArgument,
     NotFound,
     PermissionDenied,
@@ -29,6 +30,7 @@ __all__ = [
     "Client",
     "DeadlineExceeded",
     "FailedPrecondition",
+    "Internal",
     "InvalidArgument",
     "Job",
     "NotFound",
@@ -38,5 +40,6 @@ __all__ = [
     "Turn",
     "Unauthenticated",
     "Unavailable",
+    "acquire_all",
     "connect",
 ]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 import os
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 from google.protobuf import json_format
 
@@ -27,6 +28,8 @@ IDEMPOTENT_ATTEMPTS = 120
 # The gateway answers DEADLINE_EXCEEDED itself; the call's own deadline is a
 # backstop a little later.
 RPC_GRACE_SECONDS = 5.0
+# A turn's watch that broke (a gateway restart) is opened again after this.
+WATCH_RETRY_SECONDS = 0.5
 
 
 def resolve_address(address: str | None) -> str:
@@ -70,7 +73,7 @@ class AcquireDeadline:
             raise DeadlineExceeded(f"job {job!r} was not granted in time")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Turn:
     """A granted turn: the job holds its group's GPUs until it yields."""
 
@@ -79,6 +82,86 @@ class Turn:
     waited_seconds: float
     switch_seconds: float
     granted_at: float
+    phase: str = ""
+    _yield_requested: bool = field(default=False, repr=False, compare=False)
+
+    @property
+    def should_yield(self) -> bool:
+        """The group asks for the GPUs back: others wait past this turn's limit,
+        or a waiter outranks this job. Kept current while the turn is held;
+        check it at a step boundary and yield there."""
+        return self._yield_requested
+
+
+class LeaseClock:
+    """When a job must next renew its lease: within a third of lease_seconds
+    while it holds the turn and others wait (its watch tells it), else within
+    a third of idle_lease_seconds, counted from the last message it sent. An
+    acquire in flight needs none (the gateway renews it while it waits). A
+    group of an older scheduler (idle_lease_seconds 0) wants a heartbeat every
+    third of lease_seconds, whatever happens."""
+
+    def __init__(self, lease_seconds: float, idle_lease_seconds: float, now: float) -> None:
+        self.lease_seconds = lease_seconds
+        self.idle_lease_seconds = idle_lease_seconds
+        self.last_sent = now
+        self.contended = False
+        self.acquiring = 0
+
+    @property
+    def legacy(self) -> bool:
+        return self.idle_lease_seconds <= 0
+
+    @property
+    def interval(self) -> float:
+        if self.legacy or self.contended:
+            return max(0.2, self.lease_seconds / 3)
+        return max(0.2, self.idle_lease_seconds / 3)
+
+    def sent(self, now: float) -> None:
+        self.last_sent = max(self.last_sent, now)
+
+    def due_in(self, now: float) -> float:
+        """Seconds until the next renewal is due (0: now)."""
+        if self.acquiring and not self.legacy:
+            return self.interval
+        return max(0.0, self.last_sent + self.interval - now)
+
+
+def apply_notice(turn: Turn, lease: LeaseClock, notice: pb.TurnNotice) -> tuple[bool, bool]:
+    """Take in what the turn's watch said. Returns (the turn has just been
+    asked to yield, the job has just become contended: renew now)."""
+    asked = notice.should_yield and not turn.should_yield
+    turn._yield_requested = turn._yield_requested or notice.should_yield
+    contended = notice.holding and notice.waiting > 0
+    became = contended and not lease.contended
+    lease.contended = contended
+    return asked, became
+
+
+class GroupMember(Protocol):
+    @property
+    def group(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+Member = TypeVar("Member", bound=GroupMember)
+
+
+def acquisition_order(jobs: Sequence[Member]) -> list[Member]:
+    """The one order every caller takes several groups in (by group name), so
+    that no two callers can each hold a group the other waits for."""
+    groups = [job.group for job in jobs]
+    if not jobs:
+        raise InvalidArgument("acquire_all: no jobs given")
+    if len(set(groups)) != len(groups):
+        raise InvalidArgument(
+            f"acquire_all: one job per group (got groups {groups}): a job waiting for "
+            "a group another of the caller's jobs holds would wait forever"
+        )
+    return sorted(jobs, key=lambda job: job.group)
 
 
 @dataclass
@@ -89,13 +172,14 @@ class JobRef:
     nodes: list[str]
     lease_seconds: float = 30.0
     epoch: int | None = None
+    idle_lease_seconds: float = 0.0
 
     @property
     def heartbeat_seconds(self) -> float:
         # Three beats per lease: one lost beat never costs the job its place.
         return max(0.2, self.lease_seconds / 3)
 
-    def acquire_request(self, timeout: float | None) -> pb.AcquireRequest:
+    def acquire_request(self, timeout: float | None, phase: str = "") -> pb.AcquireRequest:
         if timeout is not None and (math.isnan(timeout) or timeout < 0):
             raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout}")
         if self.epoch is not None:
@@ -108,6 +192,7 @@ class JobRef:
             job_token=self.token,
             request_id=uuid.uuid4().hex,
             timeout_seconds=timeout or 0.0,
+            phase=phase,
         )
 
     def granted(self, response: pb.AcquireResponse) -> Turn:
@@ -118,6 +203,12 @@ class JobRef:
             waited_seconds=response.waited_seconds,
             switch_seconds=response.switch_seconds,
             granted_at=response.granted_at,
+            phase=response.phase,
+        )
+
+    def watch_request(self, turn: Turn) -> pb.WatchTurnRequest:
+        return pb.WatchTurnRequest(
+            group=self.group, job=self.job, job_token=self.token, epoch=turn.epoch
         )
 
     def yield_request(self) -> pb.YieldRequest:
@@ -156,13 +247,22 @@ class JobIdentity:
 
 
 def join_request(
-    group: str | None, job: str | None, nodes: list[str] | None, policy: GroupPolicy | None
+    group: str | None,
+    job: str | None,
+    nodes: list[str] | None,
+    policy: GroupPolicy | None,
+    weight: float = 1.0,
+    priority: int = 0,
 ) -> pb.JoinRequest:
+    if math.isnan(weight) or not 0 < weight <= 1000:
+        raise InvalidArgument(f"weight must be above 0 and at most 1000, got {weight}")
     return pb.JoinRequest(
         group=valid("group", from_env("group", group, "TIMESHARE_GROUP")),
         job=valid("job", from_env("job", job, "TIMESHARE_JOB")),
         nodes=resolve_nodes(nodes),
         policy=pb.GroupPolicy(**policy.model_dump()) if policy is not None else None,
+        weight=weight,
+        priority=priority,
     )
 
 
@@ -173,6 +273,7 @@ def job_ref(request: pb.JoinRequest, response: pb.JoinResponse) -> JobRef:
         token=response.job_token,
         nodes=list(response.nodes),
         lease_seconds=response.lease_seconds or 30.0,
+        idle_lease_seconds=response.idle_lease_seconds,
     )
 
 
@@ -211,6 +312,9 @@ def group_status(message: pb.GroupStatus) -> GroupStatus:
                 held_seconds=j.held_seconds,
                 preempted=j.preempted,
                 last_seen=j.last_seen,
+                weight=j.weight or 1.0,
+                priority=j.priority,
+                share_seconds=j.share_seconds,
             )
             for j in message.jobs
         ],
@@ -224,15 +328,22 @@ def group_status(message: pb.GroupStatus) -> GroupStatus:
         policy=GroupPolicy.model_validate(policy_fields(message.policy)),
         preemptions=message.preemptions,
         evictions=message.evictions,
+        holder_phase=message.holder_phase,
+        yield_requested=message.yield_requested,
     )
 
 
 def policy_fields(message: pb.GroupPolicy) -> dict[str, Any]:
-    """The policy fields set on the wire (repeated ones as lists)."""
-    return {
-        field.name: value if isinstance(value, (str, int, float)) else list(value)
-        for field, value in message.ListFields()
-    }
+    """The policy fields set on the wire (maps as dicts, repeated ones as lists)."""
+    fields: dict[str, Any] = {}
+    for descriptor, value in message.ListFields():
+        if isinstance(value, (str, int, float)):
+            fields[descriptor.name] = value
+        elif hasattr(value, "keys"):
+            fields[descriptor.name] = dict(value)
+        else:
+            fields[descriptor.name] = list(value)
+    return fields
 
 
 def node_record(message: pb.NodeStatus) -> NodeRecord:

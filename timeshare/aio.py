@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
@@ -60,8 +60,10 @@ class Client:
         nodes: list[str] | None = None,
         policy: GroupPolicy | None = None,
         register: bool = False,
+        weight: float = 1.0,
+        priority: int = 0,
     ) -> Job:
-        request = protocol.join_request(group, job, nodes, policy)
+        request = protocol.join_request(group, job, nodes, policy, weight, priority)
         if register:
             await asyncio.to_thread(register_process, request.group, request.job)
         response = await self._call(self._stub.Join, request)
@@ -119,19 +121,43 @@ class Client:
 
 
 class Job(protocol.JobIdentity):
-    """One job's place in its group: acquire, yield, leave (awaited)."""
+    """One job's place in its group: acquire, yield, leave (awaited).
+
+    As the blocking Job: a task renews the lease only when it must, and while
+    a turn is held another task listens to its watch, keeping
+    ``Turn.should_yield`` current and setting ``yield_requested``."""
 
     def __init__(self, client: Client, ref: protocol.JobRef) -> None:
         self._client = client
         self._stub = client._stub
         self.ref = ref
-        self._heartbeats = asyncio.get_running_loop().create_task(self._beat())
+        loop = asyncio.get_running_loop()
+        self._lease = protocol.LeaseClock(ref.lease_seconds, ref.idle_lease_seconds, loop.time())
+        self._wake = asyncio.Event()
+        # Set while the turn held is asked to yield; cleared at every acquire.
+        self.yield_requested = asyncio.Event()
+        self._turn: protocol.Turn | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._heartbeats = loop.create_task(self._renew())
 
-    async def _beat(self) -> None:
+    async def _send(
+        self, method: Callable[..., Awaitable[Response]], request: object, **kwargs: object
+    ) -> Response:
+        response = await self._client._call(method, request, **kwargs)
+        self._lease.sent(asyncio.get_running_loop().time())
+        return response
+
+    async def _renew(self) -> None:
+        clock = asyncio.get_running_loop().time
         while True:
-            await asyncio.sleep(self.ref.heartbeat_seconds)
+            wait = self._lease.due_in(clock())
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                self._wake.clear()
+                continue
             try:
-                await self._client._call(
+                beat = await self._send(
                     self._stub.Heartbeat,
                     self.ref.heartbeat_request(),
                     timeout=self.ref.heartbeat_seconds,
@@ -139,28 +165,78 @@ class Job(protocol.JobIdentity):
             except (Aborted, NotFound):
                 return
             except TimeshareError:
+                await asyncio.sleep(min(1.0, self.ref.heartbeat_seconds))
                 continue
+            if self._turn is not None and beat.should_yield and not self._turn.should_yield:
+                self._asked(self._turn)
 
     async def stop_heartbeats(self) -> None:
+        await self._end_watch()
         self._heartbeats.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._heartbeats
 
-    async def acquire(self, timeout: float | None = None) -> protocol.Turn:
-        request = self.ref.acquire_request(timeout)
+    def _asked(self, turn: protocol.Turn) -> None:
+        turn._yield_requested = True
+        if turn is self._turn:
+            self.yield_requested.set()
+
+    async def _listen(self, turn: protocol.Turn) -> None:
+        """The turn's watch, opened again if it breaks, until the turn ends."""
+        request = self.ref.watch_request(turn)
+        transport = self._client._transport
+        while True:
+            try:
+                with client_span(self._stub.WatchTurn, transport.metadata) as metadata:
+                    async for notice in self._stub.WatchTurn(request, metadata=metadata):
+                        asked, contended = protocol.apply_notice(turn, self._lease, notice)
+                        if contended:
+                            self._wake.set()
+                        if asked:
+                            self._asked(turn)
+            except grpc.RpcError as error:
+                code = error.code() if isinstance(error, grpc.aio.AioRpcError) else None
+                if code == grpc.StatusCode.UNIMPLEMENTED:
+                    self._lease.idle_lease_seconds = 0.0  # an older gateway: heartbeat
+                    self._wake.set()
+                    return
+            await asyncio.sleep(protocol.WATCH_RETRY_SECONDS)
+
+    async def _end_watch(self) -> None:
+        watch, self._watch = self._watch, None
+        self._lease.contended = False
+        if watch is not None:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+
+    async def acquire(self, timeout: float | None = None, phase: str = "") -> protocol.Turn:
+        request = self.ref.acquire_request(timeout, phase)
         clock = asyncio.get_running_loop().time
         deadline = protocol.AcquireDeadline(timeout, clock())
-        while True:
-            rpc_timeout = deadline.rpc_timeout(clock())
-            try:
-                return self.ref.granted(
-                    await self._client._call(self._stub.Acquire, request, timeout=rpc_timeout)
-                )
-            except Unavailable:
-                deadline.check_retry(self.name, clock())
-                await asyncio.sleep(protocol.RETRY_PAUSE_SECONDS)
+        self._lease.acquiring += 1
+        try:
+            while True:
+                rpc_timeout = deadline.rpc_timeout(clock())
+                try:
+                    response = await self._send(self._stub.Acquire, request, timeout=rpc_timeout)
+                    break
+                except Unavailable:
+                    deadline.check_retry(self.name, clock())
+                    await asyncio.sleep(protocol.RETRY_PAUSE_SECONDS)
+        finally:
+            self._lease.acquiring -= 1
+        turn = self.ref.granted(response)
+        await self._end_watch()
+        self._turn = turn
+        self.yield_requested.clear()
+        if not self._lease.legacy:
+            self._watch = asyncio.get_running_loop().create_task(self._listen(turn))
+        return turn
 
     async def yield_(self) -> float:
+        await self._end_watch()
+        self._turn = None
         try:
             response = await self._client._call_idempotent(
                 self._stub.Yield, self.ref.yield_request()
@@ -168,27 +244,56 @@ class Job(protocol.JobIdentity):
         except Aborted:
             self.ref.yielded()
             raise
+        self._lease.sent(asyncio.get_running_loop().time())
         self.ref.yielded()
         return response.held_seconds
 
     release = yield_
 
     @asynccontextmanager
-    async def turn(self, timeout: float | None = None) -> AsyncIterator[protocol.Turn]:
-        granted = await self.acquire(timeout)
+    async def turn(
+        self, timeout: float | None = None, phase: str = ""
+    ) -> AsyncIterator[protocol.Turn]:
+        granted = await self.acquire(timeout, phase)
         try:
             yield granted
         finally:
             await self.yield_()
 
     async def heartbeat(self) -> pb.HeartbeatResponse:
-        return await self._client._call(self._stub.Heartbeat, self.ref.heartbeat_request())
+        return await self._send(self._stub.Heartbeat, self.ref.heartbeat_request())
 
     async def leave(self) -> None:
         await self.stop_heartbeats()
         await self._client._call_idempotent(self._stub.Leave, self.ref.leave_request())
         self.ref.yielded()
         self._client._forget(self)
+
+
+def acquire_all(
+    jobs: Sequence[Job], timeout: float | None = None, phase: str = ""
+) -> AbstractAsyncContextManager[list[protocol.Turn]]:
+    """The asyncio twin of ``timeshare.acquire_all``: all the jobs' turns, taken
+    in the one order every caller uses, given back in reverse."""
+    return _held_together(protocol.acquisition_order(jobs), list(jobs), timeout, phase)
+
+
+@asynccontextmanager
+async def _held_together(
+    ordered: list[Job], given: list[Job], timeout: float | None, phase: str
+) -> AsyncIterator[list[protocol.Turn]]:
+    clock = asyncio.get_running_loop().time
+    deadline = None if timeout is None else clock() + timeout
+    held: list[tuple[Job, protocol.Turn]] = []
+    try:
+        for job in ordered:
+            left = None if deadline is None else max(0.0, deadline - clock())
+            held.append((job, await job.acquire(left, phase)))
+        turns = dict(held)
+        yield [turns[job] for job in given]
+    finally:
+        for job, _ in reversed(held):
+            await job.yield_()
 
 
 def connect(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
@@ -57,14 +57,17 @@ class Client:
         nodes: list[str] | None = None,
         policy: GroupPolicy | None = None,
         register: bool = False,
+        weight: float = 1.0,
+        priority: int = 0,
     ) -> Job:
         """Join ``group`` as ``job`` (defaults: TIMESHARE_GROUP, TIMESHARE_JOB); ``nodes``
         defaults to TIMESHARE_NODES, else the only node. ``policy`` applies if this join
-        creates the group. The handle keeps the job's lease alive from a background thread
-        until ``leave()`` or ``close()``.
+        creates the group. ``weight`` scales the job's fair share of GPU time; a higher
+        ``priority`` goes first. The handle keeps the job's lease alive from a background
+        thread until ``leave()`` or ``close()``.
         ``register=True`` also registers this process with the local agent: only for a
         process that both uses the GPU and asks for turns (see register_process)."""
-        request = protocol.join_request(group, job, nodes, policy)
+        request = protocol.join_request(group, job, nodes, policy, weight, priority)
         if register:
             register_process(request.group, request.job)
         handle = Job(self, protocol.job_ref(request, self._call(self._stub.Join, request)))
@@ -123,22 +126,42 @@ class Client:
 
 
 class Job(protocol.JobIdentity):
-    """One job's place in its group: acquire, yield, leave."""
+    """One job's place in its group: acquire, yield, leave.
+
+    A background thread renews the job's lease only when it must (see
+    protocol.LeaseClock): every message renews it, so a job that takes turns
+    sends nothing more. While the job holds a turn, a second thread listens to
+    the turn's watch, which keeps ``Turn.should_yield`` current and calls the
+    ``on_should_yield`` callbacks."""
 
     def __init__(self, client: Client, ref: protocol.JobRef) -> None:
         self._client = client
         self._stub = client._stub
         self.ref = ref
+        self._lease = protocol.LeaseClock(ref.lease_seconds, ref.idle_lease_seconds, _now())
         self._stopped = threading.Event()
-        self._heartbeats = threading.Thread(
-            target=self._beat, name=f"timeshare-heartbeat-{ref.job}", daemon=True
+        self._wake = threading.Event()
+        self._callbacks: list[Callable[[protocol.Turn], None]] = []
+        self._watch: _TurnWatch | None = None
+        self._renewals = threading.Thread(
+            target=self._renew, name=f"timeshare-lease-{ref.job}", daemon=True
         )
-        self._heartbeats.start()
+        self._renewals.start()
 
-    def _beat(self) -> None:
-        while not self._stopped.wait(self.ref.heartbeat_seconds):
+    def _send(self, method: Callable[..., Response], request: object, **kwargs: object) -> Response:
+        response = self._client._call(method, request, **kwargs)
+        self._lease.sent(_now())
+        return response
+
+    def _renew(self) -> None:
+        while not self._stopped.is_set():
+            wait = self._lease.due_in(_now())
+            if wait > 0:
+                self._wake.wait(wait)
+                self._wake.clear()
+                continue
             try:
-                self._client._call(
+                beat = self._send(
                     self._stub.Heartbeat,
                     self.ref.heartbeat_request(),
                     timeout=self.ref.heartbeat_seconds,
@@ -146,56 +169,187 @@ class Job(protocol.JobIdentity):
             except (Aborted, NotFound):
                 return  # evicted or gone: the job's next call says why
             except (TimeshareError, ValueError):
-                continue  # a missed beat (or a closing channel); the lease allows for some
+                # A missed renewal (or a closing channel); the lease allows for some.
+                self._stopped.wait(min(1.0, self.ref.heartbeat_seconds))
+                continue
+            watch = self._watch
+            if watch is not None and beat.should_yield and not watch.turn.should_yield:
+                self._asked(watch.turn)
 
     def stop_heartbeats(self) -> None:
         self._stopped.set()
-        if self._heartbeats is not threading.current_thread():
-            self._heartbeats.join(timeout=self.ref.heartbeat_seconds + 1)
+        self._wake.set()
+        self._end_watch()
+        if self._renewals is not threading.current_thread():
+            self._renewals.join(timeout=self.ref.heartbeat_seconds + 1)
 
-    def acquire(self, timeout: float | None = None) -> protocol.Turn:
-        """Block until this job holds the group's GPUs; its state is back on its nodes."""
-        request = self.ref.acquire_request(timeout)
+    def on_should_yield(self, callback: Callable[[protocol.Turn], None]) -> None:
+        """Call ``callback(turn)`` (from a background thread) when the group asks
+        for the turn back. Keep it short: set a flag the training loop checks."""
+        self._callbacks.append(callback)
+
+    def _asked(self, turn: protocol.Turn) -> None:
+        turn._yield_requested = True
+        for callback in list(self._callbacks):
+            callback(turn)
+
+    def _noticed(self, turn: protocol.Turn, notice: pb.TurnNotice) -> None:
+        asked, contended = protocol.apply_notice(turn, self._lease, notice)
+        if contended:
+            self._wake.set()  # renew now, then every third of the lease
+        if asked:
+            self._asked(turn)
+
+    def acquire(self, timeout: float | None = None, phase: str = "") -> protocol.Turn:
+        """Block until this job holds the group's GPUs; its state is back on its nodes.
+        ``phase`` ("rollout", "train") names what the turn is for."""
+        request = self.ref.acquire_request(timeout, phase)
         deadline = protocol.AcquireDeadline(timeout, time.monotonic())
-        while True:
-            rpc_timeout = deadline.rpc_timeout(time.monotonic())
-            try:
-                return self.ref.granted(
-                    self._client._call(self._stub.Acquire, request, timeout=rpc_timeout)
-                )
-            except Unavailable:
-                deadline.check_retry(self.name, time.monotonic())
-                time.sleep(protocol.RETRY_PAUSE_SECONDS)
+        self._lease.acquiring += 1
+        try:
+            while True:
+                rpc_timeout = deadline.rpc_timeout(time.monotonic())
+                try:
+                    response = self._send(self._stub.Acquire, request, timeout=rpc_timeout)
+                    break
+                except Unavailable:
+                    deadline.check_retry(self.name, time.monotonic())
+                    time.sleep(protocol.RETRY_PAUSE_SECONDS)
+        finally:
+            self._lease.acquiring -= 1
+        turn = self.ref.granted(response)
+        self._start_watch(turn)
+        return turn
+
+    def _start_watch(self, turn: protocol.Turn) -> None:
+        self._end_watch()
+        if not self._lease.legacy:
+            self._watch = _TurnWatch(self, turn)
+            self._watch.start()
+        else:
+            self._watch = _TurnWatch(self, turn, listen=False)
+
+    def _end_watch(self) -> None:
+        watch, self._watch = self._watch, None
+        self._lease.contended = False
+        if watch is not None:
+            watch.stop()
 
     def yield_(self) -> float:
         """Give the GPUs back; returns the seconds this turn was held."""
+        self._end_watch()
         try:
             response = self._client._call_idempotent(self._stub.Yield, self.ref.yield_request())
         except Aborted:
             self.ref.yielded()  # evicted: there is no turn left to give back
             raise
+        self._lease.sent(_now())
         self.ref.yielded()
         return response.held_seconds
 
     release = yield_
 
     @contextmanager
-    def turn(self, timeout: float | None = None) -> Iterator[protocol.Turn]:
+    def turn(self, timeout: float | None = None, phase: str = "") -> Iterator[protocol.Turn]:
         """``with job.turn(): trainer.step()`` — acquire, then always yield."""
-        granted = self.acquire(timeout)
+        granted = self.acquire(timeout, phase)
         try:
             yield granted
         finally:
             self.yield_()
 
     def heartbeat(self) -> pb.HeartbeatResponse:
-        return self._client._call(self._stub.Heartbeat, self.ref.heartbeat_request())
+        return self._send(self._stub.Heartbeat, self.ref.heartbeat_request())
 
     def leave(self) -> None:
         self.stop_heartbeats()
         self._client._call_idempotent(self._stub.Leave, self.ref.leave_request())
         self.ref.yielded()
         self._client._forget(self)
+
+
+class _TurnWatch:
+    """Listens to one turn's watch stream in a thread of its own, opening it
+    again if it breaks (a gateway restart) for as long as the turn is held."""
+
+    def __init__(self, job: Job, turn: protocol.Turn, listen: bool = True) -> None:
+        self.job, self.turn = job, turn
+        self._done = threading.Event()
+        self._call: grpc.RpcContext | None = None
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(
+            target=self._listen, name=f"timeshare-watch-{job.name}", daemon=True
+        )
+        if not listen:
+            self._done.set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _listen(self) -> None:
+        client = self.job._client
+        request = self.job.ref.watch_request(self.turn)
+        while not self._done.is_set():
+            try:
+                with client_span(self.job._stub.WatchTurn, client._transport.metadata) as metadata:
+                    stream = self.job._stub.WatchTurn(request, metadata=metadata)
+                    with self._lock:
+                        if self._done.is_set():
+                            stream.cancel()
+                            return
+                        self._call = stream
+                    for notice in stream:
+                        self.job._noticed(self.turn, notice)
+            except grpc.RpcError as error:
+                if self._done.is_set() or error.code() == grpc.StatusCode.CANCELLED:
+                    return
+                if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    # A gateway from before watches: heartbeat as it expects.
+                    self.job._lease.idle_lease_seconds = 0.0
+                    self.job._wake.set()
+                    return
+            self._done.wait(protocol.WATCH_RETRY_SECONDS)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._done.set()
+            if self._call is not None:
+                self._call.cancel()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+
+def acquire_all(
+    jobs: Sequence[Job], timeout: float | None = None, phase: str = ""
+) -> AbstractContextManager[list[protocol.Turn]]:
+    """Hold several groups at once (a weight sync between a trainer's and a
+    sampler's pools): ``with timeshare.acquire_all([trainer, sampler]) as turns:``.
+    Waits until it holds every job's turn, taking the groups in the one order
+    every caller uses (by group name), so no two callers can deadlock however
+    they list their jobs; gives the turns back in the reverse order. Turns are
+    in the order of ``jobs``."""
+    return _held_together(protocol.acquisition_order(jobs), list(jobs), timeout, phase)
+
+
+@contextmanager
+def _held_together(
+    ordered: list[Job], given: list[Job], timeout: float | None, phase: str
+) -> Iterator[list[protocol.Turn]]:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    held: list[tuple[Job, protocol.Turn]] = []
+    try:
+        for job in ordered:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            held.append((job, job.acquire(left, phase)))
+        turns = dict(held)
+        yield [turns[job] for job in given]
+    finally:
+        for job, _ in reversed(held):
+            job.yield_()
+
+
+def _now() -> float:
+    return time.monotonic()
 
 
 def connect(

@@ -81,6 +81,11 @@ _BY_CODE: dict[str, type[TimeshareError]] = {
 }
 
 
+def class_for_code(code: str) -> type[TimeshareError] | None:
+    """The class of the error with gRPC status name ``code`` ("ABORTED"), if any."""
+    return _BY_CODE.get(code)
+
+
 def from_rpc_error(error: grpc.RpcError, address: str) -> TimeshareError:
     # Both grpc.Call (sync) and grpc.aio.AioRpcError carry code() and details().
     code_of = getattr(error, "code", None)

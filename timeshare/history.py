@@ -24,6 +24,8 @@ class TurnRecord(BaseModel):
     switch_seconds: float = 0.0
     # Why the turn ended if not by the job's own yield: "preempted", "evicted", "left".
     ended_by: str = ""
+    # What the job said it would do with the turn.
+    phase: str = ""
 
 
 class SwitchRecord(BaseModel):

@@ -39,12 +39,13 @@ BYTES_MOVED = _meter.create_counter(
 PHASES = frozenset({"checkpoint", "restore", "lock", "unlock"})
 
 
-def record_grant(group: str, job: str, waited_seconds: float) -> None:
-    ACQUIRE_WAIT.record(waited_seconds, {"group": group, "job": job})
+def record_grant(group: str, job: str, waited_seconds: float, phase: str = "") -> None:
+    """``phase``: what the job asked the turn for ("" where it named none)."""
+    ACQUIRE_WAIT.record(waited_seconds, {"group": group, "job": job, "phase": phase})
 
 
-def record_turn(group: str, job: str, held_seconds: float) -> None:
-    TURN_DURATION.record(held_seconds, {"group": group, "job": job})
+def record_turn(group: str, job: str, held_seconds: float, phase: str = "") -> None:
+    TURN_DURATION.record(held_seconds, {"group": group, "job": job, "phase": phase})
 
 
 def record_switch(group: str, output: SwitchOutput) -> None:

@@ -9,21 +9,30 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 GroupStateName = Literal["idle", "held", "switching", "degraded", "paused"]
 # auto: a job that yields stays on the device, locked, while the next job's
 # state fits beside it (the node agent decides, from its backend's memory
 # figures); off: every switch checkpoints the job that yielded.
 CoResidency = Literal["auto", "off"]
+# fair: the next turn goes to the waiter with the least GPU time for its weight;
+# fifo: to the first that asked. Either within a priority (see docs/user-guide.md).
+Ordering = Literal["fair", "fifo"]
+PHASE_MAX_CHARS = 63
+PRIORITY_LIMIT = 1000
 MAX_GPUS_PER_NODE = 256
 
 
 class GroupPolicy(BaseModel):
     """Per-group settings, fixed when the group is created by its first Join."""
 
-    # A job that sends nothing (heartbeats included) for this long is evicted.
+    # A holder that others wait for and that sends nothing (the client's
+    # renewals included) for this long is evicted, and the turn moves on.
     lease_seconds: float = Field(default=30.0, ge=1.0, le=86400.0)
+    # Any other member (idle, waiting, or holding with nobody waiting) that
+    # sends nothing for this long is dropped; the client renews at a third.
+    idle_lease_seconds: float = Field(default=3600.0, ge=1.0, le=7 * 86400.0)
     # With others waiting, a turn longer than this is asked to yield; 0 = no limit.
     max_turn_seconds: float = Field(default=0.0, ge=0.0, le=7 * 86400.0)
     # How long a holder asked to yield has before it is preempted.
@@ -33,6 +42,19 @@ class GroupPolicy(BaseModel):
     # Continue as new after this many grants even if Temporal does not ask; 0 = only when asked.
     continue_as_new_every: int = Field(default=0, ge=0)
     co_residency: CoResidency = "auto"
+    ordering: Ordering = "fair"
+    # Fair share remembers at most this much unused GPU time (per unit of
+    # weight) for a job that comes back after a while away.
+    fair_credit_seconds: float = Field(default=60.0, ge=0.0, le=86400.0)
+    # Waiting this long raises a waiter's priority by one, again and again
+    # (0: never), so no one starves behind higher priorities.
+    aging_seconds: float = Field(default=0.0, ge=0.0, le=7 * 86400.0)
+    # Added to the job's priority for a request of that phase ("train": 1).
+    phase_priority: dict[str, int] = Field(default_factory=dict, max_length=64)
+    # A waiter that outranks the holder asks it to yield at once, and after
+    # this long preempts it (0: never).
+    preempt_lower_after_seconds: float = Field(default=0.0, ge=0.0, le=86400.0)
+
     # The GPU indices the group's jobs use on each of their nodes; empty: all
     # of them. A GPU belongs to one group at a time (checked at join).
     gpus: list[int] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE)
@@ -46,17 +68,38 @@ class GroupPolicy(BaseModel):
             raise ValueError(f"{gpus} names a GPU twice")
         return sorted(gpus)
 
+    @model_validator(mode="after")
+    def _consistent(self) -> GroupPolicy:
+        if self.idle_lease_seconds < self.lease_seconds:
+            raise ValueError("idle_lease_seconds must be at least lease_seconds")
+        for phase, bonus in self.phase_priority.items():
+            check_phase(phase)
+            if abs(bonus) > PRIORITY_LIMIT:
+                raise ValueError(f"phase_priority[{phase!r}] must be within ±{PRIORITY_LIMIT}")
+        return self
+
+
+def check_phase(phase: str) -> str:
+    """A phase is free text, but short and printable (it names metrics series)."""
+    if len(phase) > PHASE_MAX_CHARS or not phase.isprintable():
+        raise ValueError(f"phase: at most {PHASE_MAX_CHARS} printable characters, got {phase!r}")
+    return phase
+
 
 class JoinInput(BaseModel):
     job: str
     nodes: list[str]
     token_hash: str
+    # Fair share counts GPU time divided by weight; priority goes first.
+    weight: float = Field(default=1.0, gt=0.0, le=1000.0)
+    priority: int = Field(default=0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)
 
 
 class JoinOutput(BaseModel):
     created: bool
     nodes: list[str]
     lease_seconds: float = 30.0
+    idle_lease_seconds: float = 0.0
 
 
 class AcquireInput(BaseModel):
@@ -69,6 +112,9 @@ class AcquireInput(BaseModel):
     trace_context: dict[str, str] = Field(default_factory=dict)
     # Names the gateway call waiting for this request (see CancelAcquireInput).
     call_id: str = ""
+    # What the job will do with the turn ("rollout", "train"): recorded, and
+    # weighed by the group's phase_priority.
+    phase: str = ""
 
 
 class Grant(BaseModel):
@@ -85,6 +131,7 @@ class Grant(BaseModel):
     resumes_epoch: int = 0
     # The job's state was brought back from host memory for this turn.
     context_restored: bool = False
+    phase: str = ""
 
 
 class AcquireResult(BaseModel):
@@ -102,6 +149,8 @@ class YieldInput(BaseModel):
 
 class YieldOutput(BaseModel):
     held_seconds: float
+    # The phase of the turn given back.
+    phase: str = ""
 
 
 class JobInput(BaseModel):
@@ -142,6 +191,10 @@ class JobStatus(BaseModel):
     held_seconds: float
     preempted: bool = False
     last_seen: float = 0.0
+    weight: float = 1.0
+    priority: int = 0
+    # GPU-seconds divided by weight, as fair share counts them.
+    share_seconds: float = 0.0
 
 
 class GroupStatus(BaseModel):
@@ -167,6 +220,9 @@ class GroupStatus(BaseModel):
     state_since: float = 0.0
     # The job a switch under way is bringing in.
     switching_to: str = ""
+    # The phase the holder named for its turn, and whether it is asked to yield.
+    holder_phase: str = ""
+    yield_requested: bool = False
 
 
 class NodeMove(BaseModel):

@@ -251,7 +251,8 @@ def _job_lane(name: str, turns: list[TurnRecord], origin: float, captured_at: fl
                 )
             )
         end = _turn_end(turn, captured_at) - origin
-        held = f"{name} turn {turn.epoch}: {end - granted:.3f} s, {_outcome(turn)}"
+        phase = f" ({turn.phase})" if turn.phase else ""
+        held = f"{name} turn {turn.epoch}{phase}: {end - granted:.3f} s, {_outcome(turn)}"
         lane.segments.append(Segment(granted, end, TURN, name, held))
     return lane
 

@@ -24,7 +24,7 @@ def groups_table(groups: Sequence[GroupStatus]) -> str:
         [
             g.group,
             g.state + (f" ({g.degraded_cause})" if g.degraded_cause else ""),
-            g.holder or "-",
+            holder_label(g),
             str(g.epoch),
             ", ".join(g.queue) or "-",
             ", ".join(f"{node}={job}" for node, job in g.resident.items()) or "-",
@@ -37,12 +37,41 @@ def groups_table(groups: Sequence[GroupStatus]) -> str:
     return table(headers, rows)
 
 
+def holder_label(group: GroupStatus) -> str:
+    """The holder, what it holds the turn for, and whether it is asked to yield."""
+    if not group.holder:
+        return "-"
+    phase = f" ({group.holder_phase})" if group.holder_phase else ""
+    return group.holder + phase + (", asked to yield" if group.yield_requested else "")
+
+
+def policy_line(group: GroupStatus) -> str:
+    p = group.policy
+    parts = [f"ordering {p.ordering}"]
+    if p.phase_priority:
+        bonuses = ", ".join(
+            f"{phase} {bonus:+d}" for phase, bonus in sorted(p.phase_priority.items())
+        )
+        parts.append(f"phase priority {bonuses}")
+    if p.aging_seconds:
+        parts.append(f"aging every {p.aging_seconds:g} s")
+    if p.preempt_lower_after_seconds:
+        parts.append(f"preempts lower priority after {p.preempt_lower_after_seconds:g} s")
+    if p.max_turn_seconds:
+        parts.append(f"turn limit {p.max_turn_seconds:g} s (+{p.preempt_grace_seconds:g} s grace)")
+    parts.append(f"lease {p.lease_seconds:g} s while others wait, {p.idle_lease_seconds:g} s idle")
+    return "policy: " + "; ".join(parts)
+
+
 def jobs_table(group: GroupStatus) -> str:
     now = time.time()
     rows = [
         [
             j.job + (" (preempted)" if j.preempted else ""),
             ",".join(j.nodes),
+            str(j.priority),
+            f"{j.weight:g}",
+            f"{j.share_seconds:.1f}",
             str(j.turns),
             f"{j.waited_seconds:.1f}",
             f"{j.held_seconds:.1f}",
@@ -50,7 +79,8 @@ def jobs_table(group: GroupStatus) -> str:
         ]
         for j in group.jobs
     ]
-    headers = ["job", "nodes", "turns", "waited s", "held s", "last heard"]
+    headers = ["job", "nodes", "priority", "weight", "share s", "turns", "waited s", "held s",
+               "last heard"]  # fmt: skip
     return table(headers, rows)
 
 
@@ -102,6 +132,7 @@ def print_status(address: str | None, group: str | None) -> int:
     print(groups_table(groups) if groups else "no groups yet")
     if group:
         print()
+        print(policy_line(groups[0]))
         print(jobs_table(groups[0]))
     print()
     print(nodes_table(nodes) if nodes else "no node agents have announced themselves")

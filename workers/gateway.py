@@ -9,6 +9,7 @@ import hashlib
 import secrets
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -64,6 +65,7 @@ from timeshare.workers.llmd_compat import (
 from timeshare.workers.service import StartupError, connect_temporal, ready
 from timeshare.workers.telemetry import Telemetry
 from timeshare.workers.temporal_settings import TemporalSettings
+from timeshare.workers.turn_watch import GroupNotFound, TurnWatches
 from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.registry import ClaimInput, NodeRegistryWorkflow, UnclaimInput
 
@@ -85,6 +87,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         self._access = access or Access(None)
         self._max_groups = max_groups
         self._background: set[asyncio.Task[None]] = set()
+        self._watches = TurnWatches(client)
 
     def _group(self, group: str) -> GroupHandle:
         return group_handle(self._client, convert.name("group", group))
@@ -103,7 +106,13 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         claim = ClaimInput(group=group, job=job, nodes=nodes, gpus=gpus)
         await within(MESSAGE_SECONDS, claim_gpus(self._client, claim, time.time()))
         token = secrets.token_urlsafe(32)
-        message = JoinInput(job=job, nodes=nodes, token_hash=token_hash(token))
+        message = JoinInput(
+            job=job,
+            nodes=nodes,
+            token_hash=token_hash(token),
+            weight=convert.weight(request.weight),
+            priority=convert.priority(request.priority),
+        )
         try:
             joined = await within(MESSAGE_SECONDS, join_group(self._client, group, message, policy))
         except BaseException:
@@ -115,6 +124,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
             nodes=joined.nodes,
             created=joined.created,
             lease_seconds=joined.lease_seconds,
+            idle_lease_seconds=joined.idle_lease_seconds,
         )
 
     async def _check_room_for(self, group: str) -> None:
@@ -154,16 +164,46 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
             timeout_seconds=convert.acquire_timeout(
                 request.timeout_seconds, context.time_remaining()
             ),
+            phase=convert.phase(request.phase),
         )
         grant = await acquire_or_withdraw(handle, message, self._background)
-        record_grant(request.group, message.job, grant.waited_seconds)
+        record_grant(request.group, message.job, grant.waited_seconds, grant.phase)
         return pb.AcquireResponse(
             epoch=grant.resumes_epoch or grant.epoch,
             ticket=grant.ticket,
             waited_seconds=grant.waited_seconds,
             switch_seconds=grant.switch_seconds,
             granted_at=grant.granted_at,
+            phase=grant.phase,
         )
+
+    async def WatchTurn(
+        self, request: pb.WatchTurnRequest, context: Context
+    ) -> AsyncIterator[pb.TurnNotice]:
+        # A stream: the @rpc wrapper serves unary calls only, so the
+        # refusals are reported here. The watch shows no more than GetGroup
+        # does, so the gateway's own caller check is the check.
+        try:
+            self._access.require(context, request.group)
+            group = convert.name("group", request.group)
+            job = convert.name("job", request.job)
+        except (InvalidRequest, AccessDenied) as error:
+            code = (
+                error.code if isinstance(error, AccessDenied) else grpc.StatusCode.INVALID_ARGUMENT
+            )
+            await context.abort(code, str(error))
+        try:
+            async for notice in self._watches.notices(group, job, request.epoch):
+                yield notice
+        except GroupNotFound:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"group {group!r} does not exist; Join creates it"
+            )
+        except RPCError as error:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"Temporal refused the watch ({error.status.name}: {error.message}); retry",
+            )
 
     @rpc
     async def Yield(self, request: pb.YieldRequest, context: Context) -> pb.YieldResponse:
@@ -177,7 +217,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         result = await within(
             MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.yield_turn, message)
         )
-        record_turn(request.group, message.job, result.held_seconds)
+        record_turn(request.group, message.job, result.held_seconds, result.phase)
         return pb.YieldResponse(held_seconds=result.held_seconds)
 
     @rpc

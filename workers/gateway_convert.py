@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from timeshare._protocol import policy_fields
 from timeshare.history import GroupHistory
-from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
+from timeshare.models import PRIORITY_LIMIT, GroupPolicy, GroupStatus, NodeRecord, check_phase
 from timeshare.names import check_name
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.workers.gateway_errors import InvalidRequest
@@ -52,8 +52,30 @@ def reason(value: str) -> str:
     return value
 
 
+def phase(value: str) -> str:
+    try:
+        return check_phase(value)
+    except ValueError as error:
+        raise InvalidRequest(str(error)) from None
+
+
+def weight(value: float) -> float:
+    """0 (unset) is the default weight, 1."""
+    if value == 0:
+        return 1.0
+    if math.isnan(value) or not 0 < value <= 1000:
+        raise InvalidRequest(f"weight must be above 0 and at most 1000, got {value}")
+    return value
+
+
+def priority(value: int) -> int:
+    if abs(value) > PRIORITY_LIMIT:
+        raise InvalidRequest(f"priority must be within ±{PRIORITY_LIMIT}, got {value}")
+    return value
+
+
 def policy(message: pb.GroupPolicy) -> GroupPolicy:
-    """A policy from the wire: fields left at 0 (or "") keep their defaults."""
+    """A policy from the wire: fields left at 0 (or "", or empty) keep their defaults."""
     try:
         return GroupPolicy.model_validate(policy_fields(message))
     except ValidationError as error:
@@ -96,6 +118,9 @@ def group_status(status: GroupStatus) -> pb.GroupStatus:
                 held_seconds=job.held_seconds,
                 preempted=job.preempted,
                 last_seen=job.last_seen,
+                weight=job.weight,
+                priority=job.priority,
+                share_seconds=job.share_seconds,
             )
             for job in status.jobs
         ],
@@ -109,6 +134,8 @@ def group_status(status: GroupStatus) -> pb.GroupStatus:
         policy=pb.GroupPolicy(**status.policy.model_dump()),
         preemptions=status.preemptions,
         evictions=status.evictions,
+        holder_phase=status.holder_phase,
+        yield_requested=status.yield_requested,
     )
 
 

@@ -187,7 +187,9 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
 
     async def _join(self, group: str, job: str, token_hash: str) -> None:
         nodes = await self._nodes_for(group)
-        policy = GroupPolicy(lease_seconds=self._settings.lease_seconds)
+        # llm-d's groups are FIFO, and its clients never renew a lease.
+        lease = self._settings.lease_seconds
+        policy = GroupPolicy(lease_seconds=lease, idle_lease_seconds=lease, ordering="fifo")
         message = JoinInput(job=job, nodes=nodes, token_hash=token_hash)
         await within(MESSAGE_SECONDS, join_group(self._client, group, message, policy))
 

@@ -43,10 +43,13 @@ with workflow.unsafe.imports_passed_through():
         SwitchPhase,
         YieldInput,
         YieldOutput,
+        check_phase,
     )
     from timeshare.names import node_task_queue
     from timeshare.refusals import Refusal
     from timeshare.workflows.group_state import (
+        RULES_LEGACY,
+        RULES_POLICIES,
         GroupState,
         StoredMove,
         StoredPolicy,
@@ -73,6 +76,14 @@ WHOLE_JOBS_PATCH = "timeshare-whole-job-switch"
 # processes of a job that left, nor evicted a job whose CUDA state FAILED.
 RELEASE_PATCH = "timeshare-release-left-jobs"
 FAILED_JOBS_PATCH = "timeshare-evict-failed-jobs"
+# Groups created from this change on decide by scheduling policies (fair
+# share, priorities, leases only for a holder others wait for); older groups
+# keep their rules (group_state.RULES_LEGACY) for as long as they run.
+POLICIES_PATCH = "timeshare-scheduling-policies"
+# One lease timer kept while the deadline it waits for is not later than the
+# group's next one, instead of a timer started and cancelled by every message:
+# two history events fewer per message.
+STEADY_TIMER_PATCH = "timeshare-steady-timer"
 
 
 class GroupInput(BaseModel):
@@ -104,7 +115,9 @@ class GroupWorkflow:
     @workflow.init
     def __init__(self, input: GroupInput) -> None:
         state = input.state or GroupState(
-            group=input.group, policy=StoredPolicy.stored(input.policy or GroupPolicy())
+            group=input.group,
+            policy=StoredPolicy.stored(input.policy or GroupPolicy()),
+            rules=RULES_POLICIES if workflow.patched(POLICIES_PATCH) else RULES_LEGACY,
         )
         self._queue = LockQueue(state)
         self._grants_at_start = state.grants
@@ -113,6 +126,11 @@ class GroupWorkflow:
         # Set just before continuing as new: waiting acquires return "ask again".
         self._closing = False
         self._visibility = GroupVisibility()
+        # The steady timer: when it rings, and whether it has.
+        self._steady = workflow.patched(STEADY_TIMER_PATCH)
+        self._timer: asyncio.Task[None] | None = None
+        self._timer_at = 0.0
+        self._rang = False
         # (job, node) releases under way in this run.
         self._releasing: set[tuple[str, str]] = set()
         self._release_tasks: set[asyncio.Task[None]] = set()
@@ -122,21 +140,44 @@ class GroupWorkflow:
         while True:
             self._release_left_jobs()
             self._publish()
-            deadline = self._queue.next_deadline()
-            timeout = None
-            if deadline is not None:
-                timeout = timedelta(seconds=max(0.001, deadline - self._now()))
+            deadline = self._queue.next_deadline(self._now())
             self._changed = False
-            with contextlib.suppress(TimeoutError):
+            if self._steady:
+                self._arm(deadline)
                 await workflow.wait_condition(
-                    lambda: self._changed or self._duty_due(), timeout=timeout
+                    lambda: self._changed or self._duty_due() or self._rang
                 )
+            else:
+                timeout = None
+                if deadline is not None:
+                    timeout = timedelta(seconds=max(0.001, deadline - self._now()))
+                with contextlib.suppress(TimeoutError):
+                    await workflow.wait_condition(
+                        lambda: self._changed or self._duty_due(), timeout=timeout
+                    )
             for event in self._queue.expire(self._now()):
                 workflow.logger.info("group %s: %s", input.group, event)
             if self._continue_as_new_due():
                 await self._continue_as_new(input.group)
             elif self._queue.needs_switch():
                 await self._switch()
+
+    def _arm(self, deadline: float | None) -> None:
+        """Keep the timer that rings first at or before ``deadline``; a timer
+        that rings early only makes the loop look again."""
+        running = self._timer is not None and not self._timer.done()
+        if not running:
+            self._rang = False
+        if deadline is None or (running and self._timer_at <= deadline):
+            return
+        if self._timer is not None and running:
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = asyncio.get_running_loop().create_task(self._ring(deadline))
+
+    async def _ring(self, at: float) -> None:
+        await workflow.sleep(timedelta(seconds=max(0.001, at - self._now())))
+        self._rang = True
 
     def _duty_due(self) -> bool:
         return (
@@ -223,7 +264,11 @@ class GroupWorkflow:
         return workflow.now().timestamp()
 
     def _publish(self) -> None:
-        self._visibility.publish(self._queue.status())
+        now = self._now()
+        self._visibility.publish(
+            self._queue.status(now),
+            self._queue.yield_requested_epoch(now) if self._queue.policies else None,
+        )
 
     def _mark_changed(self) -> None:
         self._changed = True
@@ -266,12 +311,22 @@ class GroupWorkflow:
     @workflow.update
     def join(self, input: JoinInput) -> JoinOutput:
         with self._handling("join"):
-            created = self._queue.join(input.job, input.nodes, input.token_hash, self._now())
+            created = self._queue.join(
+                input.job,
+                input.nodes,
+                input.token_hash,
+                self._now(),
+                weight=input.weight,
+                priority=input.priority,
+            )
             self._mark_changed()
+            policy = self._queue.state.policy
             return JoinOutput(
                 created=created,
                 nodes=input.nodes,
-                lease_seconds=self._queue.state.policy.lease_seconds,
+                lease_seconds=policy.lease_seconds,
+                # 0 tells the client to heartbeat as for the older rules.
+                idle_lease_seconds=policy.idle_lease if self._queue.policies else 0.0,
             )
 
     @join.validator
@@ -284,7 +339,7 @@ class GroupWorkflow:
         job, request_id = input.job, input.request_id
         with self._handling("acquire"):
             grant = self._queue.request(
-                job, request_id, self._now(), input.call_id, input.trace_context
+                job, request_id, self._now(), input.call_id, input.trace_context, input.phase
             )
             self._mark_changed()
         if grant is not None:
@@ -326,6 +381,10 @@ class GroupWorkflow:
         with self._handling("acquire"):
             self._queue.authenticate(input.job, input.token_hash)
             self._queue.check_acquire(input.job, input.request_id)
+            try:
+                check_phase(input.phase)
+            except ValueError as error:
+                raise QueueError(Refusal.INVALID_ARGUMENT, str(error)) from None
 
     @workflow.update
     def cancel_acquire(self, input: CancelAcquireInput) -> bool:
@@ -341,9 +400,11 @@ class GroupWorkflow:
     @workflow.update(name="yield")
     def yield_turn(self, input: YieldInput) -> YieldOutput:
         with self._handling("yield"):
+            turn = self._queue.state.turn
+            phase = turn.phase if turn is not None and turn.job == input.job else ""
             held = self._queue.release(input.job, input.epoch, self._now())
             self._mark_changed()
-            return YieldOutput(held_seconds=held)
+            return YieldOutput(held_seconds=held, phase=phase)
 
     @yield_turn.validator
     def _check_yield(self, input: YieldInput) -> None:
@@ -401,7 +462,7 @@ class GroupWorkflow:
 
     @workflow.query
     def status(self) -> GroupStatus:
-        return self._queue.status()
+        return self._queue.status(self._now())
 
     @workflow.query
     def history(self) -> GroupHistory:

@@ -22,8 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from timeshare.history import SwitchRecord, TurnRecord
 from timeshare.models import Grant, GroupPolicy, NodeMove
 
-# 2: the policy's GPUs, and the jobs whose agents have yet to release them.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 1
+# How the group decides: 1, the rules of groups created before scheduling
+# policies (FIFO, one lease for everyone, no yield requests on a timer); 2,
+# policies (docs/user-guide.md, "Policies"). A running group keeps its rules
+# across continue-as-new: an upgrade never changes them under it.
+RULES_LEGACY = 1
+RULES_POLICIES = 2
 Public = TypeVar("Public", bound=BaseModel)
 Stored = TypeVar("Stored", bound="StoredModel")
 
@@ -42,18 +47,37 @@ class StoredModel(BaseModel):
 
 
 class StoredPolicy(StoredModel):
-    """GroupPolicy as the group keeps it (its checks ran when it was given)."""
+    """GroupPolicy as the group keeps it (its checks ran when it was given).
+    Where a default differs from GroupPolicy's, it is what a state written
+    before the field existed means (LEGACY_DEFAULTS)."""
 
     lease_seconds: float = 30.0
+    # None: as long as lease_seconds (groups from before idle leases).
+    idle_lease_seconds: float | None = None
     max_turn_seconds: float = 0.0
     preempt_grace_seconds: float = 10.0
     agent_timeout_seconds: float = 30.0
     continue_as_new_every: int = 0
     co_residency: Literal["auto", "off"] = "auto"
     gpus: list[int] = Field(default_factory=list)
+    ordering: Literal["fair", "fifo"] = "fifo"
+    fair_credit_seconds: float = 60.0
+    aging_seconds: float = 0.0
+    phase_priority: dict[str, int] = Field(default_factory=dict)
+    preempt_lower_after_seconds: float = 0.0
+
+    @property
+    def idle_lease(self) -> float:
+        return self.idle_lease_seconds or self.lease_seconds
 
     def as_policy(self) -> GroupPolicy:
-        return self.public(GroupPolicy)
+        fields = self.model_dump()
+        fields["idle_lease_seconds"] = self.idle_lease
+        return GroupPolicy.model_validate(fields)
+
+
+# StoredPolicy's defaults that differ from GroupPolicy's, on purpose.
+LEGACY_DEFAULTS = {"idle_lease_seconds", "ordering"}
 
 
 class StoredGrant(StoredModel):
@@ -68,6 +92,7 @@ class StoredGrant(StoredModel):
     switch_seconds: float
     resumes_epoch: int = 0
     context_restored: bool = False
+    phase: str = ""
 
     def as_grant(self) -> Grant:
         return self.public(Grant)
@@ -94,6 +119,7 @@ class StoredTurn(StoredModel):
     released_at: float = 0.0
     switch_seconds: float = 0.0
     ended_by: str = ""
+    phase: str = ""
 
     def as_record(self) -> TurnRecord:
         return self.public(TurnRecord)
@@ -127,6 +153,10 @@ class JobEntry(StoredModel):
     held_seconds: float = 0.0
     # Preempted by the turn limit: its turn is suspended and it waits to resume.
     preempted: bool = False
+    weight: float = 1.0
+    priority: int = 0
+    # GPU-seconds used divided by weight: fair ordering serves the least first.
+    share_seconds: float = 0.0
 
 
 class Waiter(StoredModel):
@@ -142,6 +172,7 @@ class Waiter(StoredModel):
     call_id: str = ""
     # Set for a preempted turn waiting to resume: the epoch the job holds.
     resumes_epoch: int = 0
+    phase: str = ""
 
 
 class SwitchPlan(StoredModel):
@@ -175,6 +206,7 @@ class GroupState(StoredModel):
     # Histories from before the schema had a number decode as version 1.
     schema_version: int = SCHEMA_VERSION
     group: str
+    rules: int = RULES_LEGACY
     policy: StoredPolicy = Field(default_factory=StoredPolicy)
     jobs: dict[str, JobEntry] = Field(default_factory=dict)
     queue: list[Waiter] = Field(default_factory=list)

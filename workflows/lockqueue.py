@@ -36,7 +36,9 @@ from typing import Any
 from timeshare.history import HISTORY_SWITCHES, HISTORY_TURNS, GroupHistory
 from timeshare.models import GroupStateName, GroupStatus, HeartbeatOutput, JobStatus
 from timeshare.refusals import Refusal
+from timeshare.workflows import ordering
 from timeshare.workflows.group_state import (
+    RULES_POLICIES,
     GroupState,
     JobEntry,
     StoredGrant,
@@ -94,6 +96,15 @@ class LockQueue:
 
     def __init__(self, state: GroupState) -> None:
         self.state = state
+        # The latest time the queue was told of: what a call without one
+        # (a status query) orders the waiters by.
+        self._clock = state.since
+
+    @property
+    def policies(self) -> bool:
+        """Whether the group decides by scheduling policies (rules 2) or as
+        groups created before them did (FIFO, one lease for all)."""
+        return self.state.rules >= RULES_POLICIES
 
     # -- membership -------------------------------------------------------
 
@@ -119,21 +130,41 @@ class LockQueue:
                 f"job {job!r} holds or waits for the turn; yield before changing its nodes",
             )
 
-    def join(self, job: str, nodes: list[str], token_hash: str, now: float) -> bool:
-        """Add or refresh a job; returns True when the job is new."""
+    def join(
+        self,
+        job: str,
+        nodes: list[str],
+        token_hash: str,
+        now: float,
+        weight: float = 1.0,
+        priority: int = 0,
+    ) -> bool:
+        """Add or refresh a job; returns True when the job is new. A newcomer's
+        share starts level with the least-served member's, so that it cannot
+        take the GPU for as long as the others have had it."""
         self.check_join(job, nodes)
+        self._clock = now
         self.state.evicted_jobs.pop(job, None)
         # Back before its agents let its processes go: they need not.
         self.state.releasing.pop(job, None)
         entry = self.state.jobs.get(job)
         if entry is None:
             self.state.jobs[job] = JobEntry(
-                nodes=list(nodes), token_hash=token_hash, joined_at=now, last_seen=now
+                nodes=list(nodes),
+                token_hash=token_hash,
+                joined_at=now,
+                last_seen=now,
+                weight=weight,
+                priority=priority,
+                share_seconds=ordering.level_share(
+                    e.share_seconds for e in self.state.jobs.values()
+                ),
             )
             return True
         entry.nodes = list(nodes)
         entry.token_hash = token_hash
         entry.last_seen = now
+        entry.weight, entry.priority = weight, priority
         return False
 
     def authenticate(self, job: str, token_hash: str) -> JobEntry:
@@ -205,11 +236,14 @@ class LockQueue:
         turn = self.state.turn
         entry = self.state.jobs[job]
         holding = (turn is not None and turn.job == job) or entry.preempted
+        asked = self.yield_requested_epoch(now)
         return HeartbeatOutput(
             holding=holding,
             epoch=self._epoch_known_to(job),
             waiting=len(self.state.queue),
-            should_yield=self._turn_limit_reached(now),
+            should_yield=(asked != 0 and turn is not None and turn.job == job)
+            if self.policies
+            else self._yield_due_reached(now),
             preempted=entry.preempted,
             lease_seconds=self.state.policy.lease_seconds,
         )
@@ -248,12 +282,14 @@ class LockQueue:
         now: float,
         call_id: str = "",
         trace_context: dict[str, str] | None = None,
+        phase: str = "",
     ) -> StoredGrant | None:
         """Queue an acquire (once per request_id); return its grant if it is granted now.
         ``call_id`` names the caller now waiting (a retry of the request takes it over)."""
         self.check_acquire(job, request_id)
         self.raise_if_aborted(request_id)
         self.touch(job, now)
+        self._clock = now
         if self.grant_for(job, request_id) is not None:
             self.state.turn_call_id = call_id
         elif self.is_waiting(job, request_id):
@@ -269,11 +305,28 @@ class LockQueue:
                     since=now,
                     call_id=call_id,
                     trace_context=dict(trace_context or {}),
+                    phase=phase,
                 )
             )
             self.state.next_ticket += 1
+            self._limit_banked_share(job)
             self._grant_ready(now)
         return self.grant_for(job, request_id)
+
+    def _limit_banked_share(self, job: str) -> None:
+        """A job that comes back after a while away (neither waiting nor
+        holding) keeps at most fair_credit_seconds of the share it did not
+        use, so it cannot take the GPU for as long as it was away."""
+        policy = self.state.policy
+        if not self.policies or policy.ordering != "fair":
+            return
+        turn = self.state.turn
+        active = {w.job for w in self.state.queue} | ({turn.job} if turn is not None else set())
+        others = [self.state.jobs[j].share_seconds for j in active - {job}]
+        if others:
+            entry = self.state.jobs[job]
+            floor = min(others) - policy.fair_credit_seconds
+            entry.share_seconds = max(entry.share_seconds, floor)
 
     def raise_if_aborted(self, request_id: str) -> None:
         reason = self.state.aborted_requests.get(request_id)
@@ -349,9 +402,7 @@ class LockQueue:
             self._grant_ready(now)
             return 0.0
         assert turn is not None
-        held = max(0.0, now - turn.granted_at)
-        if entry is not None:
-            entry.held_seconds += held
+        held = self._charge(job, turn, now) if entry is not None else 0.0
         self._end_turn(turn, now, "")
         self.state.turn = None
         self.state.since = now
@@ -360,33 +411,106 @@ class LockQueue:
 
     # -- timers ---------------------------------------------------------------
 
-    def next_deadline(self) -> float | None:
-        """When expire() next has something to do, if nothing else happens first."""
-        policy = self.state.policy
-        deadlines = [e.last_seen + policy.lease_seconds for e in self.state.jobs.values()]
-        due = self._yield_due_at()
-        if due is not None:
-            deadlines.append(due + policy.preempt_grace_seconds)
+    def next_deadline(self, now: float | None = None) -> float | None:
+        """When expire() next has something to do, or the holder is next asked
+        to yield, if nothing else happens first."""
+        deadlines = [deadline for _, deadline, _ in self._lease_deadlines()]
+        asked, preempt_at = self._yield_times()
+        if preempt_at is not None:
+            deadlines.append(preempt_at)
+        if self.policies and asked is not None and (now is None or asked > now):
+            deadlines.append(asked)  # the request to yield is published then
         return min(deadlines) if deadlines else None
 
     def expire(self, now: float) -> list[str]:
-        """Evict jobs whose lease ran out and preempt an over-long turn; say what was done."""
+        """Evict jobs whose lease ran out and preempt a holder past its time; say what was done."""
+        self._clock = max(self._clock, now)
         done = []
-        lease = self.state.policy.lease_seconds
-        for job, entry in list(self.state.jobs.items()):
-            if now - entry.last_seen >= lease:
-                self.evict(job, f"its lease expired (no heartbeat for {lease:g} s)", now)
-                done.append(f"evicted {job}: lease expired")
+        if not self.policies:
+            lease = self.state.policy.lease_seconds
+            for job, entry in list(self.state.jobs.items()):
+                if now - entry.last_seen >= lease:
+                    self.evict(job, f"its lease expired (no heartbeat for {lease:g} s)", now)
+                    done.append(f"evicted {job}: lease expired")
+        else:
+            for job, deadline, reason in self._lease_deadlines():
+                if now >= deadline and job in self.state.jobs:
+                    self.evict(job, reason, now)
+                    done.append(f"evicted {job}: {reason}")
         turn = self.state.turn
-        due = self._yield_due_at()
-        if (
-            turn is not None
-            and due is not None
-            and now >= due + self.state.policy.preempt_grace_seconds
-        ):
+        _, preempt_at = self._yield_times()
+        if turn is not None and preempt_at is not None and now >= preempt_at:
             self._preempt(turn, now)
             done.append(f"preempted {turn.job} after {now - turn.granted_at:.0f} s")
         return done
+
+    def yield_requested_epoch(self, now: float) -> int:
+        """The epoch whose holder is asked to yield now (0: none): others wait
+        past its turn limit, or a waiter outranks it."""
+        turn = self.state.turn
+        asked, _ = self._yield_times()
+        if turn is None or asked is None or now < asked:
+            return 0
+        return turn.resumes_epoch or turn.epoch
+
+    def _lease_deadlines(self) -> list[tuple[str, float, str]]:
+        """(job, when its lease runs out, why it would be evicted then). A
+        holder that others wait for must be heard from within lease_seconds
+        of their first request; everyone else within idle_lease_seconds.
+        (Groups from before policies: everyone within lease_seconds.)"""
+        policy = self.state.policy
+        if not self.policies:
+            reason = f"its lease expired (no heartbeat for {policy.lease_seconds:g} s)"
+            return [
+                (job, e.last_seen + policy.lease_seconds, reason)
+                for job, e in self.state.jobs.items()
+            ]
+        turn = self.state.turn
+        others = [w.since for w in self.state.queue if turn is not None and w.job != turn.job]
+        idle = f"it sent nothing for {policy.idle_lease:g} s"
+        held = (
+            f"it held the turn while others waited and sent nothing for {policy.lease_seconds:g} s"
+        )
+        deadlines = []
+        for job, entry in self.state.jobs.items():
+            deadline, reason = entry.last_seen + policy.idle_lease, idle
+            if turn is not None and turn.job == job and others:
+                contended = max(entry.last_seen, min(others)) + policy.lease_seconds
+                if contended < deadline:
+                    deadline, reason = contended, held
+            deadlines.append((job, deadline, reason))
+        return deadlines
+
+    def _yield_times(self) -> tuple[float | None, float | None]:
+        """When the holder is (or was) asked to yield, and when it is
+        preempted: the turn limit with others waiting, or a waiter that
+        outranks it (preempt_lower_after_seconds)."""
+        turn = self.state.turn
+        if turn is None:
+            return None, None
+        policy = self.state.policy
+        asked: list[float] = []
+        preempt: list[float] = []
+        limit_due = self._turn_limit_due()
+        if limit_due is not None:
+            asked.append(limit_due)
+            preempt.append(limit_due + policy.preempt_grace_seconds)
+        if self.policies and policy.preempt_lower_after_seconds > 0:
+            outranked = self._outranked_from(turn)
+            if outranked is not None:
+                asked.append(outranked)
+                preempt.append(outranked + policy.preempt_lower_after_seconds)
+        return min(asked, default=None), min(preempt, default=None)
+
+    def _outranked_from(self, turn: StoredGrant) -> float | None:
+        policy, jobs = self.state.policy, self.state.jobs
+        holder = ordering.holder_priority(jobs[turn.job], turn, policy)
+        times = [
+            ordering.outranks_holder_from(waiter, jobs[waiter.job], holder, policy)
+            for waiter in self._eligible()
+            if waiter.job != turn.job
+        ]
+        return min((t for t in times if t is not None), default=None)
 
     # -- operator controls ------------------------------------------------------
 
@@ -406,16 +530,13 @@ class LockQueue:
 
     def needs_switch(self) -> bool:
         """True when a waiter may go next but nodes must move first."""
-        return (
-            self.state.turn is None
-            and self.state.switching is None
-            and self._next_waiter() is not None
-        )
+        return self.state.turn is None and self.state.switching is None and bool(self._eligible())
 
     def begin_switch(self, now: float, whole_jobs: bool = True) -> SwitchPlan:
         """Plan the switch to the next waiter. ``whole_jobs`` False: plan as
         schedulers did before jobs left as a whole (for their histories)."""
-        waiter = self._next_waiter()
+        self._clock = max(self._clock, now)
+        waiter = self._next_waiter(now)
         if not self.needs_switch() or waiter is None:
             raise QueueError(Refusal.FAILED_PRECONDITION, "no switch is due")
         self.state.plans += 1
@@ -578,8 +699,12 @@ class LockQueue:
             switches=[s.as_record() for s in self.state.recent_switches],
         )
 
-    def status(self) -> GroupStatus:
+    def status(self, now: float | None = None) -> GroupStatus:
         s = self.state
+        when = self._clock if now is None else now
+        queue = (
+            ordering.in_grant_order(s.queue, s.jobs, s.policy, when) if self.policies else s.queue
+        )
         state: GroupStateName = "idle"
         if s.degraded_cause:
             state = "degraded"
@@ -594,7 +719,7 @@ class LockQueue:
             state=state,
             holder=s.turn.job if s.turn is not None else "",
             epoch=s.epoch,
-            queue=[w.job for w in s.queue],
+            queue=[w.job for w in queue],
             jobs=[
                 JobStatus(
                     job=name,
@@ -604,6 +729,9 @@ class LockQueue:
                     held_seconds=entry.held_seconds,
                     preempted=entry.preempted,
                     last_seen=entry.last_seen,
+                    weight=entry.weight,
+                    priority=entry.priority,
+                    share_seconds=entry.share_seconds,
                 )
                 for name, entry in sorted(s.jobs.items())
             ],
@@ -620,6 +748,8 @@ class LockQueue:
             runs=s.runs,
             state_since=s.since,
             switching_to=s.switching.waiter.job if s.switching is not None else "",
+            holder_phase=s.turn.phase if s.turn is not None else "",
+            yield_requested=self.policies and self.yield_requested_epoch(when) != 0,
         )
 
     # -- internals ------------------------------------------------------------
@@ -643,34 +773,54 @@ class LockQueue:
                 return waiter.resumes_epoch
         return 0
 
-    def _next_waiter(self) -> Waiter | None:
-        """The waiter that goes next: the first one whose nodes are not drained."""
+    def _eligible(self) -> list[Waiter]:
+        """The waiters that may go next: the group is not paused and none of
+        their nodes is drained; in arrival order."""
         if self.state.paused:
-            return None
+            return []
         drained = set(self.state.drained)
-        for waiter in self.state.queue:
-            if not drained.intersection(self.state.jobs[waiter.job].nodes):
-                return waiter
-        return None
+        return [
+            waiter
+            for waiter in self.state.queue
+            if not drained.intersection(self.state.jobs[waiter.job].nodes)
+        ]
 
-    def _yield_due_at(self) -> float | None:
-        """When the holder was (or will be) first asked to yield: its turn past
-        the limit with someone waiting. Preemption comes a grace period later."""
+    def _next_waiter(self, now: float | None = None) -> Waiter | None:
+        """The waiter that goes next: by the group's policy (ordering.py), or
+        in groups from before policies, the first eligible one."""
+        eligible = self._eligible()
+        if not eligible:
+            return None
+        if not self.policies:
+            return eligible[0]
+        when = self._clock if now is None else now
+        return ordering.in_grant_order(eligible, self.state.jobs, self.state.policy, when)[0]
+
+    def _turn_limit_due(self) -> float | None:
+        """When the holder was (or will be) first asked to yield for its turn
+        limit: past the limit with someone waiting."""
         turn = self.state.turn
         limit = self.state.policy.max_turn_seconds
-        waiter = self._next_waiter()
-        if turn is None or limit <= 0 or waiter is None:
+        eligible = self._eligible()
+        if turn is None or limit <= 0 or not eligible:
             return None
-        return max(turn.granted_at + limit, waiter.since)
+        return max(turn.granted_at + limit, eligible[0].since)
 
-    def _turn_limit_reached(self, now: float) -> bool:
-        due = self._yield_due_at()
+    def _yield_due_reached(self, now: float) -> bool:
+        due = self._turn_limit_due()
         return due is not None and now >= due
 
-    def _preempt(self, turn: StoredGrant, now: float) -> None:
+    def _charge(self, job: str, turn: StoredGrant, now: float) -> float:
+        """Charge the job for the GPU time of its turn (switch time is no one's)."""
         held = max(0.0, now - turn.granted_at)
-        entry = self.state.jobs[turn.job]
+        entry = self.state.jobs[job]
         entry.held_seconds += held
+        entry.share_seconds += held / entry.weight
+        return held
+
+    def _preempt(self, turn: StoredGrant, now: float) -> None:
+        entry = self.state.jobs[turn.job]
+        self._charge(turn.job, turn, now)
         entry.preempted = True
         self._end_turn(turn, now, "preempted")
         self.state.turn = None
@@ -683,6 +833,7 @@ class LockQueue:
                 ticket=self.state.next_ticket,
                 since=now,
                 resumes_epoch=turn.resumes_epoch or turn.epoch,
+                phase=turn.phase,
             )
         )
         self.state.next_ticket += 1
@@ -693,7 +844,7 @@ class LockQueue:
             return
         turn = self.state.turn
         if turn is not None and turn.job == job:
-            self.state.jobs[job].held_seconds += max(0.0, now - turn.granted_at)
+            self._charge(job, turn, now)
             self._end_turn(turn, now, "evicted" if reason else "left")
             self.state.turn = None
             self.state.since = now
@@ -719,8 +870,15 @@ class LockQueue:
                 return
 
     def _grant_ready(self, now: float, switched: tuple[int, float, bool] | None = None) -> None:
-        """Grant the next waiter at once when it needs no node to move."""
-        waiter = self._next_waiter()
+        """Grant the next waiter at once when it needs no node to move. After
+        a switch, under policies, the waiter it was for goes first if it still
+        may: a switch under way completes, even if someone who asked meanwhile
+        would come first now (it is next in line, and may preempt)."""
+        self._clock = max(self._clock, now)
+        waiter = self._next_waiter(now)
+        if switched is not None and self.policies:
+            planned = [w for w in self._eligible() if w.ticket == switched[0]]
+            waiter = planned[0] if planned else waiter
         if not self.needs_switch() or waiter is None or self.moves_for(waiter.job):
             return
         self.state.queue.remove(waiter)
@@ -745,6 +903,7 @@ class LockQueue:
             switch_seconds=switch_seconds,
             resumes_epoch=waiter.resumes_epoch,
             context_restored=bool(switched and after_switch and switched[2]),
+            phase=waiter.phase,
         )
         self.state.recent_turns.append(
             StoredTurn(
@@ -753,6 +912,7 @@ class LockQueue:
                 requested_at=waiter.since,
                 granted_at=now,
                 switch_seconds=switch_seconds,
+                phase=waiter.phase,
             )
         )
         del self.state.recent_turns[:-HISTORY_TURNS]

@@ -17,6 +17,10 @@ STATE = SearchAttributeKey.for_keyword("TimeshareState")
 SEARCH_ATTRIBUTES = {HOLDER.name: "Keyword", QUEUE_DEPTH.name: "Int", STATE.name: "Keyword"}
 # Workflows started before search attributes existed replay without them.
 PATCH = "timeshare-search-attributes"
+# The memo key a holder's watch reads (workers/turn_watch.py): the epoch whose
+# holder is asked to yield, 0 for none. Written only when it changes, so a
+# group whose holders are never asked to yield writes it never.
+YIELD_EPOCH_MEMO = "yield_epoch"
 
 
 class GroupVisibility:
@@ -25,8 +29,14 @@ class GroupVisibility:
     def __init__(self) -> None:
         self._published: tuple[str, int, str] | None = None
         self._details = ""
+        self._yield_epoch = 0
 
-    def publish(self, status: GroupStatus) -> None:
+    def publish(self, status: GroupStatus, yield_epoch: int | None = None) -> None:
+        """``yield_epoch`` None: a group from before yield requests were
+        published (its history has no memo to replay)."""
+        if yield_epoch is not None and yield_epoch != self._yield_epoch:
+            workflow.upsert_memo({YIELD_EPOCH_MEMO: yield_epoch})
+            self._yield_epoch = yield_epoch
         shown = (status.holder, len(status.queue), status.state)
         if shown != self._published and workflow.patched(PATCH):
             workflow.upsert_search_attributes(
@@ -49,13 +59,23 @@ class GroupVisibility:
 def current_details(status: GroupStatus) -> str:
     """A small markdown table for the Temporal UI."""
     state = status.state + (f" ({status.degraded_cause})" if status.degraded_cause else "")
+    holder = status.holder or "-"
+    if status.holder_phase:
+        holder += f" ({status.holder_phase})"
+    if status.yield_requested:
+        holder += ", asked to yield"
+    policy = status.policy
     lines = [
         f"**{status.group}**: {state}, epoch {status.epoch}, {status.switches} switches",
         "",
         "| | |",
         "|---|---|",
-        f"| holder | {status.holder or '-'} |",
+        f"| holder | {holder} |",
         f"| queue | {', '.join(status.queue) or '-'} |",
+        f"| ordering | {policy.ordering} |",
     ]
+    if policy.phase_priority:
+        bonuses = ", ".join(f"{p} {b:+d}" for p, b in sorted(policy.phase_priority.items()))
+        lines.append(f"| phase priority | {bonuses} |")
     lines += [f"| node {node} | {job} |" for node, job in sorted(status.resident.items())]
     return "\n".join(lines)

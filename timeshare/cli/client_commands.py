@@ -87,6 +87,7 @@ def _synthetic_job_command(commands: Subparsers) -> None:
     job.add_argument("--lease-seconds", type=PERIOD, help="group policy, if this job makes it")
     job.add_argument("--agent-timeout-seconds", type=PERIOD, help="group policy, likewise")
     job.add_argument("--co-residency", choices=["auto", "off"], help="group policy, likewise")
+    job.add_argument("--ordering", choices=["fair", "fifo"], help="group policy, likewise")
     job.add_argument(
         "--hooks", choices=["offload", "discard"],
         help="serve workload hooks to the agent, asking to be evicted this way",
@@ -164,6 +165,7 @@ def run_synthetic_job(args: argparse.Namespace) -> int:
             lease_seconds=args.lease_seconds or 30.0,
             agent_timeout_seconds=args.agent_timeout_seconds or 30.0,
             co_residency=args.co_residency or "auto",
+            ordering=args.ordering or "fair",
         ),
         hooks=args.hooks,
         agent_socket=args.agent_socket,

@@ -25,10 +25,30 @@ DESCRIPTOR: _descriptor.FileDescriptor
 @_typing.final
 class GroupPolicy(_message.Message):
     """Per-group settings, fixed by the Join that creates the group. A field left
-    at 0 (or "") takes the default shown.
+    at 0 (or "", or empty) takes the default shown.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class PhasePriorityEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     LEASE_SECONDS_FIELD_NUMBER: _builtins.int
     MAX_TURN_SECONDS_FIELD_NUMBER: _builtins.int
@@ -36,9 +56,17 @@ class GroupPolicy(_message.Message):
     AGENT_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     CONTINUE_AS_NEW_EVERY_FIELD_NUMBER: _builtins.int
     CO_RESIDENCY_FIELD_NUMBER: _builtins.int
+    IDLE_LEASE_SECONDS_FIELD_NUMBER: _builtins.int
+    ORDERING_FIELD_NUMBER: _builtins.int
+    AGING_SECONDS_FIELD_NUMBER: _builtins.int
+    PHASE_PRIORITY_FIELD_NUMBER: _builtins.int
+    PREEMPT_LOWER_AFTER_SECONDS_FIELD_NUMBER: _builtins.int
+    FAIR_CREDIT_SECONDS_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     lease_seconds: _builtins.float
-    """A job that sends nothing, heartbeats included, for this long is evicted (30)."""
+    """A holder that others wait for and that sends nothing (renewals
+    included) for this long is evicted, and the turn moves on (30).
+    """
     max_turn_seconds: _builtins.float
     """With others waiting, a turn longer than this is asked to yield (0: no limit)."""
     preempt_grace_seconds: _builtins.float
@@ -51,6 +79,29 @@ class GroupPolicy(_message.Message):
     """"auto" (""): a job that yields stays on the device, locked, while the next
     job's state fits beside it; "off": every switch checkpoints it.
     """
+    idle_lease_seconds: _builtins.float
+    """Any other member that sends nothing for this long is dropped; clients
+    renew at a third of it (3600).
+    """
+    ordering: _builtins.str
+    """"fair" (""): the next turn goes to the waiter whose job has used the
+    least GPU time for its weight; "fifo": to the first that asked. Either
+    within a priority.
+    """
+    aging_seconds: _builtins.float
+    """Waiting this long raises a waiter's priority by one, again and again (0: never)."""
+    preempt_lower_after_seconds: _builtins.float
+    """A waiter that outranks the holder asks it to yield at once and after
+    this long preempts it (0: never).
+    """
+    fair_credit_seconds: _builtins.float
+    """Fair share remembers at most this much unused GPU time (per unit of
+    weight) for a job that comes back after a while away (60).
+    """
+    @_builtins.property
+    def phase_priority(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Added to the job's priority for a request of that phase."""
+
     @_builtins.property
     def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """The indices of the GPUs the group's jobs use on each of their nodes; none:
@@ -67,11 +118,17 @@ class GroupPolicy(_message.Message):
         agent_timeout_seconds: _builtins.float = ...,
         continue_as_new_every: _builtins.int = ...,
         co_residency: _builtins.str = ...,
+        idle_lease_seconds: _builtins.float = ...,
+        ordering: _builtins.str = ...,
+        aging_seconds: _builtins.float = ...,
+        phase_priority: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        preempt_lower_after_seconds: _builtins.float = ...,
+        fair_credit_seconds: _builtins.float = ...,
         gpus: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout_seconds", b"agent_timeout_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "gpus", b"gpus", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "preempt_grace_seconds", b"preempt_grace_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout_seconds", b"agent_timeout_seconds", "aging_seconds", b"aging_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "fair_credit_seconds", b"fair_credit_seconds", "gpus", b"gpus", "idle_lease_seconds", b"idle_lease_seconds", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "ordering", b"ordering", "phase_priority", b"phase_priority", "preempt_grace_seconds", b"preempt_grace_seconds", "preempt_lower_after_seconds", b"preempt_lower_after_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -85,8 +142,14 @@ class JoinRequest(_message.Message):
     JOB_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
     POLICY_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     job: _builtins.str
+    weight: _builtins.float
+    """Fair share counts the job's GPU time divided by its weight (0: 1.0)."""
+    priority: _builtins.int
+    """Higher goes first; fair share applies among equals (default 0)."""
     @_builtins.property
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Nodes whose GPUs the job uses. Empty: the only live node, if exactly one."""
@@ -102,10 +165,12 @@ class JoinRequest(_message.Message):
         job: _builtins.str = ...,
         nodes: _abc.Iterable[_builtins.str] | None = ...,
         policy: Global___GroupPolicy | None = ...,
+        weight: _builtins.float = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "job", b"job", "nodes", b"nodes", "policy", b"policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "job", b"job", "nodes", b"nodes", "policy", b"policy", "priority", b"priority", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -119,11 +184,18 @@ class JoinResponse(_message.Message):
     NODES_FIELD_NUMBER: _builtins.int
     CREATED_FIELD_NUMBER: _builtins.int
     LEASE_SECONDS_FIELD_NUMBER: _builtins.int
+    IDLE_LEASE_SECONDS_FIELD_NUMBER: _builtins.int
     job_token: _builtins.str
     created: _builtins.bool
     """True when this call created the job (false on a repeated join)."""
     lease_seconds: _builtins.float
-    """Heartbeat at least this often (the client library does it for you)."""
+    """While others wait for its turn, the job renews within this (the client
+    library does it for you, told by WatchTurn).
+    """
+    idle_lease_seconds: _builtins.float
+    """Otherwise it renews within this; 0: a group of an older scheduler, where
+    every job heartbeats within lease_seconds.
+    """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -133,10 +205,11 @@ class JoinResponse(_message.Message):
         nodes: _abc.Iterable[_builtins.str] | None = ...,
         created: _builtins.bool = ...,
         lease_seconds: _builtins.float = ...,
+        idle_lease_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "job_token", b"job_token", "lease_seconds", b"lease_seconds", "nodes", b"nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "idle_lease_seconds", b"idle_lease_seconds", "job_token", b"job_token", "lease_seconds", b"lease_seconds", "nodes", b"nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -151,6 +224,7 @@ class AcquireRequest(_message.Message):
     JOB_TOKEN_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     job: _builtins.str
     job_token: _builtins.str
@@ -158,6 +232,10 @@ class AcquireRequest(_message.Message):
     """Retrying with the same id resumes the same place in the queue."""
     timeout_seconds: _builtins.float
     """0 waits until granted (or until the call's gRPC deadline)."""
+    phase: _builtins.str
+    """What the turn is for ("rollout", "train"; free text): recorded in the
+    group's history and metrics, and weighed by the group's phase_priority.
+    """
     def __init__(
         self,
         *,
@@ -166,10 +244,11 @@ class AcquireRequest(_message.Message):
         job_token: _builtins.str = ...,
         request_id: _builtins.str = ...,
         timeout_seconds: _builtins.float = ...,
+        phase: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "job", b"job", "job_token", b"job_token", "request_id", b"request_id", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "job", b"job", "job_token", b"job_token", "phase", b"phase", "request_id", b"request_id", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -184,13 +263,15 @@ class AcquireResponse(_message.Message):
     WAITED_SECONDS_FIELD_NUMBER: _builtins.int
     SWITCH_SECONDS_FIELD_NUMBER: _builtins.int
     GRANTED_AT_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     ticket: _builtins.int
-    """Place in arrival order; grants follow ticket order (FIFO)."""
+    """Place in arrival order (grants follow the group's ordering)."""
     waited_seconds: _builtins.float
     switch_seconds: _builtins.float
     granted_at: _builtins.float
     """Seconds since the Unix epoch, by the scheduler's clock."""
+    phase: _builtins.str
     def __init__(
         self,
         *,
@@ -199,14 +280,75 @@ class AcquireResponse(_message.Message):
         waited_seconds: _builtins.float = ...,
         switch_seconds: _builtins.float = ...,
         granted_at: _builtins.float = ...,
+        phase: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "granted_at", b"granted_at", "switch_seconds", b"switch_seconds", "ticket", b"ticket", "waited_seconds", b"waited_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "granted_at", b"granted_at", "phase", b"phase", "switch_seconds", b"switch_seconds", "ticket", b"ticket", "waited_seconds", b"waited_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AcquireResponse: _TypeAlias = AcquireResponse  # noqa: Y015
+
+@_typing.final
+class WatchTurnRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    JOB_FIELD_NUMBER: _builtins.int
+    JOB_TOKEN_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    job: _builtins.str
+    job_token: _builtins.str
+    epoch: _builtins.int
+    """The epoch of the turn watched (from AcquireResponse)."""
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        job: _builtins.str = ...,
+        job_token: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "group", b"group", "job", b"job", "job_token", b"job_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchTurnRequest: _TypeAlias = WatchTurnRequest  # noqa: Y015
+
+@_typing.final
+class TurnNotice(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLDING_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    SHOULD_YIELD_FIELD_NUMBER: _builtins.int
+    holding: _builtins.bool
+    """The job holds the turn watched (false once it is preempted or evicted)."""
+    epoch: _builtins.int
+    waiting: _builtins.int
+    """Jobs waiting for the group's turn: while any do, renew the lease."""
+    should_yield: _builtins.bool
+    """The group asks the holder to give the turn back at its next step."""
+    def __init__(
+        self,
+        *,
+        holding: _builtins.bool = ...,
+        epoch: _builtins.int = ...,
+        waiting: _builtins.int = ...,
+        should_yield: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "holding", b"holding", "should_yield", b"should_yield", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TurnNotice: _TypeAlias = TurnNotice  # noqa: Y015
 
 @_typing.final
 class YieldRequest(_message.Message):
@@ -423,6 +565,9 @@ class JobStatus(_message.Message):
     HELD_SECONDS_FIELD_NUMBER: _builtins.int
     PREEMPTED_FIELD_NUMBER: _builtins.int
     LAST_SEEN_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    SHARE_SECONDS_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     turns: _builtins.int
     waited_seconds: _builtins.float
@@ -430,6 +575,10 @@ class JobStatus(_message.Message):
     preempted: _builtins.bool
     last_seen: _builtins.float
     """When the scheduler last heard from the job (seconds since the Unix epoch)."""
+    weight: _builtins.float
+    priority: _builtins.int
+    share_seconds: _builtins.float
+    """GPU-seconds used divided by weight, as fair share counts them."""
     @_builtins.property
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -442,10 +591,13 @@ class JobStatus(_message.Message):
         held_seconds: _builtins.float = ...,
         preempted: _builtins.bool = ...,
         last_seen: _builtins.float = ...,
+        weight: _builtins.float = ...,
+        priority: _builtins.int = ...,
+        share_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["held_seconds", b"held_seconds", "job", b"job", "last_seen", b"last_seen", "nodes", b"nodes", "preempted", b"preempted", "turns", b"turns", "waited_seconds", b"waited_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held_seconds", b"held_seconds", "job", b"job", "last_seen", b"last_seen", "nodes", b"nodes", "preempted", b"preempted", "priority", b"priority", "share_seconds", b"share_seconds", "turns", b"turns", "waited_seconds", b"waited_seconds", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -493,6 +645,8 @@ class GroupStatus(_message.Message):
     POLICY_FIELD_NUMBER: _builtins.int
     PREEMPTIONS_FIELD_NUMBER: _builtins.int
     EVICTIONS_FIELD_NUMBER: _builtins.int
+    HOLDER_PHASE_FIELD_NUMBER: _builtins.int
+    YIELD_REQUESTED_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     state: _builtins.str
     """idle, held, switching, degraded or paused"""
@@ -506,6 +660,9 @@ class GroupStatus(_message.Message):
     paused: _builtins.bool
     preemptions: _builtins.int
     evictions: _builtins.int
+    holder_phase: _builtins.str
+    """The phase the holder named for its turn, and whether it is asked to yield."""
+    yield_requested: _builtins.bool
     @_builtins.property
     def queue(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Waiting jobs, head first."""
@@ -537,10 +694,12 @@ class GroupStatus(_message.Message):
         policy: Global___GroupPolicy | None = ...,
         preemptions: _builtins.int = ...,
         evictions: _builtins.int = ...,
+        holder_phase: _builtins.str = ...,
+        yield_requested: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded_cause", b"degraded_cause", "drained", b"drained", "epoch", b"epoch", "evictions", b"evictions", "grants", b"grants", "group", b"group", "holder", b"holder", "jobs", b"jobs", "paused", b"paused", "policy", b"policy", "preemptions", b"preemptions", "queue", b"queue", "residency", b"residency", "state", b"state", "switch_seconds_total", b"switch_seconds_total", "switches", b"switches"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded_cause", b"degraded_cause", "drained", b"drained", "epoch", b"epoch", "evictions", b"evictions", "grants", b"grants", "group", b"group", "holder", b"holder", "holder_phase", b"holder_phase", "jobs", b"jobs", "paused", b"paused", "policy", b"policy", "preemptions", b"preemptions", "queue", b"queue", "residency", b"residency", "state", b"state", "switch_seconds_total", b"switch_seconds_total", "switches", b"switches", "yield_requested", b"yield_requested"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -576,6 +735,7 @@ class TurnRecord(_message.Message):
     RELEASED_AT_FIELD_NUMBER: _builtins.int
     SWITCH_SECONDS_FIELD_NUMBER: _builtins.int
     ENDED_BY_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     epoch: _builtins.int
     requested_at: _builtins.float
@@ -586,6 +746,7 @@ class TurnRecord(_message.Message):
     switch_seconds: _builtins.float
     ended_by: _builtins.str
     """Empty for a yield, else preempted, evicted or left."""
+    phase: _builtins.str
     def __init__(
         self,
         *,
@@ -596,10 +757,11 @@ class TurnRecord(_message.Message):
         released_at: _builtins.float = ...,
         switch_seconds: _builtins.float = ...,
         ended_by: _builtins.str = ...,
+        phase: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended_by", b"ended_by", "epoch", b"epoch", "granted_at", b"granted_at", "job", b"job", "released_at", b"released_at", "requested_at", b"requested_at", "switch_seconds", b"switch_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended_by", b"ended_by", "epoch", b"epoch", "granted_at", b"granted_at", "job", b"job", "phase", b"phase", "released_at", b"released_at", "requested_at", b"requested_at", "switch_seconds", b"switch_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

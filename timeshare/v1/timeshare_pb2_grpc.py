@@ -54,6 +54,11 @@ class TimeSlicerStub:
                 request_serializer=timeshare_dot_v1_dot_timeshare__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=timeshare_dot_v1_dot_timeshare__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.WatchTurn = channel.unary_stream(
+                '/timeshare.v1.TimeSlicer/WatchTurn',
+                request_serializer=timeshare_dot_v1_dot_timeshare__pb2.WatchTurnRequest.SerializeToString,
+                response_deserializer=timeshare_dot_v1_dot_timeshare__pb2.TurnNotice.FromString,
+                _registered_method=True)
         self.Leave = channel.unary_unary(
                 '/timeshare.v1.TimeSlicer/Leave',
                 request_serializer=timeshare_dot_v1_dot_timeshare__pb2.LeaveRequest.SerializeToString,
@@ -129,6 +134,15 @@ class TimeSlicerServicer:
 
     def Heartbeat(self, request, context):
         """Keeps the job's lease alive and tells it whether others wait.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchTurn(self, request, context):
+        """While a job holds a turn: a notice now and whenever what it says changes
+        (others wait; the job is asked to yield; the turn is no longer held).
+        Answered from what the group publishes: it costs the group no history.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -218,6 +232,11 @@ def add_TimeSlicerServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=timeshare_dot_v1_dot_timeshare__pb2.HeartbeatRequest.FromString,
                     response_serializer=timeshare_dot_v1_dot_timeshare__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'WatchTurn': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchTurn,
+                    request_deserializer=timeshare_dot_v1_dot_timeshare__pb2.WatchTurnRequest.FromString,
+                    response_serializer=timeshare_dot_v1_dot_timeshare__pb2.TurnNotice.SerializeToString,
             ),
             'Leave': grpc.unary_unary_rpc_method_handler(
                     servicer.Leave,
@@ -373,6 +392,33 @@ class TimeSlicer:
             '/timeshare.v1.TimeSlicer/Heartbeat',
             timeshare_dot_v1_dot_timeshare__pb2.HeartbeatRequest.SerializeToString,
             timeshare_dot_v1_dot_timeshare__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/timeshare.v1.TimeSlicer/WatchTurn',
+            timeshare_dot_v1_dot_timeshare__pb2.WatchTurnRequest.SerializeToString,
+            timeshare_dot_v1_dot_timeshare__pb2.TurnNotice.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,11 @@ class TimeSlicerStub:
     """Gives the GPUs back for the given epoch; returns once recorded."""
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_timeshare_pb2.HeartbeatRequest, _timeshare_pb2.HeartbeatResponse]
     """Keeps the job's lease alive and tells it whether others wait."""
+    WatchTurn: _grpc.UnaryStreamMultiCallable[_timeshare_pb2.WatchTurnRequest, _timeshare_pb2.TurnNotice]
+    """While a job holds a turn: a notice now and whenever what it says changes
+    (others wait; the job is asked to yield; the turn is no longer held).
+    Answered from what the group publishes: it costs the group no history.
+    """
     Leave: _grpc.UnaryUnaryMultiCallable[_timeshare_pb2.LeaveRequest, _timeshare_pb2.LeaveResponse]
     """Removes the job from its group, releasing the turn if held."""
     GetGroup: _grpc.UnaryUnaryMultiCallable[_timeshare_pb2.GetGroupRequest, _timeshare_pb2.GroupStatus]
@@ -81,6 +86,11 @@ class TimeSlicerAsyncStub(TimeSlicerStub):
     """Gives the GPUs back for the given epoch; returns once recorded."""
     Heartbeat: _aio.UnaryUnaryMultiCallable[_timeshare_pb2.HeartbeatRequest, _timeshare_pb2.HeartbeatResponse]  # type: ignore[assignment]
     """Keeps the job's lease alive and tells it whether others wait."""
+    WatchTurn: _aio.UnaryStreamMultiCallable[_timeshare_pb2.WatchTurnRequest, _timeshare_pb2.TurnNotice]  # type: ignore[assignment]
+    """While a job holds a turn: a notice now and whenever what it says changes
+    (others wait; the job is asked to yield; the turn is no longer held).
+    Answered from what the group publishes: it costs the group no history.
+    """
     Leave: _aio.UnaryUnaryMultiCallable[_timeshare_pb2.LeaveRequest, _timeshare_pb2.LeaveResponse]  # type: ignore[assignment]
     """Removes the job from its group, releasing the turn if held."""
     GetGroup: _aio.UnaryUnaryMultiCallable[_timeshare_pb2.GetGroupRequest, _timeshare_pb2.GroupStatus]  # type: ignore[assignment]
@@ -136,6 +146,17 @@ class TimeSlicerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_timeshare_pb2.HeartbeatResponse, _abc.Awaitable[_timeshare_pb2.HeartbeatResponse]]:
         """Keeps the job's lease alive and tells it whether others wait."""
+
+    @_abc_1.abstractmethod
+    def WatchTurn(
+        self,
+        request: _timeshare_pb2.WatchTurnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_timeshare_pb2.TurnNotice], _abc.AsyncIterator[_timeshare_pb2.TurnNotice]]:
+        """While a job holds a turn: a notice now and whenever what it says changes
+        (others wait; the job is asked to yield; the turn is no longer held).
+        Answered from what the group publishes: it costs the group no history.
+        """
 
     @_abc_1.abstractmethod
     def Leave(

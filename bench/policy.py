@@ -1,0 +1,178 @@
+"""Scheduling policies measured on the real stack (sim backend, one node,
+**simulated** GPU): who gets the GPU, how long each waits.
+
+    python -m bench.policy            # 40 s per scenario
+    python -m bench.policy --quick    # 12 s per scenario
+
+1. fairness: two jobs always want the GPU, one holding 0.6 s turns and the
+   other 0.1 s turns; Jain's index of their GPU-seconds under FIFO and fair.
+2. priority: three low-priority jobs keep the GPU busy; a high-priority job
+   asks for a 0.2 s turn every second; p50 waits, against the same load with
+   everyone at one priority.
+3. trainer-first (llm-d's batch-interleaving scenario): a trainer alternates a
+   0.5 s train step on the GPU with 0.5 s on the CPU while two batch-inference
+   jobs want the GPU all the time in 0.5 s turns. Trainer step time alone,
+   with FIFO, with phase priority ("train" +10), and with phase priority plus
+   preemption of lower priority after 0.1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import timeshare.aio
+from bench.stack import LocalStack
+from bench.stats import percentile
+from timeshare.models import GroupPolicy
+from timeshare.status import table
+
+
+@dataclass
+class Log:
+    waits: dict[str, list[float]] = field(default_factory=dict)
+    steps: list[float] = field(default_factory=list)
+
+    def wait(self, job: str, seconds: float) -> None:
+        self.waits.setdefault(job, []).append(seconds)
+
+
+def jain(values: list[float]) -> float:
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values)) if any(values) else 0.0
+
+
+async def busy(job: timeshare.aio.Job, hold: float, until: float, log: Log, gap: float = 0.0,
+               phase: str = "") -> None:  # fmt: skip
+    """Ask again as soon as the turn is given back (plus ``gap`` off the GPU)."""
+    clock = asyncio.get_running_loop().time
+    while clock() < until:
+        asked = clock()
+        async with job.turn(phase=phase):
+            log.wait(job.name, clock() - asked)
+            await asyncio.sleep(hold)
+        if gap:
+            await asyncio.sleep(gap)
+
+
+async def fairness(stack: LocalStack, ordering: str, seconds: float) -> float:
+    group = f"fair-{ordering}-{uuid.uuid4().hex[:6]}"
+    policy = GroupPolicy(ordering=ordering)  # type: ignore[arg-type]
+    async with timeshare.aio.connect(stack.address) as api:
+        long = await api.join(group, "long", [stack.node], policy=policy)
+        short = await api.join(group, "short", [stack.node])
+        until = asyncio.get_running_loop().time() + seconds
+        log = Log()
+        await asyncio.gather(busy(long, 0.6, until, log), busy(short, 0.1, until, log))
+        status = await api.get_group(group)
+        for job in (long, short):
+            await job.leave()
+    return jain([j.held_seconds for j in status.jobs])
+
+
+async def priority(stack: LocalStack, prioritised: bool, seconds: float) -> tuple[float, float]:
+    group = f"prio-{prioritised}-{uuid.uuid4().hex[:6]}"
+    async with timeshare.aio.connect(stack.address) as api:
+        lows = [await api.join(group, f"low-{i}", [stack.node]) for i in range(3)]
+        high = await api.join(group, "high", [stack.node], priority=5 if prioritised else 0)
+        clock = asyncio.get_running_loop().time
+        until = clock() + seconds
+        log = Log()
+
+        async def every_second() -> None:
+            while clock() < until:
+                started = clock()
+                asked = clock()
+                async with high.turn():
+                    log.wait("high", clock() - asked)
+                    await asyncio.sleep(0.2)
+                await asyncio.sleep(max(0.0, 1.0 - (clock() - started)))
+
+        await asyncio.gather(every_second(), *(busy(j, 0.3, until, log, gap=0.05) for j in lows))
+        for job in [*lows, high]:
+            await job.leave()
+    low_waits = [w for job, waits in log.waits.items() if job != "high" for w in waits]
+    return percentile(log.waits["high"], 50), percentile(low_waits, 50)
+
+
+async def trainer_first(stack: LocalStack, variant: str, seconds: float) -> float:
+    """The trainer's mean step time (0.5 s on the GPU, 0.5 s off it)."""
+    group = f"trainer-{variant}-{uuid.uuid4().hex[:6]}"
+    policies = {
+        "alone": GroupPolicy(),
+        "fifo": GroupPolicy(ordering="fifo"),
+        "phase priority": GroupPolicy(phase_priority={"train": 10}),
+        "phase priority + preemption": GroupPolicy(
+            phase_priority={"train": 10}, preempt_lower_after_seconds=0.1
+        ),
+    }
+    async with timeshare.aio.connect(stack.address) as api:
+        trainer = await api.join(group, "trainer", [stack.node], policy=policies[variant])
+        batch = [] if variant == "alone" else [
+            await api.join(group, f"batch-{i}", [stack.node]) for i in range(2)
+        ]  # fmt: skip
+        clock = asyncio.get_running_loop().time
+        until = clock() + seconds
+        log = Log()
+
+        async def train() -> None:
+            while clock() < until:
+                started = clock()
+                async with trainer.turn(phase="train"):
+                    await asyncio.sleep(0.5)
+                await asyncio.sleep(0.5)
+                log.steps.append(clock() - started)
+
+        await asyncio.gather(train(), *(busy(j, 0.5, until, log, phase="rollout") for j in batch))
+        for job in [trainer, *batch]:
+            await job.leave()
+    return sum(log.steps) / len(log.steps)
+
+
+async def run(stack: LocalStack, seconds: float) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    for ordering in ("fifo", "fair"):
+        figures[f"{ordering}_jain"] = await fairness(stack, ordering, seconds)
+        print(f"fairness {ordering}: Jain {figures[f'{ordering}_jain']:.3f}", flush=True)
+    for prioritised in (False, True):
+        high, low = await priority(stack, prioritised, seconds)
+        key = "priority" if prioritised else "same_priority"
+        figures[f"{key}_high_wait_p50_ms"] = high * 1000
+        figures[f"{key}_low_wait_p50_ms"] = low * 1000
+        print(f"{key}: high p50 wait {high * 1000:.0f} ms, low {low * 1000:.0f} ms", flush=True)
+    for variant in ("alone", "fifo", "phase priority", "phase priority + preemption"):
+        step = await trainer_first(stack, variant, seconds)
+        figures[f"trainer_step_{variant.replace(' + ', '_').replace(' ', '_')}_s"] = step
+        print(f"trainer step, {variant}: {step:.2f} s", flush=True)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Fair share, priorities and phase priority.")
+    parser.add_argument("--quick", action="store_true", help="shorter scenarios")
+    args = parser.parse_args()
+    seconds = 12.0 if args.quick else 40.0
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as scratch:
+        stack = LocalStack(Path(scratch), state_gib=0.0)
+        try:
+            stack.start_all()
+            figures = asyncio.run(run(stack, seconds))
+        finally:
+            stack.stop_all()
+    print()
+    print(table(
+        ["measure", "value"],
+        [[name, f"{value:.3f}" if "jain" in name else f"{value:.2f}"]
+         for name, value in figures.items()],
+    ))  # fmt: skip
+    print(f"(simulated GPU, {seconds:g} s per scenario, {time.monotonic() - started:.0f} s in all)")
+    print(" ".join(f"{name}={value:.3f}" for name, value in figures.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Two TRL GRPO jobs taking turns through timeshare's TRL integration."""

@@ -1,0 +1,178 @@
+"""What a job hears during its turn, and what its lease costs: the turn's watch
+keeps Turn.should_yield current (blocking client: on_should_yield; asyncio:
+yield_requested), a holder that others wait for renews its lease and keeps
+its turn, and a job whose messages keep it alive sends no heartbeat at all.
+Real gateway, scheduler and Temporal; sim nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+import timeshare
+import timeshare.aio
+from tests.conftest import SimNodes
+from tests.polling import wait_until, wait_until_async
+from timeshare.models import GroupPolicy
+from timeshare.names import group_workflow_id
+from timeshare.v1 import timeshare_pb2 as pb
+from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
+
+
+@pytest.fixture
+async def api(gateway: str) -> AsyncIterator[timeshare.aio.Client]:
+    client = timeshare.aio.connect(gateway)
+    yield client
+    await client.close()
+
+
+async def heartbeats_in_history(client: Client, group: str) -> int:
+    """How many heartbeat updates the group's workflow has taken."""
+    history = await client.get_workflow_handle(group_workflow_id(group)).fetch_history()
+    accepted = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+    return sum(
+        1
+        for event in history.events
+        if event.event_type == accepted
+        and event.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+        == "heartbeat"
+    )
+
+
+async def test_the_blocking_client_hears_should_yield_and_calls_back(
+    gateway: str, sim_nodes: SimNodes, unique: str
+) -> None:
+    group, node = f"g-{unique}", f"n-{unique}"
+    await sim_nodes.start(node)
+    policy = GroupPolicy(max_turn_seconds=0.5, preempt_grace_seconds=60)
+    heard: list[int] = []
+
+    def holder_and_waiter() -> None:
+        with timeshare.connect(gateway) as client:
+            a = client.join(group, "a", [node], policy=policy)
+            b = client.join(group, "b", [node])
+            a.on_should_yield(lambda turn: heard.append(turn.epoch))
+            turn = a.acquire(phase="rollout")
+            assert not turn.should_yield and turn.phase == "rollout"
+
+            def wait_for_a_turn() -> None:
+                with b.turn():
+                    pass
+
+            waiter = threading.Thread(target=wait_for_a_turn)
+            waiter.start()
+            wait_until(lambda: turn.should_yield, "a's turn to be asked to yield")
+            assert heard == [turn.epoch]
+            a.yield_()
+            waiter.join(timeout=60)
+            assert not waiter.is_alive()
+
+    await asyncio.to_thread(holder_and_waiter)
+
+
+async def test_the_asyncio_client_sets_yield_requested_for_a_higher_priority_waiter(
+    api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    group, node = f"g-{unique}", f"n-{unique}"
+    await sim_nodes.start(node)
+    policy = GroupPolicy(preempt_lower_after_seconds=60)
+    batch = await api.join(group, "batch", [node], policy=policy)
+    trainer = await api.join(group, "trainer", [node], priority=5)
+    turn = await batch.acquire()
+    assert not batch.yield_requested.is_set()
+    waiting = asyncio.create_task(trainer.acquire())
+    await asyncio.wait_for(batch.yield_requested.wait(), 30)
+    assert turn.should_yield
+    status = await api.get_group(group)
+    assert status.yield_requested and status.holder == "batch"
+    await batch.yield_()
+    granted = await waiting
+    assert not trainer.yield_requested.is_set() and not granted.should_yield
+    await trainer.yield_()
+
+
+async def test_a_holder_others_wait_for_renews_and_keeps_its_turn(
+    api: timeshare.aio.Client, client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    """lease 2 s, idle lease 60 s: only the watch's "others wait" makes the
+    holder renew within the 2 s; without it the holder would be evicted."""
+    group, node = f"g-{unique}", f"n-{unique}"
+    await sim_nodes.start(node)
+    policy = GroupPolicy(lease_seconds=2, idle_lease_seconds=60)
+    a = await api.join(group, "a", [node], policy=policy)
+    b = await api.join(group, "b", [node])
+    turn = await a.acquire()
+    waiting = asyncio.create_task(b.acquire())
+    await asyncio.sleep(6)  # a holds on, three leases long, while b waits
+    status = await api.get_group(group)
+    assert status.holder == "a" and status.epoch == turn.epoch, status
+    assert await heartbeats_in_history(client, group) >= 2
+    await a.yield_()
+    await waiting
+    await b.yield_()
+
+
+async def test_a_job_taking_turns_sends_no_heartbeat_and_an_idle_one_renews(
+    api: timeshare.aio.Client, client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    busy_group, idle_group, node = f"busy-{unique}", f"idle-{unique}", f"n-{unique}"
+    await sim_nodes.start(node)
+    policy = GroupPolicy(lease_seconds=3, idle_lease_seconds=3)  # renewals due every 1 s
+    busy = await api.join(busy_group, "busy", [node], policy=policy)
+    idle = await api.join(idle_group, "idle", [node], policy=policy)
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 5
+    while loop.time() < until:  # every acquire and yield renews the lease
+        async with busy.turn():
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)
+    assert await heartbeats_in_history(client, busy_group) == 0
+    renewed = await heartbeats_in_history(client, idle_group)
+    assert renewed >= 3
+    assert [j.job for j in (await api.get_group(idle_group)).jobs] == ["idle"]
+    await idle.leave()
+    await busy.leave()
+
+
+async def test_watch_refusals_are_clear(gateway: str, unique: str) -> None:
+    async with grpc.aio.insecure_channel(gateway) as channel:
+        stub = pb_grpc.TimeSlicerStub(channel)
+        cases = [
+            (pb.WatchTurnRequest(group="Bad Group", job="a"), grpc.StatusCode.INVALID_ARGUMENT),
+            (pb.WatchTurnRequest(group=f"none-{unique}", job="a"), grpc.StatusCode.NOT_FOUND),
+        ]
+        for request, code in cases:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async for _ in stub.WatchTurn(request):
+                    pass
+            assert refused.value.code() == code, refused.value.details()
+            assert refused.value.details()
+
+
+async def test_a_watch_notices_when_the_turn_is_no_longer_held(
+    api: timeshare.aio.Client, gateway: str, sim_nodes: SimNodes, unique: str
+) -> None:
+    group, node = f"g-{unique}", f"n-{unique}"
+    await sim_nodes.start(node)
+    a = await api.join(group, "a", [node])
+    turn = await a.acquire()
+    async with grpc.aio.insecure_channel(gateway) as channel:
+        stub = pb_grpc.TimeSlicerStub(channel)
+        stream = stub.WatchTurn(pb.WatchTurnRequest(group=group, job="a", epoch=turn.epoch))
+        first = await stream.read()
+        assert isinstance(first, pb.TurnNotice) and first.holding
+        await a.yield_()
+
+        async def released() -> bool:
+            notice = await stream.read()
+            return isinstance(notice, pb.TurnNotice) and not notice.holding
+
+        await wait_until_async(released, "the watch to see the turn given back", every=0.0)
+        stream.cancel()
+    await a.leave()

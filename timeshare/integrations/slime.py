@@ -1,0 +1,179 @@
+"""A Slime phase callback: the trainer and sampler pools take turns.
+
+Slime (THUDM/slime) has no phase hook upstream. llm-d's time-slicing adds one
+in a Slime fork: ``--phase-callback-path module.Class`` loads a class of
+``slime.utils.phase_callback.PhaseCallback``'s shape and calls
+``on_phase_begin(phase, role, context)`` / ``on_phase_end(phase, role,
+context)`` around each GPU phase of train.py and train_async.py, with roles
+"trainer", "sampler" and "both" (llm-d-incubation/llm-d-rl-time-slicing,
+pkg/integrations/slime/timeslice_slime/callback.py). A setup that used
+llm-d's callback switches by changing that one path:
+
+    --phase-callback-path timeshare.integrations.slime.TimeshareCallback
+
+Roles map to groups as llm-d's do: "trainer" to the trainer pool's group,
+"sampler" to the sampler pool's, "both" (init, weight sync) to both, held
+together through `acquire_all` (deadlock-free in any order). The environment
+names the job and the groups; llm-d's variables are read where timeshare's
+are unset, so the same job spec works:
+
+    TIMESHARE_JOB            (TIMESLICE_JOB_ID)         the job
+    TIMESHARE_TRAINER_GROUP  (TIMESLICE_TRAINER_GROUP)  the trainer pool's group
+    TIMESHARE_SAMPLER_GROUP  (TIMESLICE_SAMPLER_GROUP)  the sampler pool's group
+    TIMESHARE_ADDRESS        (TIMESLICE_ORCH_ADDR)      the gateway
+
+With any of the first three unset the callback does nothing. The two groups
+may be the same (trainer and sampler colocated on one pool): one turn then
+covers both roles. As in llm-d's callback, a job never asks for the trainer
+group while it holds the sampler group alone (the order that keeps two-group
+waits free of cycles there); doing so raises.
+
+The callback runs in Slime's driver, which is never stopped: the pools' GPU
+processes (Megatron actors, SGLang servers) register with their nodes'
+agents (`timeshare register --group G --job J --pid PID` from the pod or
+launcher, or `timeshare.registration.register_process` inside the process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from contextlib import AbstractContextManager
+from typing import Any
+
+import timeshare
+from timeshare.client import Client, Job
+
+log = logging.getLogger("timeshare.integrations.slime")
+TRAINER, SAMPLER, BOTH = "trainer", "sampler", "both"
+# timeshare's variable first, then llm-d's.
+ENVIRONMENT = {
+    "job": ("TIMESHARE_JOB", "TIMESLICE_JOB_ID"),
+    "trainer": ("TIMESHARE_TRAINER_GROUP", "TIMESLICE_TRAINER_GROUP"),
+    "sampler": ("TIMESHARE_SAMPLER_GROUP", "TIMESLICE_SAMPLER_GROUP"),
+    "address": ("TIMESHARE_ADDRESS", "TIMESLICE_ORCH_ADDR"),
+}
+
+
+def from_env(what: str) -> str | None:
+    return next((os.environ[v] for v in ENVIRONMENT[what] if os.environ.get(v)), None)
+
+
+def roles_of(role: str) -> tuple[str, ...]:
+    if role == BOTH:
+        return (TRAINER, SAMPLER)
+    if role in (TRAINER, SAMPLER):
+        return (role,)
+    raise ValueError(f"unknown Slime role {role!r}: expected trainer, sampler or both")
+
+
+class RoleTurns:
+    """A job's turns in its trainer and sampler groups, by role."""
+
+    def __init__(self, jobs: dict[str, Job], client: Client | None = None) -> None:
+        # role -> the job's handle in that role's group (one handle if both share a group)
+        self.jobs = jobs
+        self._client = client
+        self._held: set[str] = set()  # groups
+        # A span of several groups held together, released together.
+        self._joint: tuple[frozenset[str], AbstractContextManager[object]] | None = None
+
+    @classmethod
+    def from_env(cls, address: str | None = None) -> RoleTurns | None:
+        job, trainer, sampler = from_env("job"), from_env("trainer"), from_env("sampler")
+        if not (job and trainer and sampler):
+            log.warning(
+                "timeshare: Slime callback inactive (set TIMESHARE_JOB, "
+                "TIMESHARE_TRAINER_GROUP and TIMESHARE_SAMPLER_GROUP)"
+            )
+            return None
+        client = Client(address or from_env("address"))
+        handles = {group: client.join(group, job) for group in dict.fromkeys((trainer, sampler))}
+        return cls({TRAINER: handles[trainer], SAMPLER: handles[sampler]}, client)
+
+    def groups(self, role: str) -> list[str]:
+        return list(dict.fromkeys(self.jobs[r].group for r in roles_of(role)))
+
+    def _job(self, group: str) -> Job:
+        return next(job for job in self.jobs.values() if job.group == group)
+
+    def held(self, role: str) -> bool:
+        return all(group in self._held for group in self.groups(role))
+
+    def begin(self, phase: str, role: str) -> None:
+        trainer_group = self.jobs[TRAINER].group
+        wanted = [g for g in self.groups(role) if g not in self._held]
+        if trainer_group in wanted and self.jobs[SAMPLER].group in self._held:
+            raise RuntimeError(
+                f"phase {phase!r}: the trainer group {trainer_group!r} asked for while the "
+                "sampler group is held alone; end the sampler's phase first (trainer-first order)"
+            )
+        if len(wanted) > 1:
+            span = timeshare.acquire_all([self._job(g) for g in wanted], phase=phase)
+            span.__enter__()
+            self._joint = (frozenset(wanted), span)
+        elif wanted:
+            self._job(wanted[0]).acquire(phase=phase)
+        self._held.update(wanted)
+
+    def end(self, phase: str, role: str) -> None:
+        ending = [g for g in self.groups(role) if g in self._held]
+        keep: list[str] = []
+        if self._joint is not None and self._joint[0] & set(ending):
+            together, span = self._joint
+            self._joint = None
+            span.__exit__(None, None, None)
+            # Part of a joint span ends: the rest was released with it; take it back alone.
+            keep = [g for g in together if g not in ending]
+            self._held -= together
+        for group in sorted(set(ending) & self._held, key=self._release_order):
+            self._job(group).yield_()
+            self._held.discard(group)
+        for group in keep:
+            self._job(group).acquire(phase=phase)
+            self._held.add(group)
+
+    def _release_order(self, group: str) -> int:
+        # The sampler's group before the trainer's, the reverse of acquisition.
+        return 0 if group == self.jobs[SAMPLER].group else 1
+
+    def close(self) -> None:
+        # Leaving gives back whatever is held; a failed release must not keep the job in.
+        with contextlib.suppress(Exception):
+            self.end("close", BOTH)
+        for job in dict.fromkeys(self.jobs.values()):
+            job.leave()
+        if self._client is not None:
+            self._client.close()
+
+
+def _phase_callback_base() -> type[Any]:
+    """Slime's PhaseCallback where the installed Slime has one, else ``object``:
+    Slime calls the methods by name."""
+    try:
+        from slime.utils.phase_callback import PhaseCallback
+    except ImportError:
+        return object
+    base: type[Any] = PhaseCallback
+    return base
+
+
+class TimeshareCallback(_phase_callback_base()):  # type: ignore[misc]
+    """Slime's phase callback (see the module's docstring)."""
+
+    def __init__(self, turns: RoleTurns | None = None) -> None:
+        self.turns = turns if turns is not None else RoleTurns.from_env()
+
+    def on_phase_begin(self, phase: str, role: str, context: Any = None) -> None:
+        if self.turns is not None:
+            self.turns.begin(phase, role)
+
+    def on_phase_end(self, phase: str, role: str, context: Any = None) -> None:
+        if self.turns is not None:
+            self.turns.end(phase, role)
+
+    def close(self) -> None:
+        if self.turns is not None:
+            self.turns.close()
+            self.turns = None

@@ -1,0 +1,155 @@
+"""WatchTurn: what a holder must hear during its turn (others wait, so renew
+the lease; the group asks for the turn back), without costing the group any
+history or the scheduler any work.
+
+The group workflow publishes its holder and queue depth as search attributes
+and the epoch it asks to yield as a memo field, each only when it changes
+(workflows/visibility.py). DescribeWorkflowExecution returns both from the
+workflow's current state, answered by Temporal's server alone: no workflow
+task, no query to the scheduler worker, no history event. One poller per
+group per gateway serves every watch of that group.
+
+Safe across restarts and replicas: the gateway keeps nothing but these
+pollers. A watch ends with its stream; a job whose gateway goes away opens
+its watch again on another one, and whatever it missed meanwhile is still
+published. A job that stops listening is caught by its lease (the group's
+record of when it last sent anything), never by this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from timeshare.names import group_workflow_id
+from timeshare.v1 import timeshare_pb2 as pb
+from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH, YIELD_EPOCH_MEMO
+
+# A holder hears that it is asked to yield within this (plus a round trip).
+POLL_SECONDS = 0.25
+# A watch says something at least this often, so its client can tell a
+# silent stream from a dead one.
+KEEPALIVE_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class GroupFacts:
+    """What the group has published."""
+
+    holder: str = ""
+    waiting: int = 0
+    yield_epoch: int = 0
+
+
+class GroupNotFound(Exception):
+    pass
+
+
+class GroupPoller:
+    """Reads one group's published facts every POLL_SECONDS while anyone watches."""
+
+    def __init__(self, client: Client, group: str) -> None:
+        self._handle = client.get_workflow_handle(group_workflow_id(group))
+        self.facts = GroupFacts()
+        self.version = 0
+        self.error: BaseException | None = None
+        self.watchers = 0
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._poll())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def read(self) -> GroupFacts:
+        description = await self._handle.describe()
+        attributes = description.typed_search_attributes
+        holder = attributes.get(HOLDER) or ""
+        return GroupFacts(
+            holder="" if holder == "-" else holder,
+            waiting=attributes.get(QUEUE_DEPTH) or 0,
+            yield_epoch=int(await description.memo_value(YIELD_EPOCH_MEMO, 0)),
+        )
+
+    async def _poll(self) -> None:
+        while True:
+            try:
+                facts, error = await self.read(), None
+            except RPCError as failure:
+                facts, error = self.facts, failure
+            if facts != self.facts or error is not self.error:
+                async with self._changed:
+                    self.facts, self.error = facts, error
+                    self.version += 1
+                    self._changed.notify_all()
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def wait_past(self, version: int, timeout: float) -> None:
+        """Until the facts change after ``version``, or ``timeout`` passes."""
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self.version > version), timeout
+                )
+
+
+class TurnWatches:
+    """The gateway's pollers, one per watched group."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._pollers: dict[str, GroupPoller] = {}
+
+    @contextlib.asynccontextmanager
+    async def polling(self, group: str) -> AsyncIterator[GroupPoller]:
+        poller = self._pollers.get(group)
+        if poller is None:
+            poller = self._pollers[group] = GroupPoller(self._client, group)
+        poller.watchers += 1
+        poller.start()
+        try:
+            yield poller
+        finally:
+            poller.watchers -= 1
+            if poller.watchers == 0:
+                del self._pollers[group]
+                await poller.stop()
+
+    async def notices(self, group: str, job: str, epoch: int) -> AsyncIterator[pb.TurnNotice]:
+        """The watch of one turn: a notice at once, then on every change and at
+        least every KEEPALIVE_SECONDS. Raises GroupNotFound for a group that
+        does not run."""
+        async with self.polling(group) as poller:
+            # The first notice is read fresh: a new turn must not be told of
+            # the previous one's facts.
+            try:
+                facts = await poller.read()
+            except RPCError as error:
+                if error.status == RPCStatusCode.NOT_FOUND:
+                    raise GroupNotFound(group) from None
+                raise
+            version = poller.version
+            while True:
+                holding = facts.holder == job
+                yield pb.TurnNotice(
+                    holding=holding,
+                    epoch=epoch,
+                    waiting=facts.waiting,
+                    should_yield=holding and facts.yield_epoch == epoch,
+                )
+                await poller.wait_past(version, KEEPALIVE_SECONDS)
+                version, facts = poller.version, poller.facts
+                failed = poller.error
+                if isinstance(failed, RPCError) and failed.status == RPCStatusCode.NOT_FOUND:
+                    raise GroupNotFound(group)
