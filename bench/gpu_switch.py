@@ -171,9 +171,7 @@ def copy_ceiling_gbps(gib: float) -> float | None:
     return 2 * count / (time.perf_counter() - start) / 1e9
 
 
-def run_scenario(
-    stack: LocalStack, scenario: Scenario, gib: float, handovers: int, record: Path
-) -> Outcome:
+def run_scenario(stack: LocalStack, scenario: Scenario, gib: float, handovers: int) -> Outcome:
     if stack.backend != scenario.backend:
         stack.backend = scenario.backend
         stack.restart("agent")
@@ -187,18 +185,17 @@ def run_scenario(
         for ranks in jobs:
             for rank in ranks:
                 rank.stop()
-    per_rank = rank_rates(record, group)
+    per_rank = rank_rates(stack.process_record(), group)
     outcome.checkpoint_gbps, outcome.restore_gbps = per_rank["checkpoint"], per_rank["restore"]
     outcome.ranks_reported = len(per_rank["pids"])
     return outcome
 
 
-def rank_rates(record: Path, group: str) -> dict[str, list[Any]]:
+def rank_rates(record: list[dict[str, Any]], group: str) -> dict[str, list[Any]]:
     """GB/s of each rank's checkpoints and restores, by the agent's record."""
     rates: dict[str, list[Any]] = {"checkpoint": [], "restore": [], "pids": []}
     pids = set()
-    for line in record.read_text().splitlines() if record.exists() else []:
-        event = json.loads(line)
+    for event in record:
         if event.get("group") != group or event.get("event") not in ("checkpoint", "restore"):
             continue
         if event.get("bytes") and event.get("seconds"):
@@ -298,13 +295,12 @@ def main() -> None:
         chosen = [s for s in chosen if not s.torch_hooks]
     outcomes = []
     with tempfile.TemporaryDirectory() as scratch:
-        record = Path(scratch) / "agent-record.jsonl"
-        stack = LocalStack(Path(scratch), backend=chosen[0].backend,
-                           agent_options=[f"--record={record}"])  # fmt: skip
+        # The agent records each rank's bytes and seconds (--record).
+        stack = LocalStack(Path(scratch), backend=chosen[0].backend)
         try:
             stack.start_all()
             for scenario in chosen:
-                outcomes.append(run_scenario(stack, scenario, args.gib, args.handovers, record))
+                outcomes.append(run_scenario(stack, scenario, args.gib, args.handovers))
         finally:
             stack.stop_all()
     ceiling = None if emulated else copy_ceiling_gbps(min(args.gib, 1.0))

@@ -210,7 +210,8 @@ class LocalStack:
         return self._read_records("residency")
 
     def process_record(self) -> list[dict[str, Any]]:
-        """What every node's process backend (freeze) did: its freeze and thaw events."""
+        """What every node's process backends did: freeze and thaw events, and each CUDA
+        rank's checkpoint and restore (bytes, seconds)."""
         return self._read_records("process-record")
 
     def _read_records(self, stem: str) -> list[dict[str, Any]]:
