@@ -73,7 +73,8 @@ async def test_a_frozen_worker_of_a_job_that_is_gone_runs_again_and_can_be_stopp
 ) -> None:
     group, node = f"g-{unique}", f"n-{unique}"
     table = ProcessTable()
-    policy = GroupPolicy(lease_seconds=3 if how == "lease" else 60)
+    lease = 3.0 if how == "lease" else 60.0
+    policy = GroupPolicy(lease_seconds=lease, idle_lease_seconds=lease)
     worker = detached(sys.executable, "-c", COUNTER, str(tmp_path / "count"))
     stop = asyncio.Event()
     try:
