@@ -18,6 +18,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+import timeshare.aio
 from bench.stack import free_port, timeshare_command
 from tests import emulator
 from tests.emulator.rig import Emulator, emulator_in_this_process
@@ -224,3 +225,11 @@ async def gateway(temporal_address: str, scheduler: Worker) -> AsyncIterator[str
     running = await start_gateway(temporal_address)
     yield running.address
     await running.close()
+
+
+@pytest.fixture
+async def api(gateway: str) -> AsyncIterator[timeshare.aio.Client]:
+    """The asyncio client, connected to the session's gateway."""
+    client = timeshare.aio.connect(gateway)
+    yield client
+    await client.close()

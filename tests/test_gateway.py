@@ -4,7 +4,6 @@ status codes, messages, health and reflection."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -43,13 +42,6 @@ async def two_jobs(
 ) -> tuple[timeshare.aio.Job, timeshare.aio.Job]:
     await sim_nodes.start(node)
     return await api.join(group, "a", [node]), await api.join(group, "b", [node])
-
-
-@pytest.fixture
-async def api(gateway: str) -> AsyncIterator[timeshare.aio.Client]:
-    client = timeshare.aio.connect(gateway)
-    yield client
-    await client.close()
 
 
 async def test_turns_through_the_gateway(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -22,13 +21,6 @@ from timeshare.errors import InvalidArgument
 from timeshare.models import GroupPolicy
 
 ROUNDS = 200
-
-
-@pytest.fixture
-async def api(gateway: str) -> AsyncIterator[timeshare.aio.Client]:
-    client = timeshare.aio.connect(gateway)
-    yield client
-    await client.close()
 
 
 async def test_three_jobs_over_two_groups_never_deadlock(

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import pickle
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +30,7 @@ import pytest
 
 import timeshare
 from tests.conftest import SimNodes
+from tests.job_threads import run_jobs_together
 from timeshare.integrations import openrlhf, skyrl
 from timeshare.integrations.turns import JobTurns, NoTurns
 
@@ -155,28 +155,14 @@ async def test_two_jobs_make_every_gpu_call_inside_their_own_turns(
     await sim_nodes.start(node)
     calls: Calls = []
     records: dict[str, JobTurns] = {}
-    errors: list[BaseException] = []
 
-    def job(name: str, start: threading.Barrier) -> None:
-        try:
-            with timeshare.connect(gateway) as client:
-                turns = records[name] = JobTurns(client.join(group, name, [node]))
-                start.wait()
-                FRAMEWORKS[framework](Recorder(client, group, name, calls), turns)
-                turns.close()
-        except BaseException as error:  # reported by the test
-            errors.append(error)
+    def job(name: str) -> None:
+        with timeshare.connect(gateway) as client:
+            turns = records[name] = JobTurns(client.join(group, name, [node]))
+            FRAMEWORKS[framework](Recorder(client, group, name, calls), turns)
+            turns.close()
 
-    def scenario() -> None:
-        start = threading.Barrier(2)
-        threads = [threading.Thread(target=job, args=(n, start)) for n in ("job-a", "job-b")]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
-        assert not errors, errors
-
-    await asyncio.to_thread(scenario)
+    await run_jobs_together(job, ["job-a", "job-b"])
     assert calls and all(holder == job for job, _, holder in calls), calls
     for name, turns in records.items():
         phases = [record.phase for record in turns.records]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -23,13 +22,6 @@ from timeshare.models import GroupPolicy
 from timeshare.names import group_workflow_id
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
-
-
-@pytest.fixture
-async def api(gateway: str) -> AsyncIterator[timeshare.aio.Client]:
-    client = timeshare.aio.connect(gateway)
-    yield client
-    await client.close()
 
 
 async def heartbeats_in_history(client: Client, group: str) -> int:

@@ -12,15 +12,14 @@ update_weights, abort_replicas, resume_generation_replicas)."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import threading
 from typing import Any
 
 import pytest
 
 import timeshare
 from tests.conftest import SimNodes
+from tests.job_threads import run_jobs_together
 from timeshare.integrations.turns import JobTurns
 
 verl_v1 = pytest.importorskip("verl.trainer.ppo.v1")
@@ -89,33 +88,19 @@ async def test_verl_trainers_take_turns_at_their_own_hooks(
     await sim_nodes.start(node)
     calls: list[Any] = []
     records: dict[str, JobTurns] = {}
-    errors: list[BaseException] = []
 
-    def job(name: str, start: threading.Barrier) -> None:
-        try:
-            with timeshare.connect(gateway) as client:
-                turns = JobTurns(client.join(group, name, [node]))
-                records[name] = turns
-                manager = RecordingCheckpointManager(client, group, name, calls)
-                trainer = make_trainer(f"timeshare_{mode}", verl_config, turns, manager)
-                assert isinstance(trainer, verl_v1.get_trainer_cls(mode))
-                assert trainer.trainer_mode == mode  # verl's own branches see its own mode
-                start.wait()
-                run_like_fit(trainer)
-                trainer.leave_group()
-        except BaseException as error:  # reported by the test
-            errors.append(error)
+    def job(name: str) -> None:
+        with timeshare.connect(gateway) as client:
+            turns = JobTurns(client.join(group, name, [node]))
+            records[name] = turns
+            manager = RecordingCheckpointManager(client, group, name, calls)
+            trainer = make_trainer(f"timeshare_{mode}", verl_config, turns, manager)
+            assert isinstance(trainer, verl_v1.get_trainer_cls(mode))
+            assert trainer.trainer_mode == mode  # verl's own branches see its own mode
+            run_like_fit(trainer)
+            trainer.leave_group()
 
-    def scenario() -> None:
-        start = threading.Barrier(2)
-        threads = [threading.Thread(target=job, args=(n, start)) for n in ("job-a", "job-b")]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
-        assert not errors, errors
-
-    await asyncio.to_thread(scenario)
+    await run_jobs_together(job, ["job-a", "job-b"])
     for name, turns in records.items():
         phases = [record.phase for record in turns.records]
         assert phases == ["setup", *["rollout", "train"] * STEPS], (name, phases)

@@ -13,6 +13,14 @@ from typing import Any
 from timeshare.cli.arguments import COUNT, GATEWAY_HELP, PERIOD, PID, SECONDS, fail
 
 Subparsers = Any  # argparse's _SubParsersAction, private in typeshed
+# The operator commands: name, positional arguments, help.
+OPERATOR_CONTROLS = [
+    ("pause", ["group"], "grant no new turns in a group (the holder keeps its turn)"),
+    ("resume", ["group"], "let a paused group grant turns again"),
+    ("evict", ["group", "job"], "take a job out of its group"),
+    ("drain", ["node"], "grant no new turns that need NODE; running turns finish"),
+    ("undrain", ["node"], "put a drained node back in service"),
+]
 
 
 def add_client_commands(commands: Subparsers) -> None:
@@ -21,26 +29,12 @@ def add_client_commands(commands: Subparsers) -> None:
     status.add_argument("--address", help=GATEWAY_HELP)
     status.set_defaults(handler=run_status)
 
-    for name, help_text in (
-        ("pause", "grant no new turns in a group (the holder keeps its turn)"),
-        ("resume", "let a paused group grant turns again"),
-    ):
+    for name, subject, help_text in OPERATOR_CONTROLS:
         control = commands.add_parser(name, help=help_text)
-        control.add_argument("group")
-        control.add_argument("--address", help=GATEWAY_HELP)
-        control.set_defaults(handler=run_control)
-    evict = commands.add_parser("evict", help="take a job out of its group")
-    evict.add_argument("group")
-    evict.add_argument("job")
-    evict.add_argument("--reason", default="", help="told to the job on its next call")
-    evict.add_argument("--address", help=GATEWAY_HELP)
-    evict.set_defaults(handler=run_control)
-    for name, help_text in (
-        ("drain", "grant no new turns that need NODE; running turns finish"),
-        ("undrain", "put a drained node back in service"),
-    ):
-        control = commands.add_parser(name, help=help_text)
-        control.add_argument("node")
+        for positional in subject:
+            control.add_argument(positional)
+        if name == "evict":
+            control.add_argument("--reason", default="", help="told to the job on its next call")
         control.add_argument("--address", help=GATEWAY_HELP)
         control.set_defaults(handler=run_control)
 
