@@ -174,7 +174,10 @@ def report(
 
 def run(args: argparse.Namespace, workdir: Path) -> bool:
     rng = random.Random(args.seed)
-    stack = LocalStack(workdir, node=NODES[0], more_nodes=NODES[1:], bandwidth_gbps=5.0)
+    # Each group has a GPU of its own on every node (a GPU is one group's at a time).
+    stack = LocalStack(
+        workdir, node=NODES[0], more_nodes=NODES[1:], bandwidth_gbps=5.0, sim_gpus=args.groups
+    )
     groups = [f"chaos-{g}" for g in range(args.groups)]
     started = time.time()
     settings = JobSettings(
@@ -188,7 +191,7 @@ def run(args: argparse.Namespace, workdir: Path) -> bool:
         pool.settings.until = time.time() + args.minutes * 60
         for g, group in enumerate(groups):
             for j in range(args.jobs_per_group):
-                pool.start(group, f"g{g}-j{j}", job_nodes(g, j))
+                pool.start(group, f"g{g}-j{j}", job_nodes(g, j), [g])
         # The records under the workdir carry Unix times; this line ties them to the log's.
         log(
             started,

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 import timeshare.aio
 from bench.stack import LocalStack
 from bench.stats import percentile
+from timeshare.models import GroupPolicy
 from timeshare.status import table
 
 JOBS_PER_GROUP = (2, 3, 4)
@@ -74,7 +75,9 @@ async def run_size(stack: LocalStack, groups: int, seconds: float) -> ScaleResul
             log = GroupLog()
             logs.append(log)
             for j in range(JOBS_PER_GROUP[g % len(JOBS_PER_GROUP)]):
-                job = await client.join(f"scale-{groups}-{g}", f"job-{j}", [stack.node])
+                # Each group has a simulated GPU of its own: a GPU is one group's at a time.
+                policy = GroupPolicy(gpus=[g])
+                job = await client.join(f"scale-{groups}-{g}", f"job-{j}", [stack.node], policy)
                 jobs.append((job, log))
         scheduler = stack.processes["scheduler"].pid
         cpu_before = cpu_seconds(scheduler)
@@ -105,7 +108,7 @@ def main() -> None:
     seconds = 8.0 if args.quick else 20.0
     results = []
     with tempfile.TemporaryDirectory() as scratch:
-        stack = LocalStack(Path(scratch), state_gib=0.0)
+        stack = LocalStack(Path(scratch), state_gib=0.0, sim_gpus=max(sizes))
         try:
             stack.start_all()
             for groups in sizes:
