@@ -181,8 +181,9 @@ def report(
 
 def run(args: argparse.Namespace, workdir: Path) -> bool:
     rng = random.Random(args.seed)
+    # Each group has a GPU of its own on every node (a GPU is one group's at a time).
     stack = LocalStack(
-        workdir, node=NODES[0], more_nodes=NODES[1:], bandwidth_gbps=5.0,
+        workdir, node=NODES[0], more_nodes=NODES[1:], bandwidth_gbps=5.0, sim_gpus=args.groups,
         schedulers=args.replicas, gateways=args.replicas,
     )  # fmt: skip
     groups = [f"chaos-{g}" for g in range(args.groups)]
@@ -198,7 +199,7 @@ def run(args: argparse.Namespace, workdir: Path) -> bool:
         pool.settings.until = time.time() + args.minutes * 60
         for g, group in enumerate(groups):
             for j in range(args.jobs_per_group):
-                pool.start(group, f"g{g}-j{j}", job_nodes(g, j))
+                pool.start(group, f"g{g}-j{j}", job_nodes(g, j), [g])
         # The records under the workdir carry Unix times; this line ties them to the log's.
         log(
             started,

@@ -124,16 +124,20 @@ async def _join_spread(
     node: str,
     over: float,
     rng: random.Random,
+    first_gpu: int = 0,
 ) -> list[timeshare.aio.Job]:
     """Join at random moments over ``over`` seconds, so that renewals, each a
     third of the idle lease after the job's last message, are spread as a
     real cluster's would be."""
     started = time.monotonic()
     offsets = sorted((rng.uniform(0, over), group, job) for group, job in names)
+    # Each group claims a GPU of its own (a GPU is one group's at a time).
+    gpus = {group: first_gpu + n for n, group in enumerate(dict.fromkeys(g for g, _ in names))}
     jobs = []
     for offset, group, job in offsets:
         await asyncio.sleep(max(0.0, started + offset - time.monotonic()))
-        jobs.append(await client.join(group, job, [node], policy))
+        own = policy.model_copy(update={"gpus": [gpus[group]]})
+        jobs.append(await client.join(group, job, [node], own))
     return jobs
 
 
@@ -167,7 +171,7 @@ async def measure_idle_history(
         )
         jobs, default_jobs = await asyncio.gather(
             _join_spread(client, members, short_lease, node, renewal, rng),
-            _join_spread(client, default_members, GroupPolicy(), node, renewal, rng),
+            _join_spread(client, default_members, GroupPolicy(), node, renewal, rng, groups),
         )
         # The joins' own workflow tasks are done before the windows open.
         await asyncio.sleep(2.0)

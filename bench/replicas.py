@@ -66,7 +66,10 @@ async def measure(
 
 def run(replicas: int, args: argparse.Namespace) -> list[str]:
     with tempfile.TemporaryDirectory() as scratch:
-        stack = LocalStack(Path(scratch), state_gib=0.0, schedulers=replicas, gateways=replicas)
+        stack = LocalStack(
+            Path(scratch), state_gib=0.0, schedulers=replicas, gateways=replicas,
+            sim_gpus=args.groups,
+        )  # fmt: skip
         try:
             stack.start_all()
             result, shares = asyncio.run(measure(stack, args))

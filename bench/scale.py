@@ -37,6 +37,7 @@ from bench.profiling import Profiler, read_profile
 from bench.scale_load import LoadResult, run_load
 from bench.stack import LocalStack
 from bench.watch_cost import WatchCost, measure_watch_cost
+from timeshare.models import MAX_GPUS_PER_NODE
 from timeshare.status import table
 from timeshare.workers.service import connect_temporal
 
@@ -44,7 +45,8 @@ from timeshare.workers.service import connect_temporal
 REFERENCE_GROUPS = 50
 P99_LIMIT_MS = 1000.0
 SEARCH_STEP = 50
-SEARCH_MAX = 1000
+# Each group has a simulated GPU of its own, and a node has at most this many.
+SEARCH_MAX = (MAX_GPUS_PER_NODE // SEARCH_STEP) * SEARCH_STEP
 
 
 def stack_pids(stack: LocalStack) -> dict[str, int]:
@@ -280,7 +282,10 @@ def main() -> None:
     args.watch_seconds = args.watch_seconds or (5.0 if args.quick else 10.0)
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
-        stack = LocalStack(workdir, state_gib=0.0, schedulers=args.replicas, gateways=args.replicas)
+        stack = LocalStack(
+            workdir, state_gib=0.0, schedulers=args.replicas, gateways=args.replicas,
+            sim_gpus=MAX_GPUS_PER_NODE,
+        )  # fmt: skip
         try:
             stack.start_all()
             print(f"stack ready (load {load_average()})", flush=True)

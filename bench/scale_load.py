@@ -25,6 +25,7 @@ import timeshare.aio
 from bench.procstat import CpuMeter
 from bench.stats import percentile
 from timeshare.errors import Aborted, NotFound
+from timeshare.models import GroupPolicy
 
 # Joins and leaves in flight at once: enough to fill the stack, few enough
 # that none of them times out behind the others.
@@ -145,7 +146,8 @@ async def run_load(
     name: str = "scale",
     during: AbstractContextManager[object] | None = None,
 ) -> LoadResult:
-    """``groups`` groups of ``jobs_per_group`` jobs, spread over the gateways at
+    """``groups`` groups of ``jobs_per_group`` jobs (group g on GPU g of ``node``:
+    the agent needs that many), spread over the gateways at
     ``addresses``; ``period`` 0: as fast as possible. ``processes``: the pids
     whose CPU the result reports; ``during`` is entered for the window (after
     the joins, before the leaves)."""
@@ -155,7 +157,8 @@ async def run_load(
 
         def joiner(g: int, j: int) -> Callable[[], Awaitable[timeshare.aio.Job]]:
             client = clients[(g * jobs_per_group + j) % len(clients)]
-            return lambda: client.join(names[g], f"job-{j}", [node])
+            # Each group has a simulated GPU of its own: a GPU is one group's at a time.
+            return lambda: client.join(names[g], f"job-{j}", [node], GroupPolicy(gpus=[g]))
 
         joined = await bounded([joiner(g, j) for g in range(groups) for j in range(jobs_per_group)])
         members = [joined[g * jobs_per_group : (g + 1) * jobs_per_group] for g in range(groups)]

@@ -62,6 +62,13 @@ class LocalStack:
     schedulers: int = 1
     gateways: int = 1
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # Set for every agent on top of this process's environment (the GPU
+    # emulator's variables, say).
+    agent_env: dict[str, str] = field(default_factory=dict)
+    # Passed to every agent after the others (--call-timeout=..., say).
+    agent_options: list[str] = field(default_factory=list)
+    # Each group's simulated GPUs per node (sim backend).
+    sim_gpus: int = 1
     more_gateway_ports: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -158,15 +165,19 @@ class LocalStack:
             f"--sim-record={self._node_file(node, 'residency', '.jsonl')}",
             f"--sim-state={self._node_file(node, 'sim-state', '.json')}",
             f"--record={self._node_file(node, 'process-record', '.jsonl')}",
-            f"--socket={self.socket_for(node)}",
+            f"--sim-gpus={self.sim_gpus}",
+            f"--socket={self.socket_for(node)}", *self.agent_options,
         )  # fmt: skip
 
     def start(self, name: str) -> None:
         """Start one part (again) and wait until it says it is ready."""
         log_path = self.workdir / f"{name}.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
+        env = self.agent_env if name in self.agents else None
         with log_path.open("ab") as log:
-            self.processes[name] = spawn(self.commands()[name], stdout=log, timeshare_child=True)
+            self.processes[name] = spawn(
+                self.commands()[name], stdout=log, timeshare_child=True, env=env
+            )
         deadline = time.monotonic() + READY_SECONDS
         while time.monotonic() < deadline:
             text = log_path.read_bytes()[offset:].decode(errors="replace")
@@ -247,7 +258,8 @@ class LocalStack:
         return self._read_records("residency")
 
     def process_record(self) -> list[dict[str, Any]]:
-        """What every node's process backend (freeze) did: its freeze and thaw events."""
+        """What every node's process backends did: freeze and thaw events, and each CUDA
+        rank's checkpoint and restore (bytes, seconds)."""
         return self._read_records("process-record")
 
     def _read_records(self, stem: str) -> list[dict[str, Any]]:
@@ -261,20 +273,31 @@ class LocalStack:
 
 
 def overlaps(record: list[dict[str, Any]]) -> int:
-    """Times the simulated GPU broke its invariant, by the backend's own
-    record: two jobs of a group running at once, or more resident than fits."""
+    """Times the simulated GPUs broke their invariant, by the backend's own
+    record: two jobs running at once on one GPU (whatever their groups), or
+    more resident there than fits."""
     refused = sum(1 for e in record if e["event"] == "overlap")
     broken = 0
-    for node, group in {(e["node"], e.get("group")) for e in record}:
-        mine = [e for e in record if e["node"] == node and e.get("group") == group]
+    for node, device in {(e["node"], gpu) for e in record for gpu in _devices(e)}:
+        mine = [e for e in record if e["node"] == node and device in _devices(e)]
         running = [e for e in mine if e["event"] == "running"]
         broken += sum(
             1
             for a, b in itertools.combinations(running, 2)
-            if a["job"] != b["job"] and a["start"] < b["end"] and b["start"] < a["end"]
+            if _job(a) != _job(b) and a["start"] < b["end"] and b["start"] < a["end"]
         )
         broken += overfull([e for e in mine if e["event"] == "resident"])
     return refused + broken
+
+
+def _devices(event: dict[str, Any]) -> list[str]:
+    """The simulated GPUs an event is about; a record written before nodes
+    had several is about its group's own one."""
+    return list(event.get("devices") or [f"group:{event.get('group')}"])
+
+
+def _job(event: dict[str, Any]) -> tuple[str, str]:
+    return str(event.get("group")), str(event["job"])
 
 
 def overfull(resident: list[dict[str, Any]]) -> int:
@@ -284,7 +307,7 @@ def overfull(resident: list[dict[str, Any]]) -> int:
     for interval in resident:
         here = [e for e in resident if e["start"] <= interval["start"] < e["end"]]
         # One job's interval recorded twice (an agent restarted) is not two jobs.
-        here = list({e["job"]: e for e in here}.values())
+        here = list({_job(e): e for e in here}.values())
         capacity = interval.get("capacity")
         if len(here) > 1 and (capacity is None or sum(e.get("bytes", 0) for e in here) > capacity):
             count += 1

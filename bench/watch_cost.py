@@ -12,6 +12,7 @@ from functools import partial
 import timeshare.aio
 from bench.procstat import CpuMeter
 from bench.scale_load import bounded
+from timeshare.models import GroupPolicy
 
 SETTLE_SECONDS = 2.0
 
@@ -37,7 +38,10 @@ async def measure_watch_cost(
 ) -> WatchCost:
     async with timeshare.aio.connect(address) as client:
         jobs = await bounded(
-            [partial(client.join, f"watch-{g}", "holder", [node]) for g in range(groups)]
+            [
+                partial(client.join, f"watch-{g}", "holder", [node], GroupPolicy(gpus=[g]))
+                for g in range(groups)
+            ]
         )
         await bounded([job.acquire for job in jobs])
         watched = await _cores(processes, seconds)

@@ -13,6 +13,7 @@ from typing import Any
 
 import timeshare
 from bench.stack import LocalStack, overlaps
+from timeshare.models import GroupPolicy
 from timeshare.synthetic import TurnRecord, load_report
 
 GROUP = "multi"
@@ -36,7 +37,7 @@ def test_jobs_spanning_nodes_take_turns_without_overlap(tmp_path: Path) -> None:
         with timeshare.connect(stack.address) as client:
             # A gate holds the turn until every job waits, so the jobs start
             # together and take turns in the order they queued.
-            gate = client.join(GROUP, "gate", NODES)
+            gate = client.join(GROUP, "gate", NODES, policy=GroupPolicy(ordering="fifo"))
             gate.acquire()
             jobs = [
                 stack.job(
@@ -57,7 +58,7 @@ def test_jobs_spanning_nodes_take_turns_without_overlap(tmp_path: Path) -> None:
         ((job, turn) for job, path in reports.items() for turn in load_report(path).turns),
         key=lambda pair: pair[1].epoch,
     )
-    # Every job got all its turns, in the order they were asked for.
+    # Every job got all its turns, in the order they were asked for (the group is FIFO).
     assert len(turns) == len(JOB_NODES) * ITERATIONS * 2
     assert len({turn.epoch for _, turn in turns}) == len(turns)
     tickets = [turn.ticket for _, turn in turns]

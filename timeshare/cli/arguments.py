@@ -50,6 +50,7 @@ AMOUNT = _number(float, 1e-6, 1e6)
 RATE = _number(float, 0.0, 1e6)
 SIZE = _number(float, 0.0, 1e6)
 FRACTION = _number(float, 0.0, 1.0)
+GPU_COUNT = _number(int, 1, 256)
 
 
 class OneLineParser(argparse.ArgumentParser):
