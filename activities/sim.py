@@ -19,9 +19,11 @@ SimOverlapError. Parked state of every group counts against the host memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -93,8 +95,10 @@ class SimBackend(Backend):
         # times, and which of them leave the job failed for good.
         self.failures: Counter[tuple[str, str]] = Counter()
         self.terminal: set[tuple[str, str]] = set()
-        # One action at a time: a simulated node has one copy engine here.
-        self._lock = asyncio.Lock()
+        # One action at a time per simulated GPU: each has one link to the
+        # host, which its checkpoints and restores share. Groups on other
+        # GPUs of the node move their state meanwhile.
+        self._links: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     @classmethod
     def create(cls, config: BackendConfig) -> SimBackend:
@@ -209,8 +213,17 @@ class SimBackend(Backend):
             "(terminal); the job is evicted and must be restarted"
         )
 
+    @contextlib.asynccontextmanager
+    async def _links_of(self, group: str) -> AsyncIterator[None]:
+        """The links of the group's GPUs, taken in index order (no two
+        actions can wait for each other's)."""
+        async with contextlib.AsyncExitStack() as held:
+            for device in sorted(self._devices(group)):
+                await held.enter_async_context(self._links[device])
+            yield
+
     async def lock(self, group: str, job: str) -> BackendAction:
-        async with self._lock:
+        async with self._links_of(group):
             state = self.jobs.get((group, job))
             if state is not None and state.location == "failed":
                 raise JobFailed(group, job, self._failed_message(group, job))
@@ -222,7 +235,7 @@ class SimBackend(Backend):
             return BackendAction(job=job, action="lock")
 
     async def checkpoint(self, group: str, job: str, mode: EvictMode = "offload") -> BackendAction:
-        async with self._lock:
+        async with self._links_of(group):
             state = self.jobs.get((group, job))
             if state is None or state.location == "host":
                 return BackendAction(job=job, action="noop")
@@ -270,7 +283,7 @@ class SimBackend(Backend):
 
     async def restore(self, group: str, job: str) -> BackendAction:
         key = (group, job)
-        async with self._lock:
+        async with self._links_of(group):
             state = self.jobs.get(key)
             if state is not None and state.location == "running":
                 return BackendAction(job=job, action="noop")
@@ -306,7 +319,7 @@ class SimBackend(Backend):
     async def release(self, group: str, job: str) -> Released:
         """The job's simulated processes left with it: its state is dropped
         wherever it was, so it holds no simulated GPU or host memory."""
-        async with self._lock:
+        async with self._links_of(group):
             state = self.jobs.pop((group, job), None)
             if state is None:
                 return Released()

@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import logging
 import time
+from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from opentelemetry import propagate, trace
@@ -51,10 +52,13 @@ class SwitchActivities:
         self._admitted: dict[str, str] = {}
         self._background: set[asyncio.Task[None]] = set()
         self.processes.on_register.append(self._registered)
-        # One switch or release on this node at a time, whatever its group,
-        # and never a switch older than its group's last: an attempt Temporal
+        # One switch or release at a time on each GPU, whatever its group
+        # (groups that claim other GPUs of the node switch meanwhile), and
+        # never a switch older than its group's last: an attempt Temporal
         # already gave up on must not move state after the next plan has.
-        self._node_lock = asyncio.Lock()
+        self._gpu_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # The GPUs each group's policy claims here (none named: all of them).
+        self._claims: dict[str, list[int]] = {}
         self.waiting = 0  # switches and releases waiting for the node (for tests)
         self._latest_plan: dict[str, int] = {}
         # Called with (group, job) once a job that left is released here.
@@ -76,7 +80,8 @@ class SwitchActivities:
                 f"switch for node {move.node!r} reached the agent of node {self.node!r}",
                 non_retryable=True,
             )
-        async with self._this_node():
+        self._claims[input.group] = list(input.gpus)
+        async with self._these_gpus(input.group):
             if input.plan < self._latest_plan.get(input.group, 0):
                 raise ApplicationError(
                     f"switch plan {input.plan} of group {input.group!r} was superseded by plan "
@@ -101,17 +106,25 @@ class SwitchActivities:
             record_switch(input.group, output)
             return output
 
+    def _gpus_of(self, group: str) -> list[int]:
+        claimed = self._claims.get(group)
+        if claimed:
+            return sorted(claimed)
+        # All of the node's GPUs; a node that cannot count them is one GPU.
+        return list(range(max(1, len(self.backend.gpus()))))
+
     @contextlib.asynccontextmanager
-    async def _this_node(self) -> AsyncIterator[None]:
-        self.waiting += 1
-        try:
-            await self._node_lock.acquire()
-        finally:
-            self.waiting -= 1
-        try:
+    async def _these_gpus(self, group: str) -> AsyncIterator[None]:
+        """The locks of the group's GPUs, taken in index order (two groups
+        that share a GPU never wait for each other's locks crosswise)."""
+        async with contextlib.AsyncExitStack() as held:
+            self.waiting += 1
+            try:
+                for gpu in self._gpus_of(group):
+                    await held.enter_async_context(self._gpu_locks[gpu])
+            finally:
+                self.waiting -= 1
             yield
-        finally:
-            self._node_lock.release()
 
     async def _switch(self, input: SwitchInput) -> SwitchOutput:
         move, group = input.move, input.group
@@ -242,7 +255,9 @@ class SwitchActivities:
     async def release_job(
         self, group: str, job: str, gpus: list[int] | None = None, reason: str = ""
     ) -> ReleaseOutput:
-        async with self._this_node():
+        if gpus is not None:
+            self._claims[group] = list(gpus)
+        async with self._these_gpus(group):
             if gpus is not None:
                 self.backend.place(group, gpus)
             # Marked first: no switch freezes it again from here on.
@@ -279,7 +294,7 @@ class SwitchActivities:
             task.add_done_callback(self._background.discard)
 
     async def _lock_newcomer(self, group: str, job: str) -> None:
-        async with self._this_node():
+        async with self._these_gpus(group):
             if self.processes.released(group, job):
                 return  # a process of a job that left registered again (agent restart)
             if self._admitted.get(group) not in (None, job):
