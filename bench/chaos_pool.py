@@ -44,9 +44,10 @@ class JobPool:
         s = self.settings
         events = self.stack.workdir / "events" / f"{job}.{len(self.processes)}.jsonl"
         events.parent.mkdir(exist_ok=True)
+        address = self.stack.job_address(len(self.processes))
         command = [
             sys.executable, "-m", "bench.chaos_job", f"--group={group}", f"--job={job}",
-            f"--nodes={','.join(nodes)}", f"--address={self.stack.address}",
+            f"--nodes={','.join(nodes)}", f"--address={address}",
             f"--events={events}", f"--until={s.until}", f"--work-seconds={s.work_seconds}",
             f"--gap-seconds={s.gap_seconds}", f"--lease-seconds={s.lease_seconds}",
             f"--agent-timeout-seconds={s.agent_timeout_seconds}",
