@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from timeshare.activities.backend import Backend, BackendConfig, BackendError
+from timeshare.activities.backend import HOOKS, Backend, BackendConfig, BackendError
 from timeshare.activities.hook_registry import HookRegistry
 from timeshare.hooks.protocol import EvictMode, HookName
 from timeshare.models import BackendAction
@@ -17,6 +17,7 @@ from timeshare.models import BackendAction
 
 class AppBackend(Backend):
     name = "app"
+    evict_order = HOOKS
 
     def __init__(self, config: BackendConfig) -> None:
         self.node = config.node

@@ -8,6 +8,12 @@ nothing and reports ``noop``.
 
 A job's state is running (on the device, the job may use it), locked (on the
 device, the job may not run: co-residency) or parked (in host memory).
+
+In a stack ("freeze+cuda", "app+cuda") the layers act in the order their
+``evict_order`` gives, whatever order the name lists them in: a job's hooks
+first (they need its processes running), then its device state (the CUDA
+driver needs the process's restore thread to run), then its processes are
+stopped; a restore goes the other way round.
 """
 
 from __future__ import annotations
@@ -42,6 +48,10 @@ class BackendConfig(BaseModel):
     sim_state_bytes: int = 2 * 2**30
     # Jobs whose simulated state has another size, by job name.
     sim_job_state_bytes: dict[str, int] = Field(default_factory=dict)
+    # The node's simulated GPUs (a group's jobs live on those its policy
+    # claims), and its simulated host memory (None: as much as parked state needs).
+    sim_gpus: int = 1
+    sim_host_memory_bytes: int | None = None
     # Where the sim backend appends its residency record (JSON lines).
     sim_record_path: str | None = None
     # Where the sim backend keeps what its GPU holds, so that, like a real GPU,
@@ -70,9 +80,53 @@ class BackendError(Exception):
     """A backend action failed; the message says what and why."""
 
 
+class JobFailed(BackendError):
+    """A process of the job is in a terminal failed state (the driver's
+    CU_PROCESS_STATE_FAILED): nothing can bring its state back, so the job is
+    not unlocked or retried as if it were fine; the scheduler evicts it."""
+
+    def __init__(self, group: str, job: str, message: str) -> None:
+        super().__init__(message)
+        self.group, self.job = group, job
+
+
+class StateUnknown(BackendError):
+    """A call on the job's processes is still running past its time limit:
+    until it ends nobody can say where the job's state is."""
+
+
+# The layers of a stack, in the order they act when a job leaves the device.
+HOOKS, DEVICE, PROCESSES = 0, 1, 2
+
+
+class Released(BaseModel):
+    """What releasing a job that left its group did to its processes here."""
+
+    running: list[int] = Field(default_factory=list)
+    checkpointed: list[int] = Field(default_factory=list)
+    failed: list[int] = Field(default_factory=list)
+    # What each layer did, in words.
+    done: list[str] = Field(default_factory=list)
+
+    def merged(self, other: Released) -> Released:
+        """Two layers' reports of one job: a process that runs again as a
+        process but whose device state is still parked (or FAILED) is listed
+        as such."""
+        failed = set(self.failed) | set(other.failed)
+        checkpointed = (set(self.checkpointed) | set(other.checkpointed)) - failed
+        return Released(
+            running=sorted((set(self.running) | set(other.running)) - checkpointed - failed),
+            checkpointed=sorted(checkpointed),
+            failed=sorted(failed),
+            done=self.done + other.done,
+        )
+
+
 class Backend(abc.ABC):
     name: ClassVar[str]
     simulated: ClassVar[bool] = False
+    # Where this backend acts among the layers of a stack (HOOKS, DEVICE, PROCESSES).
+    evict_order: ClassVar[int] = DEVICE
 
     @classmethod
     @abc.abstractmethod
@@ -104,6 +158,19 @@ class Backend(abc.ABC):
         checkpoint that follows finishes the work. Most backends: a lock."""
         return await self.lock(group, job)
 
+    def failed(self, group: str, job: str) -> bool:
+        """The job was seen in a terminal failed state here (JobFailed)."""
+        return False
+
+    async def on_device(self, group: str, job: str) -> bool:
+        """Any of the job's state is in device memory here (running or locked)."""
+        return job in await self.resident_jobs(group)
+
+    async def stopped(self, group: str, job: str) -> bool:
+        """The job is stopped here with its state still on the device (locked
+        or frozen)."""
+        return False
+
     def co_residency(self) -> bool:
         """Whether policy "auto" lets jobs share the device here: the backend
         can lock without checkpointing and knows how much memory is free."""
@@ -126,6 +193,22 @@ class Backend(abc.ABC):
     def evict_mode(self, group: str, job: str) -> EvictMode | None:
         """How the job asked to be evicted, if it told this backend."""
         return None
+
+    def place(self, group: str, gpus: list[int]) -> None:
+        """The GPU indices the group's policy claims on this node (none: all);
+        only the sim backend uses them, to model GPUs shared by groups."""
+        return None
+
+    async def release(self, group: str, job: str) -> Released:
+        """The job left its group: let its processes here run again and
+        never leave them stopped; its state goes back to the device where it
+        fits. Idempotent."""
+        return Released()
+
+    def notes(self) -> list[str]:
+        """What operators should know about this node now, one line each
+        (shown by `timeshare status`)."""
+        return []
 
     def gpus(self) -> list[str]:
         return []

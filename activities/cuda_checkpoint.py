@@ -1,7 +1,18 @@
 """The ``cuda-checkpoint`` backend: NVIDIA's `cuda-checkpoint` utility
-(`--action lock|checkpoint|restore|unlock --pid`, `--get-state`), for hosts
-where the driver's checkpoint API cannot be used in process. One utility run
-per call: slower than the ``cuda`` backend."""
+(`--get-restore-tid`, `--get-state`, `--action lock|checkpoint|restore|unlock
+--pid`), for hosts where the driver's checkpoint API cannot be used in process
+(no cuda-bindings in the agent's environment).
+
+One utility process per call, and one per rank at once, so ranks move in
+parallel. Each run is waited for until it exits: a run past the call timeout
+leaves the job's state unknown rather than being killed mid-operation (see
+checkpointing.py).
+
+The `--action` and `--get-state` interface is the 570 utility's ([README]
+"570 Features"; the r550 one only toggles): the agent refuses to start with a
+driver older than 570, or with a utility whose `--help` offers no `--action`
+(the check [CRIU] cuda_plugin_init makes, cuda_checkpoint_supports_flag).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +21,14 @@ import shutil
 from pathlib import Path
 
 from timeshare.activities.backend import BackendConfig, BackendError
-from timeshare.activities.checkpointing import ProcessCheckpointBackend
-from timeshare.activities.gpus import NoGpus, gpu_inventory
+from timeshare.activities.checkpointing import CudaState, NotCuda, ProcessCheckpointBackend
+from timeshare.activities.gpus import CHECKPOINT_API_DRIVER, NoGpus, gpu_inventory
+
+HELP_SECONDS = 30.0
+NEEDED_FLAGS = ("--action", "--get-state", "--get-restore-tid")
+# What the utility prints when it cannot work at all (as opposed to a pid
+# that is not a CUDA process): "Insufficient driver", "Error initializing CUDA".
+UTILITY_BROKEN = ("Insufficient driver", "Error initializing CUDA")
 
 
 class CudaCheckpointBackend(ProcessCheckpointBackend):
@@ -24,39 +41,86 @@ class CudaCheckpointBackend(ProcessCheckpointBackend):
     @classmethod
     def create(cls, config: BackendConfig) -> CudaCheckpointBackend:
         try:
-            gpu_inventory()
+            gpus = gpu_inventory()
         except NoGpus as error:
             raise BackendError(f"backend cuda-checkpoint cannot run here: {error}") from None
+        if gpus and not gpus[0].checkpoint_api:
+            raise BackendError(
+                f"backend cuda-checkpoint needs NVIDIA driver {CHECKPOINT_API_DRIVER} or later "
+                f"(the utility's --action interface), found {gpus[0].driver_version}; with an "
+                "older driver use --backend freeze"
+            )
         utility = config.cuda_checkpoint_path or shutil.which("cuda-checkpoint")
         if not utility or not Path(utility).exists():
             raise BackendError(
                 "the cuda-checkpoint utility was not found; put it on PATH or pass "
-                "--cuda-checkpoint PATH (it ships with NVIDIA driver 550 and later)"
+                "--cuda-checkpoint PATH (github.com/NVIDIA/cuda-checkpoint)"
             )
+        check_interface(utility)
         return cls(config, utility)
 
     def describe(self) -> str:
         return f"cuda-checkpoint ({self.utility})"
 
-    async def state(self, pid: int) -> str:
-        return (await self._run("--get-state", "--pid", str(pid))).strip()
+    async def restore_thread(self, pid: int) -> int | None:
+        code, out, err = await self._run("--get-restore-tid", "--pid", str(pid))
+        if code != 0:
+            # [CRIU] get_cuda_restore_tid: a failing run means the pid has no
+            # CUDA restore thread, unless the utility itself cannot work.
+            if err.startswith(UTILITY_BROKEN):
+                raise BackendError(f"cuda-checkpoint --get-restore-tid failed: {err}")
+            return None
+        try:
+            return int(out.strip())
+        except ValueError:
+            raise BackendError(f"cuda-checkpoint printed {out.strip()!r} as a thread id") from None
+
+    async def read_state(self, pid: int) -> CudaState:
+        code, out, err = await self._run("--get-state", "--pid", str(pid))
+        if code != 0:
+            if err.startswith(UTILITY_BROKEN):
+                raise BackendError(f"cuda-checkpoint --get-state failed: {err}")
+            raise NotCuda(pid)
+        # [CRIU] get_task_state_enum matches the printed state by its prefix.
+        for state in CudaState:
+            if out.startswith(state.value):
+                return state
+        raise BackendError(f"cuda-checkpoint printed {out.strip()!r} as the state of {pid}")
 
     async def act(self, action: str, pid: int) -> None:
-        timeout = ["--timeout", str(int(self.lock_timeout * 1000))] if action == "lock" else []
-        await self._run("--action", action, "--pid", str(pid), *timeout)
+        timeout = (
+            ["--timeout", str(max(1, int(self.lock_timeout * 1000)))] if action == "lock" else []
+        )
+        code, out, err = await self._run("--action", action, "--pid", str(pid), *timeout)
+        if code != 0:
+            raise BackendError(f"{action} of process {pid} failed (cuda-checkpoint): {err or out}")
 
-    async def _run(self, *args: str) -> str:
+    async def _run(self, *args: str) -> tuple[int, str, str]:
+        """One run of the utility, waited for until it exits."""
         process = await asyncio.create_subprocess_exec(
             self.utility, *args,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        what = f"cuda-checkpoint {' '.join(args)}"
-        try:
-            out, err = await self.within_call_timeout(process.communicate(), what)
-        except BackendError:
-            process.kill()
-            await process.wait()
-            raise
-        if process.returncode != 0:
-            raise BackendError(f"{what} failed: {err.decode().strip() or out.decode()}")
-        return out.decode()
+        out, err = await process.communicate()
+        code = process.returncode if process.returncode is not None else -1
+        return code, out.decode(errors="replace"), err.decode(errors="replace").strip()
+
+
+def check_interface(utility: str) -> None:
+    """Refuse a utility without the --action interface (the r550 `--toggle` one)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            [utility, "--help"], capture_output=True, text=True, timeout=HELP_SECONDS, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise BackendError(f"cuda-checkpoint --help could not run: {error}") from None
+    text = done.stdout + done.stderr
+    missing = [flag for flag in NEEDED_FLAGS if flag not in text]
+    if missing:
+        raise BackendError(
+            f"the cuda-checkpoint utility at {utility} offers no {', '.join(missing)} "
+            "(a --toggle-only r550 utility); install the one for driver "
+            f"{CHECKPOINT_API_DRIVER} or later"
+        )

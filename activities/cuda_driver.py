@@ -1,27 +1,65 @@
 """The ``cuda`` backend: the CUDA driver's checkpoint API called in process
-through cuda-bindings (`cuCheckpointProcessLock/Checkpoint/Restore/Unlock/
-GetState`, driver 570 or later). No process is spawned per action. Each call
-runs in a worker thread under the call timeout, so a hung driver call fails
-the switch instead of blocking the node."""
+through cuda-bindings (`cuCheckpointProcessGetRestoreThreadId/GetState/Lock/
+Checkpoint/Restore/Unlock`, driver 570 or later). No process is spawned per
+action.
+
+Each call runs to its end in a thread of the backend's own pool, one per
+rank at once, so ranks move in parallel. The driver states no rule against
+concurrent calls on different pids ([API], CUDA Driver API "CUDA
+Checkpointing"); tests/emulator/libcuda.c's header holds the research and its
+exceptions (NCCL communicators, `--launch-job` peers, which the nccl hook
+tears down first). A lock is bounded by the driver's own timeoutMs; no call is
+abandoned while it runs (see checkpointing.py).
+
+At start every function above must exist twice over: in cuda-bindings
+(13.0.0 and 13.0.1 lack cuCheckpointProcessRestore, so a checkpoint would
+succeed and its restore raise AttributeError, stranding the job in host
+memory) and in the driver (cuGetProcAddress; the API arrived with CUDA 12.8,
+driver 570). Otherwise the agent refuses to start, in one line.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 from typing import Any
 
 from timeshare.activities.backend import BackendConfig, BackendError
-from timeshare.activities.checkpointing import ProcessCheckpointBackend
+from timeshare.activities.checkpointing import CudaState, NotCuda, ProcessCheckpointBackend
 from timeshare.activities.gpus import CHECKPOINT_API_DRIVER, NoGpus, gpu_inventory
 
-STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
+# CUprocessState ([API]; 4 and 5 from CUDA 13, cuda-bindings 13.x).
+STATES = {
+    0: CudaState.RUNNING,
+    1: CudaState.LOCKED,
+    2: CudaState.CHECKPOINTED,
+    3: CudaState.FAILED,
+    4: CudaState.CHECKPOINTING,
+    5: CudaState.RESTORING,
+}
 ARGUMENTS = {
     "lock": "CUcheckpointLockArgs",
     "checkpoint": "CUcheckpointCheckpointArgs",
     "restore": "CUcheckpointRestoreArgs",
     "unlock": "CUcheckpointUnlockArgs",
 }
+NEEDED = (
+    "cuCheckpointProcessGetRestoreThreadId",
+    "cuCheckpointProcessGetState",
+    "cuCheckpointProcessLock",
+    "cuCheckpointProcessCheckpoint",
+    "cuCheckpointProcessRestore",
+    "cuCheckpointProcessUnlock",
+)
+# The CUDA version that introduced the checkpoint API (cuda.h 12.8).
+CHECKPOINT_API_CUDA = 12080
+# Threads for driver calls: one per rank of the largest job, and then some.
+MAX_CONCURRENT_CALLS = 64
+FIX_BINDINGS = "pip install 'cuda-bindings>=12.8,!=13.0.0,!=13.0.1'"
 
 
 def load_driver() -> ModuleType:
@@ -36,15 +74,58 @@ def load_driver() -> ModuleType:
     return module
 
 
+def bindings_version() -> str:
+    try:
+        return version("cuda-bindings")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def check_bindings(driver: ModuleType) -> None:
+    """Every function the backend calls exists in the installed cuda-bindings."""
+    missing = [name for name in NEEDED if not hasattr(driver, name)]
+    if missing:
+        raise BackendError(
+            f"backend cuda: cuda-bindings {bindings_version()} has no {', '.join(missing)} "
+            f"(13.0.0 and 13.0.1 lack the restore); {FIX_BINDINGS}"
+        )
+
+
+def check_driver(driver: ModuleType, driver_version: str) -> None:
+    """Every function the backend calls exists in the loaded driver."""
+    flags = driver.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
+    missing = []
+    for name in NEEDED:
+        result, function, status = driver.cuGetProcAddress(
+            name.encode(), CHECKPOINT_API_CUDA, flags
+        )
+        found = status is None or int(status) == 0  # CU_GET_PROC_ADDRESS_SUCCESS
+        if result != driver.CUresult.CUDA_SUCCESS or not function or not found:
+            missing.append(name)
+    if missing:
+        raise BackendError(
+            f"backend cuda: NVIDIA driver {driver_version} has no {', '.join(missing)}; "
+            f"the checkpoint API needs driver {CHECKPOINT_API_DRIVER} or later"
+        )
+
+
 class CudaDriverBackend(ProcessCheckpointBackend):
     name = "cuda"
 
     def __init__(self, config: BackendConfig, driver: ModuleType) -> None:
         super().__init__(config)
         self.driver = driver
+        self._executor = ThreadPoolExecutor(MAX_CONCURRENT_CALLS, thread_name_prefix="cuda-call")
 
     @classmethod
     def create(cls, config: BackendConfig) -> CudaDriverBackend:
+        return cls.create_with(config, load_driver)
+
+    @classmethod
+    def create_with(
+        cls, config: BackendConfig, loader: Callable[[], ModuleType]
+    ) -> CudaDriverBackend:
+        """Checks everything the backend needs, in one line each, before it runs."""
         try:
             gpus = gpu_inventory()
         except NoGpus as error:
@@ -52,37 +133,68 @@ class CudaDriverBackend(ProcessCheckpointBackend):
         if gpus and not gpus[0].checkpoint_api:
             raise BackendError(
                 f"backend cuda needs NVIDIA driver {CHECKPOINT_API_DRIVER} or later, found "
-                f"{gpus[0].driver_version}; use --backend cuda-checkpoint"
+                f"{gpus[0].driver_version}; with an older driver use --backend freeze"
             )
-        driver = load_driver()
+        driver = loader()
+        check_bindings(driver)
         try:
             (result,) = driver.cuInit(0)
         except Exception as error:  # cuda-bindings raises its own loader errors
             raise BackendError(f"backend cuda cannot load the CUDA driver: {error}") from None
         if result != driver.CUresult.CUDA_SUCCESS:
-            raise BackendError(f"cuInit failed: {result}")
+            raise BackendError(f"backend cuda: cuInit failed: {getattr(result, 'name', result)}")
+        check_driver(driver, gpus[0].driver_version if gpus else "unknown")
         return cls(config, driver)
 
     def describe(self) -> str:
-        return "cuda (driver checkpoint API)"
+        return f"cuda (driver checkpoint API, cuda-bindings {bindings_version()})"
 
-    async def state(self, pid: int) -> str:
-        result, state = await self._call(self.driver.cuCheckpointProcessGetState, pid)
+    async def restore_thread(self, pid: int) -> int | None:
+        result, tid = await self._call(self.driver.cuCheckpointProcessGetRestoreThreadId, pid)
+        # [CRIU] and ai-dynamo's cuda-checkpoint-helper: the driver answers
+        # CUDA_ERROR_INVALID_VALUE for a process without CUDA checkpoint state.
+        if result == self.driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+            return None
+        self._check(result, f"asking process {pid} for its CUDA restore thread")
+        return int(tid)
+
+    async def read_state(self, pid: int) -> CudaState:
+        try:
+            result, state = await self._call(self.driver.cuCheckpointProcessGetState, pid)
+        except ValueError:
+            # cuda-bindings 12.x turns CUDA 13's in-progress values into ValueError.
+            return CudaState.BUSY
+        if result == self.driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+            raise NotCuda(pid)
         self._check(result, f"reading the CUDA state of process {pid}")
-        return STATES.get(int(state), "failed")
+        found = STATES.get(int(state))
+        if found is None:
+            raise BackendError(f"process {pid} reports CUDA state {int(state)}, unknown here")
+        return found
 
     async def act(self, action: str, pid: int) -> None:
         arguments = getattr(self.driver, ARGUMENTS[action])()
         if action == "lock":
-            arguments.timeoutMs = int(self.lock_timeout * 1000)
+            # [API] CUcheckpointLockArgs.timeoutMs: past it the process is left RUNNING.
+            arguments.timeoutMs = max(1, int(self.lock_timeout * 1000))
         function = getattr(self.driver, f"cuCheckpointProcess{action.capitalize()}")
         (result,) = await self._call(function, pid, arguments)
         self._check(result, f"{action} of process {pid}")
 
     async def _call(self, function: Callable[..., Any], *args: Any) -> Any:
-        name = getattr(function, "__name__", "driver call")
-        return await self.within_call_timeout(asyncio.to_thread(function, *args), name)
+        """Runs in the pool until the driver returns: the caller bounds the
+        wait (checkpointing.py), never the call."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, function, *args)
 
     def _check(self, result: Any, what: str) -> None:
         if result != self.driver.CUresult.CUDA_SUCCESS:
-            raise BackendError(f"{what} failed: {getattr(result, 'name', result)}")
+            raise BackendError(f"{what} failed: {self._name(result)}")
+
+    def _name(self, result: Any) -> str:
+        name = getattr(result, "name", str(result))
+        with contextlib.suppress(Exception):
+            error, text = self.driver.cuGetErrorString(result)
+            if error == self.driver.CUresult.CUDA_SUCCESS and text:
+                return f"{name} ({text.decode() if isinstance(text, bytes) else text})"
+        return str(name)

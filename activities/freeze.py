@@ -6,7 +6,11 @@ descendants). Where the job's processes, and nothing else, share a cgroup of
 their own, it freezes that cgroup (v2 `cgroup.freeze`, else the v1 freezer);
 otherwise it stops them with SIGSTOP and continues them with SIGCONT. It moves
 no device memory. On its own it keeps a job off the GPU but leaves its memory
-there; stacked under a checkpointing backend it makes the checkpoint safe."""
+there; stacked with a checkpointing backend it stops the job's processes once
+their device state is checkpointed (see stacked.py for why not before).
+
+A job that left its group (released) is never frozen again here: a stopped
+process cannot even act on SIGTERM, and nobody would ever continue it."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from timeshare.activities.backend import Backend, BackendConfig, BackendError
+from timeshare.activities.backend import PROCESSES, Backend, BackendConfig, BackendError, Released
 from timeshare.activities.cgroups import own_cgroup
 from timeshare.activities.gpus import node_gpus
 from timeshare.activities.processes import ProcessTable, stopped
@@ -30,6 +34,7 @@ POLL_SECONDS = 0.005
 
 class FreezeBackend(Backend):
     name = "freeze"
+    evict_order = PROCESSES
 
     def __init__(self, config: BackendConfig) -> None:
         self.node = config.node
@@ -60,11 +65,24 @@ class FreezeBackend(Backend):
         return all(stopped(pid) for pid in pids)
 
     async def resident_jobs(self, group: str) -> list[str]:
-        return [job for job in self.processes.jobs(group) if not self._is_frozen(group, job)]
+        return [
+            job
+            for job in self.processes.jobs(group)
+            if not self.processes.released(group, job) and not self._is_frozen(group, job)
+        ]
+
+    async def stopped(self, group: str, job: str) -> bool:
+        return bool(self.processes.processes(group, job)) and self._is_frozen(group, job)
+
+    async def release(self, group: str, job: str) -> Released:
+        thawed = await self._thaw(group, job)
+        self._locked.discard((group, job))
+        done = [f"thawed {thawed.pids}"] if thawed.pids else []
+        return Released(running=self.processes.processes(group, job), done=done)
 
     async def lock(self, group: str, job: str) -> BackendAction:
         # Freezing never moves memory: a lock is the same freeze, reported as one.
-        action = await self.checkpoint(group, job)
+        action = await self._freeze(group, job)
         if action.action == "noop":
             return action
         self._locked.add((group, job))
@@ -72,8 +90,11 @@ class FreezeBackend(Backend):
 
     async def checkpoint(self, group: str, job: str, mode: EvictMode = "offload") -> BackendAction:
         self._locked.discard((group, job))
+        return await self._freeze(group, job)
+
+    async def _freeze(self, group: str, job: str) -> BackendAction:
         pids = self.processes.processes(group, job)
-        if not pids or self._is_frozen(group, job):
+        if not pids or self.processes.released(group, job) or self._is_frozen(group, job):
             return BackendAction(job=job, action="noop")
         start = time.time()
         cgroup = own_cgroup(pids)

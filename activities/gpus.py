@@ -53,7 +53,19 @@ class DeviceMemory(BaseModel):
     """One GPU's memory as NVML reports it."""
 
     free_bytes: int
-    by_pid: dict[int, int]
+    # None for a process whose memory NVML cannot tell: pynvml gives
+    # usedGpuMemory None for NVML_VALUE_NOT_AVAILABLE, which is what it
+    # reports under MIG and without per-process accounting. Unknown, never 0.
+    by_pid: dict[int, int | None]
+    total_bytes: int = 0
+
+    @property
+    def used_bytes(self) -> int:
+        return max(0, self.total_bytes - self.free_bytes)
+
+
+def _add(total: int | None, count: int | None) -> int | None:
+    return None if total is None or count is None else total + count
 
 
 def device_memory() -> dict[str, DeviceMemory]:
@@ -68,22 +80,27 @@ def device_memory() -> dict[str, DeviceMemory]:
         found = {}
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            by_pid: dict[int, int] = {}
+            by_pid: dict[int, int | None] = {}
             for process in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                by_pid[process.pid] = by_pid.get(process.pid, 0) + int(process.usedGpuMemory or 0)
-            free = int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
-            found[f"gpu{index}"] = DeviceMemory(free_bytes=free, by_pid=by_pid)
+                used = process.usedGpuMemory
+                count = None if used is None else int(used)
+                by_pid[process.pid] = _add(by_pid.get(process.pid, 0), count)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            found[f"gpu{index}"] = DeviceMemory(
+                free_bytes=int(memory.free), by_pid=by_pid, total_bytes=int(memory.total)
+            )
         return found
     finally:
         nvml.nvmlShutdown()
 
 
-def device_memory_by_pid() -> dict[int, int]:
-    """Device bytes each process uses, over every GPU; empty without NVML."""
-    used: dict[int, int] = {}
+def device_memory_by_pid() -> dict[int, int | None]:
+    """Device bytes each process uses, over every GPU (None: NVML cannot
+    tell); empty without NVML."""
+    used: dict[int, int | None] = {}
     for gpu in device_memory().values():
         for pid, count in gpu.by_pid.items():
-            used[pid] = used.get(pid, 0) + count
+            used[pid] = _add(used.get(pid, 0), count)
     return used
 
 

@@ -7,7 +7,11 @@ descendants (data-loader children, tensor-parallel ranks it spawned).
 
 The table survives an agent restart: it is kept in a file beside the agent's
 socket, and on load keeps only processes that are the very ones registered
-(same id and same start time, so a reused process id is not taken for one)."""
+(same id and same start time, so a reused process id is not taken for one).
+
+A job that left its group is marked released: its processes are never
+stopped again here, until it registers a new process or is admitted by a
+switch (it joined again)."""
 
 from __future__ import annotations
 
@@ -116,6 +120,7 @@ class ProcessTable:
         self.on_register: list[Callable[[str, str], None]] = []
         self._state_path = state_path
         self._started: dict[int, str] = {}
+        self._released: set[JobKey] = set()
         if state_path is not None:
             self._load(state_path)
 
@@ -126,6 +131,10 @@ class ProcessTable:
                 raise RegistrationRefused(
                     f"process {pid} is registered to {key[0]}/{key[1]} already"
                 )
+        if pid not in self._pids[(group, job)]:
+            # A new process: the job is back (a registration that comes again
+            # after an agent restart changes nothing).
+            self._released.discard((group, job))
         self._pids[(group, job)].add(pid)
         self._started[pid] = start_time(pid)
         self._gone.discard((group, job))
@@ -145,6 +154,27 @@ class ProcessTable:
             tree += [p for p in descendants(pid) if p not in tree and alive(p)]
         return tree
 
+    def released(self, group: str, job: str) -> bool:
+        return (group, job) in self._released
+
+    def mark_released(self, group: str, job: str, released: bool = True) -> None:
+        """Mark (or unmark) a job with processes registered here as released."""
+        if released == self.released(group, job) or not self._pids.get((group, job)):
+            return
+        if released:
+            self._released.add((group, job))
+        else:
+            self._released.discard((group, job))
+        self._save()
+
+    def forget(self, group: str, job: str) -> list[int]:
+        """Drop the job's registrations (its processes are no longer switched
+        here); returns the registered processes that were dropped."""
+        pids = sorted(self._pids.pop((group, job), set()))
+        self._released.discard((group, job))
+        self._save()
+        return pids
+
     def gone(self, group: str, job: str) -> bool:
         """The job registered processes here and every one of them has exited."""
         self.forget_exited()
@@ -158,6 +188,7 @@ class ProcessTable:
             self._pids[key] = living
             if not living:
                 self._gone.add(key)
+                self._released.discard(key)
                 del self._pids[key]
         if changed:
             self._save()
@@ -172,8 +203,11 @@ class ProcessTable:
             for entry in entries:
                 pid, started = int(entry["pid"]), str(entry["started"])
                 if started and start_time(pid) == started:
-                    self._pids[(str(entry["group"]), str(entry["job"]))].add(pid)
+                    key = (str(entry["group"]), str(entry["job"]))
+                    self._pids[key].add(pid)
                     self._started[pid] = started
+                    if entry.get("released"):
+                        self._released.add(key)
         except (OSError, ValueError, TypeError, KeyError) as error:
             log.warning(
                 "registrations in %s are unreadable (%s); processes must register again",
@@ -189,6 +223,7 @@ class ProcessTable:
             return
         entries = [
             {"group": group, "job": job, "pid": pid, "started": self._started.get(pid, "")}
+            | ({"released": True} if (group, job) in self._released else {})
             for (group, job), pids in sorted(self._pids.items())
             for pid in sorted(pids)
         ]

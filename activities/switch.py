@@ -1,4 +1,10 @@
-"""The ``switch`` activity: one node's part of a hand-over."""
+"""The ``switch`` and ``release`` activities: one node's part of a
+hand-over, and letting a job that left its group go.
+
+An agent serves every group whose jobs use its node. Its switches and
+releases run one at a time, whatever their groups: two of them touching the
+same GPU at once could each find the device free for the job it admits, and
+each check the host's free memory before the other has moved anything."""
 
 from __future__ import annotations
 
@@ -8,21 +14,24 @@ import itertools
 import logging
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from opentelemetry import propagate, trace
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from timeshare.activities.backend import Backend, BackendError
+from timeshare.activities.backend import Backend, BackendError, JobFailed
 from timeshare.activities.processes import ProcessTable
 from timeshare.activities.residency import RoomPlan, extra, plan_room
 from timeshare.hooks.protocol import EvictMode
 from timeshare.instruments import record_switch
 from timeshare.models import (
     CHECKPOINT_FAILED,
+    JOB_FAILED,
     RESTORE_FAILED,
     BackendAction,
+    ReleaseInput,
+    ReleaseOutput,
     SwitchInput,
     SwitchOutput,
 )
@@ -43,11 +52,17 @@ class SwitchActivities:
         self._admitted: dict[str, str] = {}
         self._background: set[asyncio.Task[None]] = set()
         self.processes.on_register.append(self._registered)
-        # One switch per group at a time, and never one older than the last:
-        # an attempt Temporal already gave up on must not move state after
-        # the next plan has.
-        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # One switch or release at a time on each GPU, whatever its group
+        # (groups that claim other GPUs of the node switch meanwhile), and
+        # never a switch older than its group's last: an attempt Temporal
+        # already gave up on must not move state after the next plan has.
+        self._gpu_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # The GPUs each group's policy claims here (none named: all of them).
+        self._claims: dict[str, list[int]] = {}
+        self.waiting = 0  # switches and releases waiting for the node (for tests)
         self._latest_plan: dict[str, int] = {}
+        # Called with (group, job) once a job that left is released here.
+        self.on_release: list[Callable[[str, str], Awaitable[None]]] = []
         # Whether each group's last switch here kept jobs co-resident, and
         # when each job last ran here: the least recently used leaves first.
         self._co_residency: dict[str, bool] = {}
@@ -65,7 +80,8 @@ class SwitchActivities:
                 f"switch for node {move.node!r} reached the agent of node {self.node!r}",
                 non_retryable=True,
             )
-        async with self._locks[input.group]:
+        self._claims[input.group] = list(input.gpus)
+        async with self._these_gpus(input.group):
             if input.plan < self._latest_plan.get(input.group, 0):
                 raise ApplicationError(
                     f"switch plan {input.plan} of group {input.group!r} was superseded by plan "
@@ -90,17 +106,47 @@ class SwitchActivities:
             record_switch(input.group, output)
             return output
 
+    def _gpus_of(self, group: str) -> list[int]:
+        claimed = self._claims.get(group)
+        if claimed:
+            return sorted(claimed)
+        # All of the node's GPUs; a node that cannot count them is one GPU.
+        return list(range(max(1, len(self.backend.gpus()))))
+
+    @contextlib.asynccontextmanager
+    async def _these_gpus(self, group: str) -> AsyncIterator[None]:
+        """The locks of the group's GPUs, taken in index order (two groups
+        that share a GPU never wait for each other's locks crosswise)."""
+        async with contextlib.AsyncExitStack() as held:
+            self.waiting += 1
+            try:
+                for gpu in self._gpus_of(group):
+                    await held.enter_async_context(self._gpu_locks[gpu])
+            finally:
+                self.waiting -= 1
+            yield
+
     async def _switch(self, input: SwitchInput) -> SwitchOutput:
         move, group = input.move, input.group
         started = time.monotonic()
+        self.backend.place(group, input.gpus)
+        if move.admit:
+            # Admitted: a member again, whatever it did before.
+            self.processes.mark_released(group, move.admit, False)
         if input.phase == "quiesce":
             return await self._quiesce(input, started)
         shared = input.co_residency == "auto" and self.backend.co_residency()
         self._co_residency[group] = shared
         async with _heartbeating():
-            others, room = await self._room(input, shared)
+            try:
+                others, room = await self._room(input, shared)
+            except BackendError as error:
+                raise ApplicationError(str(error), type=CHECKPOINT_FAILED) from None
+            # A job that left keeps running beside the admitted one if it fits:
+            # nobody would ever unlock it.
+            kept = [job for job in room.keep if not self.processes.released(group, job)]
             actions = [
-                await _step(self.backend.lock(group, job), CHECKPOINT_FAILED) for job in room.keep
+                await _step(self.backend.lock(group, job), CHECKPOINT_FAILED) for job in kept
             ]
             actions += [
                 await _step(
@@ -199,6 +245,47 @@ class SwitchActivities:
     def _mode(self, group: str, job: str) -> EvictMode:
         return self.backend.evict_mode(group, job) or "offload"
 
+    @activity.defn(name="release")
+    async def release(self, input: ReleaseInput) -> ReleaseOutput:
+        """The job left its group (leave, eviction, lease, exit): its
+        processes here run again, never left stopped without an owner."""
+        async with _heartbeating():
+            return await self.release_job(input.group, input.job, input.gpus, input.reason)
+
+    async def release_job(
+        self, group: str, job: str, gpus: list[int] | None = None, reason: str = ""
+    ) -> ReleaseOutput:
+        if gpus is not None:
+            self._claims[group] = list(gpus)
+        async with self._these_gpus(group):
+            if gpus is not None:
+                self.backend.place(group, gpus)
+            # Marked first: no switch freezes it again from here on.
+            self.processes.mark_released(group, job)
+            try:
+                released = await self.backend.release(group, job)
+            except BackendError as error:
+                raise ApplicationError(
+                    f"releasing {group}/{job} on node {self.node}: {error}", type="ReleaseFailed"
+                ) from None
+            if self._admitted.get(group) == job:
+                self._admitted.pop(group)
+        output = ReleaseOutput(
+            node=self.node, job=job, running=released.running,
+            checkpointed=released.checkpointed, failed=released.failed,
+            summary=release_summary(group, job, self.node, released.running,
+                                    released.checkpointed, released.failed, released.done),
+        )  # fmt: skip
+        (log.warning if output.checkpointed or output.failed else log.info)(
+            "%s%s", output.summary, f" ({reason})" if reason else ""
+        )
+        for listener in self.on_release:
+            try:
+                await listener(group, job)
+            except Exception as error:  # the claim is pruned at the next conflicting join
+                log.warning("after releasing %s/%s: %s", group, job, error)
+        return output
+
     def _registered(self, group: str, job: str) -> None:
         holder = self._admitted.get(group)
         if holder is not None and holder != job:
@@ -207,7 +294,9 @@ class SwitchActivities:
             task.add_done_callback(self._background.discard)
 
     async def _lock_newcomer(self, group: str, job: str) -> None:
-        async with self._locks[group]:
+        async with self._these_gpus(group):
+            if self.processes.released(group, job):
+                return  # a process of a job that left registered again (agent restart)
             if self._admitted.get(group) not in (None, job):
                 try:
                     if self._co_residency.get(group):
@@ -218,10 +307,39 @@ class SwitchActivities:
                     log.warning("could not lock newcomer %s/%s: %s", group, job, error)
 
 
+def release_summary(
+    group: str,
+    job: str,
+    node: str,
+    running: list[int],
+    checkpointed: list[int],
+    failed: list[int],
+    done: list[str],
+) -> str:
+    parts = [f"job {group}/{job} released on node {node}:"]
+    parts.append(f"processes {running} run again" if running else "no process left stopped")
+    if checkpointed:
+        parts.append(
+            f"; {checkpointed} left checkpointed (no room on the device) but not stopped: their "
+            "CUDA calls block, kill them to free their host memory"
+        )
+    if failed:
+        parts.append(f"; {failed} are in the driver's FAILED state: kill them")
+    if done:
+        parts.append(f" ({'; '.join(done)})")
+    return " ".join(parts).replace(" ;", ";")
+
+
 async def _step(action: Awaitable[BackendAction], failure_type: str) -> BackendAction:
     with tracer.start_as_current_span(f"timeshare.{PHASE_OF_FAILURE[failure_type]}") as span:
         try:
             done = await action
+        except JobFailed as failed:
+            span.set_status(trace.StatusCode.ERROR, str(failed))
+            # Terminal: the workflow evicts the job named in the details.
+            raise ApplicationError(
+                str(failed), failed.job, type=JOB_FAILED, non_retryable=True
+            ) from None
         except BackendError as error:
             span.set_status(trace.StatusCode.ERROR, str(error))
             raise ApplicationError(str(error), type=failure_type) from None

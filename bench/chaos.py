@@ -6,6 +6,13 @@ wait for. Definitions of what is counted: `bench.chaos_check`.
 
     python -m bench.chaos --minutes N [--seed S] [--groups G] [--jobs-per-group J]
                           [--kinds scheduler,gateway,agent,job,temporal] [--workdir DIR]
+                          [--replicas N]
+
+With ``--replicas N``: N scheduler workers and N gateways against the one
+Temporal; a scheduler or gateway fault kills one replica while the others
+serve. Each job is given every gateway, starting at a different one for
+neighbours (bench.stack.LocalStack.job_address), so a job whose gateway
+died goes on through another.
 
 Exit status 1 if any acquire was lost, any turn granted twice, any node held
 two jobs' state, any group stuck, or any live job failed otherwise.
@@ -174,7 +181,11 @@ def report(
 
 def run(args: argparse.Namespace, workdir: Path) -> bool:
     rng = random.Random(args.seed)
-    stack = LocalStack(workdir, node=NODES[0], more_nodes=NODES[1:], bandwidth_gbps=5.0)
+    # Each group has a GPU of its own on every node (a GPU is one group's at a time).
+    stack = LocalStack(
+        workdir, node=NODES[0], more_nodes=NODES[1:], bandwidth_gbps=5.0, sim_gpus=args.groups,
+        schedulers=args.replicas, gateways=args.replicas,
+    )  # fmt: skip
     groups = [f"chaos-{g}" for g in range(args.groups)]
     started = time.time()
     settings = JobSettings(
@@ -188,7 +199,7 @@ def run(args: argparse.Namespace, workdir: Path) -> bool:
         pool.settings.until = time.time() + args.minutes * 60
         for g, group in enumerate(groups):
             for j in range(args.jobs_per_group):
-                pool.start(group, f"g{g}-j{j}", job_nodes(g, j))
+                pool.start(group, f"g{g}-j{j}", job_nodes(g, j), [g])
         # The records under the workdir carry Unix times; this line ties them to the log's.
         log(
             started,
@@ -216,7 +227,12 @@ def main() -> None:
         "--kinds", default=",".join(KINDS), help="faults to inject (default %(default)s)"
     )
     parser.add_argument("--workdir", type=Path, help="keep logs and records here")
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="scheduler workers and gateways, each"
+    )
     args = parser.parse_args()
+    if args.replicas < 1:
+        parser.error("--replicas: at least 1")
     if unknown := set(args.kinds.split(",")) - set(KINDS):
         parser.error(f"--kinds: unknown {', '.join(sorted(unknown))}; choose from {KINDS}")
     if args.workdir is not None:

@@ -29,13 +29,26 @@ class Fault:
     outcome: str
 
 
+def replicas(stack: LocalStack, kind: str) -> list[str]:
+    """The parts a fault of ``kind`` may kill: one replica of several, the others serving."""
+    if kind == "agent":
+        return stack.agents
+    if kind == "scheduler":
+        return stack.scheduler_parts
+    if kind == "gateway":
+        return stack.gateway_parts
+    return [kind]
+
+
 def inject(kind: str, stack: LocalStack, pool: JobPool, rng: random.Random) -> Fault:
     if kind == "job":
         victim = rng.choice(pool.running())
         at, replacement = pool.kill_and_replace(victim, rng)
         target = f"job {victim.group}/{victim.job}"
         return Fault(kind, target, at, at, f"replaced by {replacement}")
-    part = rng.choice(stack.agents) if kind == "agent" else kind
+    # One candidate draws nothing: a run of one replica each keeps its schedule for a seed.
+    candidates = replicas(stack, kind)
+    part = rng.choice(candidates) if len(candidates) > 1 else candidates[0]
     downtime = rng.uniform(*DOWNTIME_SECONDS)
     # The Temporal dev server restarts on the same SQLite file and port.
     _, at = restart(stack, part, downtime=downtime)

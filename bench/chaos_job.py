@@ -53,6 +53,7 @@ def run(args: argparse.Namespace, events: EventLog) -> None:
         lease_seconds=args.lease_seconds,
         agent_timeout_seconds=args.agent_timeout_seconds,
         continue_as_new_every=args.continue_as_new_every,
+        gpus=[int(gpu) for gpu in args.gpus.split(",") if gpu],
     )
     with timeshare.connect(args.address) as client:
         job = join_afresh(client, args.group, args.job, args.nodes.split(","), policy)
@@ -83,6 +84,7 @@ def main() -> int:
     parser.add_argument("--lease-seconds", type=float, default=30.0)
     parser.add_argument("--agent-timeout-seconds", type=float, default=30.0)
     parser.add_argument("--continue-as-new-every", type=int, default=0, help="grants")
+    parser.add_argument("--gpus", default="", help="the GPUs the group uses on each node")
     args = parser.parse_args()
     events = EventLog(args.events)
     try:

@@ -29,6 +29,7 @@ class JobProcess(JobRecord):
     """One process of a job; a replacement is another JobProcess."""
 
     nodes: list[str]
+    gpus: list[int]
     process: subprocess.Popen[bytes]
 
 
@@ -38,20 +39,25 @@ class JobPool:
     settings: JobSettings
     processes: list[JobProcess] = field(default_factory=list)
 
-    def start(self, group: str, job: str, nodes: list[str]) -> JobProcess:
+    def start(self, group: str, job: str, nodes: list[str], gpus: list[int]) -> JobProcess:
+        """A job of ``group`` on ``nodes``, whose group uses GPUs ``gpus`` of each."""
         s = self.settings
         events = self.stack.workdir / "events" / f"{job}.{len(self.processes)}.jsonl"
         events.parent.mkdir(exist_ok=True)
+        address = self.stack.job_address(len(self.processes))
         command = [
             sys.executable, "-m", "bench.chaos_job", f"--group={group}", f"--job={job}",
-            f"--nodes={','.join(nodes)}", f"--address={self.stack.address}",
+            f"--nodes={','.join(nodes)}", f"--address={address}",
             f"--events={events}", f"--until={s.until}", f"--work-seconds={s.work_seconds}",
             f"--gap-seconds={s.gap_seconds}", f"--lease-seconds={s.lease_seconds}",
             f"--agent-timeout-seconds={s.agent_timeout_seconds}",
             f"--continue-as-new-every={s.continue_as_new_every}",
+            f"--gpus={','.join(str(gpu) for gpu in gpus)}",
         ]  # fmt: skip
         process = self.stack.launch(job, command)
-        started = JobProcess(group=group, job=job, events_path=events, nodes=nodes, process=process)
+        started = JobProcess(
+            group=group, job=job, events_path=events, nodes=nodes, gpus=gpus, process=process
+        )
         self.processes.append(started)
         return started
 
@@ -70,7 +76,7 @@ class JobPool:
         base = victim.job.split(".")[0]
         same_name = rng.random() < 0.5
         name = victim.job if same_name else f"{base}.{len(self.processes)}"
-        self.start(victim.group, name, victim.nodes)
+        self.start(victim.group, name, victim.nodes, victim.gpus)
         return killed_at, name
 
     def stop(self) -> None:

@@ -20,6 +20,7 @@ import timeshare
 from bench.handoff import measure_handoff
 from bench.stack import LocalStack
 from bench.stats import p50_p90_p99
+from timeshare.models import GroupPolicy
 from timeshare.status import table
 
 NODES = ["node-a", "node-b"]
@@ -42,14 +43,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         stack = LocalStack(
             Path(scratch), node=NODES[0], more_nodes=NODES[1:],
-            state_gib=args.state_gib, bandwidth_gbps=args.bandwidth_gbps,
+            state_gib=args.state_gib, bandwidth_gbps=args.bandwidth_gbps, sim_gpus=len(spans),
         )  # fmt: skip
         try:
             stack.start_all()
             print(f"stack ready; {iterations} hand-overs each", flush=True)
             with timeshare.connect(stack.address) as client:
+                # Each group on a GPU of its own: a GPU is one group's at a time.
                 pairs = {
-                    n: [client.join(f"span-{n}", f"job-{x}", nodes) for x in "ab"]
+                    n: [
+                        client.join(f"span-{n}", f"job-{x}", nodes, GroupPolicy(gpus=[n - 1]))
+                        for x in "ab"
+                    ]
                     for n, nodes in spans.items()
                 }
                 for _ in range(iterations):

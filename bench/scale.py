@@ -1,135 +1,297 @@
-"""Scale: many groups on one scheduler worker, one gateway and the embedded
-dev server, each group's jobs cycling through zero-byte switches as fast as
-they can (sim backend, one node).
+"""Scale: many groups on the scheduler worker(s), gateway(s) and embedded dev
+server, sim backend, one node, zero-byte switches. In one run, on one server:
 
-    python -m bench.scale            # 1, 10, 50 and 200 groups, 20 s each
-    python -m bench.scale --quick    # 1, 10 and 50 groups, 8 s each
+1. the floor workflow's worker CPU per trivial update and per update awaiting
+   one remote activity (bench.floors, its worker in a process of its own);
+2. the history idle jobs write (bench.idle_history): now, and with the
+   heartbeat every 10 s of clients before the turn watch;
+3. groups of 3 jobs, each group handing over once every ``--period`` seconds
+   (bench.scale_load), at growing sizes; the full run searches upward until
+   the p99 hand-over passes 1 s or a lease is lost.
+
+    python -m bench.scale                     # 50, 100, 150, ... groups, 30 s each
+    python -m bench.scale --quick             # 10 and 50 groups, 20 s each
+    python -m bench.scale --period 0          # as fast as the jobs can (the old load)
+    python -m bench.scale --replicas 2        # two schedulers and two gateways
+    python -m bench.scale --profile DIR       # py-spy of the schedulers at 50 groups
+
+worker_cpu_ratio: the scheduler's CPU per hand-over at 50 groups over the
+floor's trivial update plus update awaiting a remote activity.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import platform
 import tempfile
-import time
+from collections import Counter
 from pathlib import Path
 
-from pydantic import BaseModel
-
-import timeshare.aio
+from bench.floors import FloorCpu, measure_floor_cpu
+from bench.idle_history import IdleHistory, measure_idle_history
+from bench.procstat import load_average
+from bench.profiling import Profiler, read_profile
+from bench.scale_load import LoadResult, run_load
 from bench.stack import LocalStack
-from bench.stats import percentile
+from bench.watch_cost import WatchCost, measure_watch_cost
+from timeshare.models import MAX_GPUS_PER_NODE
 from timeshare.status import table
+from timeshare.workers.service import connect_temporal
 
-JOBS_PER_GROUP = (2, 3, 4)
-
-
-class ScaleResult(BaseModel):
-    groups: int
-    jobs: int
-    grants: int
-    handoffs: int
-    seconds: float
-    p99_ms: float
-    worker_cpu_ms_per_handoff: float
-
-    @property
-    def handoffs_per_s(self) -> float:
-        return self.handoffs / self.seconds
+# The size whose scheduler CPU per hand-over makes worker_cpu_ratio.
+REFERENCE_GROUPS = 50
+P99_LIMIT_MS = 1000.0
+SEARCH_STEP = 50
+# Each group has a simulated GPU of its own, and a node has at most this many.
+SEARCH_MAX = (MAX_GPUS_PER_NODE // SEARCH_STEP) * SEARCH_STEP
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def stack_pids(stack: LocalStack) -> dict[str, int]:
+    """The stack's processes and this one (every job's client runs here)."""
+    return {**{name: p.pid for name, p in stack.processes.items()}, "bench": os.getpid()}
 
 
-class GroupLog:
-    """Hand-overs in one group, seen from its jobs (all in this process)."""
-
-    def __init__(self) -> None:
-        self.last_holder = ""
-        self.yielded_at = 0.0
-        self.latencies: list[float] = []
-        self.grants = 0
-
-
-async def cycle(job: timeshare.aio.Job, log: GroupLog, until: float) -> None:
-    while time.monotonic() < until:
-        await job.acquire()
-        now = time.monotonic()
-        log.grants += 1
-        if log.last_holder and log.last_holder != job.name:
-            log.latencies.append((now - log.yielded_at) * 1000)
-        log.last_holder = job.name
-        log.yielded_at = time.monotonic()
-        await job.yield_()
+def load_row(r: LoadResult, parts: list[str], schedulers: list[str]) -> list[str]:
+    return [
+        str(r.groups), str(r.jobs), str(r.handoffs), f"{r.handoffs_per_s:.1f}",
+        f"{r.p50_ms:.0f}", f"{r.p99_ms:.0f}", str(r.evictions + len(r.lost)),
+        f"{r.cpu_ms_per_handoff(schedulers):.1f}",
+        *(f"{r.cpu_share(part):.2f}" for part in parts),
+    ]  # fmt: skip
 
 
-async def run_size(stack: LocalStack, groups: int, seconds: float) -> ScaleResult:
-    async with timeshare.aio.connect(stack.address) as client:
-        logs: list[GroupLog] = []
-        jobs: list[tuple[timeshare.aio.Job, GroupLog]] = []
-        for g in range(groups):
-            log = GroupLog()
-            logs.append(log)
-            for j in range(JOBS_PER_GROUP[g % len(JOBS_PER_GROUP)]):
-                job = await client.join(f"scale-{groups}-{g}", f"job-{j}", [stack.node])
-                jobs.append((job, log))
-        scheduler = stack.processes["scheduler"].pid
-        cpu_before = cpu_seconds(scheduler)
-        started = time.monotonic()
-        await asyncio.gather(*(cycle(job, log, started + seconds) for job, log in jobs))
-        elapsed = time.monotonic() - started
-        cpu = cpu_seconds(scheduler) - cpu_before
-        for job, _ in jobs:
-            await job.leave()
-    latencies = [ms for log in logs for ms in log.latencies]
-    handoffs = len(latencies)
-    return ScaleResult(
-        groups=groups,
-        jobs=len(jobs),
-        grants=sum(log.grants for log in logs),
-        handoffs=handoffs,
-        seconds=elapsed,
-        p99_ms=percentile(latencies, 99),
-        worker_cpu_ms_per_handoff=cpu * 1000 / max(1, handoffs),
+def print_loads(results: list[LoadResult], parts: list[str], schedulers: list[str]) -> None:
+    headers = ["groups", "jobs", "hand-overs", "hand-overs/s", "p50 ms", "p99 ms",
+               "leases lost", "scheduler CPU ms/hand-over",
+               *(f"{part} cores" for part in parts)]  # fmt: skip
+    print(table(headers, [load_row(r, parts, schedulers) for r in results]))
+
+
+def print_idle(idle: IdleHistory) -> None:
+    lease = f"{idle.idle_lease_seconds:g} s"
+    rows = [
+        [f"before: heartbeat every 10 s (idle lease {lease})", str(idle.before.jobs),
+         str(idle.before.total), str(idle.before.renewals), f"{idle.before_per_job_hour:.1f}"],
+        [f"now, idle lease {lease} (renewal every {idle.idle_lease_seconds / 3:g} s), measured",
+         str(idle.now.jobs), str(idle.now.total), str(idle.now.renewals),
+         f"{idle.now.per_job_hour():.1f}"],
+        [f"now, scaled to the default idle lease ({idle.scale:.4f} of the above)",
+         "", "", "", f"{idle.now_per_job_hour:.2f}"],
+        ["now, default policy, measured", str(idle.default_policy.jobs),
+         str(idle.default_policy.total), str(idle.default_policy.renewals),
+         f"{idle.default_policy.per_job_hour():.1f}"],
+    ]  # fmt: skip
+    print(table(["idle jobs", "jobs", "events", "renewals", "events per job-hour"], rows))
+    kinds = ", ".join(f"{kind} {n}" for kind, n in idle.before.events.most_common())
+    print(f"events in the 'before' window: {kinds}")
+    kinds = ", ".join(f"{kind} {n}" for kind, n in idle.now.events.most_common())
+    print(f"events in the 'now' window: {kinds}")
+
+
+def print_watch(watch: WatchCost) -> None:
+    parts = [name for name in watch.watched if name != "bench"]
+    rows = [
+        [f"{watch.groups} groups, each holder's turn watched",
+         *(f"{watch.watched[p]:.3f}" for p in parts)],
+        [f"{watch.groups} groups, no turn held", *(f"{watch.unwatched[p]:.3f}" for p in parts)],
+    ]  # fmt: skip
+    print(table(["no hand-overs: cores busy", *parts], rows))
+
+
+def print_floor(floor: FloorCpu, sandboxed: FloorCpu) -> None:
+    rows = [
+        ["trivial update", f"{floor.update_cpu_ms:.2f}", f"{floor.update_wall_ms:.1f}",
+         f"{sandboxed.update_cpu_ms:.2f}"],
+        ["update awaiting one remote activity", f"{floor.activity_cpu_ms:.2f}",
+         f"{floor.activity_wall_ms:.1f}", f"{sandboxed.activity_cpu_ms:.2f}"],
+    ]  # fmt: skip
+    headers = ["floor (workflow worker in its own process)", "CPU ms", "wall ms",
+               "CPU ms in the scheduler's sandbox"]  # fmt: skip
+    print(table(headers, rows))
+
+
+def print_profiles(directory: Path, cpu_ms: dict[str, float]) -> None:
+    """What each profiled process spent its Python time on; ``cpu_ms``: its
+    CPU per hand-over (or per floor pair), which the shares are of."""
+    profiles = {name: read_profile(directory / f"{name}.txt") for name in cpu_ms}
+    names = list(profiles)
+    modules = Counter[str]()
+    for profile in profiles.values():
+        modules.update({m: n / max(1, profile.samples) for m, n in profile.modules.items()})
+    rows = [
+        [module, *(f"{profiles[n].modules[module] / max(1, profiles[n].samples) * 100:.0f} %"
+                   for n in names)]
+        for module, _ in modules.most_common(16)
+    ]  # fmt: skip
+    print(table(["module in the stack (GIL samples)", *names], rows))
+    for name in names:
+        profile = profiles[name]
+        print(f"\n{name}: {profile.samples} samples ({profile.seconds:.1f} s holding the GIL); "
+              f"{cpu_ms[name]:.2f} ms CPU per unit")  # fmt: skip
+        rows = [[f"{share * 100:.1f} %", fn] for fn, share in profile.top(profile.own, 12)]
+        print(table(["own", "function"], rows))
+        rows = [[f"{share * 100:.1f} %", fn] for fn, share in profile.top(profile.total, 30)]
+        print(table(["in stack", "function"], rows))
+
+
+async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> None:
+    temporal = await connect_temporal(stack.temporal, "default")
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    floor = await measure_floor_cpu(
+        temporal, stack.temporal, args.floor_iterations, workdir,
+        args.profile / "floor-worker.txt" if args.profile else None,
+    )  # fmt: skip
+    sandboxed = await measure_floor_cpu(
+        temporal, stack.temporal, args.floor_iterations, workdir,
+        args.profile / "floor-worker-sandboxed.txt" if args.profile else None, sandboxed=True,
+    )  # fmt: skip
+    print(f"floor: update {floor.update_cpu_ms:.2f} ms CPU, "
+          f"update+activity {floor.activity_cpu_ms:.2f} ms CPU", flush=True)  # fmt: skip
+    idle = await measure_idle_history(
+        temporal, stack.address, stack.node, args.idle_groups, 3, args.idle_seconds,
+        args.idle_lease,
+    )  # fmt: skip
+    print(f"idle history: {idle.before_per_job_hour:.0f} events/job-hour before, "
+          f"{idle.now_per_job_hour:.2f} now (load {load_average()})", flush=True)  # fmt: skip
+    watch = await measure_watch_cost(
+        stack.address, stack.node, stack_pids(stack), REFERENCE_GROUPS, args.watch_seconds
+    )
+    watched = watch.watched
+    print(f"watches of {watch.groups} held turns: Temporal {watched['temporal']:.2f} cores, "
+          f"gateway {watched['gateway']:.2f} (load {load_average()})", flush=True)  # fmt: skip
+    results: list[LoadResult] = []
+    sizes = list(args.sizes) if args.sizes else []
+    next_size = SEARCH_STEP
+    while True:
+        if args.sizes:
+            if not sizes:
+                break
+            groups = sizes.pop(0)
+        else:
+            groups, next_size = next_size, next_size + SEARCH_STEP
+        profiling = contextlib.ExitStack()
+        if args.profile is not None and groups == REFERENCE_GROUPS:
+            for part in (*stack.scheduler_parts, *stack.gateway_parts):
+                pid = stack.processes[part].pid
+                profiling.enter_context(Profiler(pid, args.profile / f"{part}.txt"))
+        result = await run_load(
+            stack.addresses, stack_pids(stack), groups, args.jobs_per_group, stack.node,
+            args.period, args.seconds, args.seed, during=profiling,
+        )  # fmt: skip
+        results.append(result)
+        print(f"{groups} groups: {result.handoffs_per_s:.1f} hand-overs/s, p99 "
+              f"{result.p99_ms:.0f} ms, leases lost {result.evictions + len(result.lost)} "
+              f"(load {load_average()})", flush=True)  # fmt: skip
+        for lost in result.lost:
+            print(f"  lost: {lost}")
+        if not args.sizes and (
+            result.p99_ms >= P99_LIMIT_MS or result.evictions or result.lost or groups >= SEARCH_MAX
+        ):
+            break
+    report(args, stack, floor, sandboxed, idle, watch, results)
+
+
+def report(
+    args: argparse.Namespace,
+    stack: LocalStack,
+    floor: FloorCpu,
+    sandboxed: FloorCpu,
+    idle: IdleHistory,
+    watch: WatchCost,
+    results: list[LoadResult],
+) -> None:
+    print()
+    print_floor(floor, sandboxed)
+    print()
+    print_watch(watch)
+    print()
+    print_idle(idle)
+    print()
+    pace = (
+        f"one hand-over per group every {args.period:g} s" if args.period else "as fast as possible"
+    )
+    replicas = f"{len(stack.scheduler_parts)} scheduler(s), {len(stack.gateway_parts)} gateway(s)"
+    print(f"load: {args.jobs_per_group} jobs per group, {pace}, {args.seconds:g} s per size; "
+          f"{replicas}")  # fmt: skip
+    parts = [*stack.scheduler_parts, *stack.gateway_parts, "temporal", "agent", "bench"]
+    print_loads(results, parts, stack.scheduler_parts)
+    reference = next((r for r in results if r.groups == REFERENCE_GROUPS), results[0])
+    if args.profile is not None:
+        print()
+        units = {
+            "floor-worker": floor.per_handoff_floor_ms,
+            "floor-worker-sandboxed": sandboxed.per_handoff_floor_ms,
+        }
+        for part in (*stack.scheduler_parts, *stack.gateway_parts):
+            units[part] = reference.cpu_ms_per_handoff([part])
+        print_profiles(args.profile, units)
+    ratio = reference.cpu_ms_per_handoff(stack.scheduler_parts) / floor.per_handoff_floor_ms
+    under = [r.groups for r in results if r.p99_ms < P99_LIMIT_MS and not (r.evictions or r.lost)]
+    last = results[-1]
+    print(f"machine: {platform.node()} {platform.platform()}; load average at the end "
+          f"{load_average()}")  # fmt: skip
+    print(
+        f"groups={last.groups} handoffs_per_s={last.handoffs_per_s:.1f} p99_ms={last.p99_ms:.0f} "
+        f"max_groups_p99_under_1s={max(under, default=0)} "
+        f"lost_leases={sum(r.evictions + len(r.lost) for r in results)} "
+        f"worker_cpu_ms_per_handoff={reference.cpu_ms_per_handoff(stack.scheduler_parts):.2f} "
+        f"floor_cpu_ms={floor.per_handoff_floor_ms:.2f} worker_cpu_ratio={ratio:.2f} "
+        f"sandboxed_floor_cpu_ms={sandboxed.per_handoff_floor_ms:.2f} "
+        f"history_events_per_idle_job_hour={idle.now_per_job_hour:.2f} "
+        f"history_events_per_idle_job_hour_before={idle.before_per_job_hour:.0f} "
+        f"watch_temporal_cores_per_100_groups={watch.watched['temporal'] * 100 / watch.groups:.2f}"
     )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Hand-overs per second as groups grow.")
-    parser.add_argument("--quick", action="store_true", help="smaller and shorter")
+    parser = argparse.ArgumentParser(description="Hand-overs and their cost as groups grow.")
+    parser.add_argument("--quick", action="store_true", help="10 and 50 groups, shorter windows")
+    parser.add_argument(
+        "--period", type=float, default=5.0,
+        help="seconds between a group's hand-overs (0: as fast as possible; default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument("--replicas", type=int, default=1, help="schedulers and gateways each")
+    parser.add_argument("--sizes", type=lambda s: [int(n) for n in s.split(",")],
+                        help="group counts, comma-separated (default: search upward)")  # fmt: skip
+    parser.add_argument("--seconds", type=float, help="per size (default 30, quick 20)")
+    parser.add_argument("--jobs-per-group", type=int, default=3)
+    parser.add_argument("--idle-groups", type=int, default=10, help="groups of 3 idle jobs")
+    parser.add_argument(
+        "--idle-seconds", type=float, help="each idle window (default 60, quick 30)"
+    )
+    parser.add_argument(
+        "--idle-lease", type=float, default=30.0,
+        help="the idle jobs' idle lease, scaled to the default's (default %(default)s s)",
+    )  # fmt: skip
+    parser.add_argument("--floor-iterations", type=int, help="default 200, quick 50")
+    parser.add_argument(
+        "--watch-seconds", type=float, help="each watch window (default 10, quick 5)"
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--profile", type=Path, help="py-spy the schedulers and gateways here")
     args = parser.parse_args()
-    sizes = [1, 10, 50] if args.quick else [1, 10, 50, 200]
-    seconds = 8.0 if args.quick else 20.0
-    results = []
+    if args.quick and args.sizes is None:
+        args.sizes = [10, REFERENCE_GROUPS]
+    args.seconds = args.seconds or (20.0 if args.quick else 30.0)
+    args.idle_seconds = args.idle_seconds or (30.0 if args.quick else 60.0)
+    args.floor_iterations = args.floor_iterations or (50 if args.quick else 200)
+    args.watch_seconds = args.watch_seconds or (5.0 if args.quick else 10.0)
     with tempfile.TemporaryDirectory() as scratch:
-        stack = LocalStack(Path(scratch), state_gib=0.0)
+        workdir = Path(scratch)
+        stack = LocalStack(
+            workdir, state_gib=0.0, schedulers=args.replicas, gateways=args.replicas,
+            sim_gpus=MAX_GPUS_PER_NODE,
+        )  # fmt: skip
         try:
             stack.start_all()
-            for groups in sizes:
-                results.append(asyncio.run(run_size(stack, groups, seconds)))
-                r = results[-1]
-                print(f"{groups} groups: {r.handoffs_per_s:.1f} hand-overs/s", flush=True)
+            print(f"stack ready (load {load_average()})", flush=True)
+            asyncio.run(run(args, stack, workdir))
         finally:
             stack.stop_all()
-    rows = [
-        [str(r.groups), str(r.jobs), str(r.grants), f"{r.handoffs_per_s:.1f}", f"{r.p99_ms:.0f}",
-         f"{r.worker_cpu_ms_per_handoff:.1f}"]
-        for r in results
-    ]  # fmt: skip
-    print()
-    print(
-        table(
-            ["groups", "jobs", "grants", "hand-overs/s", "p99 ms", "worker cpu ms/hand-over"], rows
-        )
-    )
-    last = results[-1]
-    print(
-        f"groups={last.groups} handoffs_per_s={last.handoffs_per_s:.1f} p99_ms={last.p99_ms:.0f} "
-        f"worker_cpu_ms_per_handoff={last.worker_cpu_ms_per_handoff:.1f}"
-    )
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@ agents) that a benchmark or a fault test can start, kill and restart one by
 one, plus synthetic jobs run against it. Every process dies with its parent.
 
 Parts are named "temporal", "scheduler", "gateway", "agent" (the agent of
-``node``) and "agent-<node>" (one for each of ``more_nodes``)."""
+``node``) and "agent-<node>" (one for each of ``more_nodes``). With
+``schedulers`` or ``gateways`` above 1, the further replicas are
+"scheduler-2", "scheduler-3", ... and "gateway-2", ..., all against the one
+Temporal."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import timeshare
+from bench.procstat import descendants
 from timeshare.activities.processes import alive
 from timeshare.models import GroupStatus
 from timeshare.workers.children import spawn, stop_process
@@ -56,11 +60,58 @@ class LocalStack:
     temporal_port: int = field(default_factory=free_port)
     ui_port: int = field(default_factory=free_port)
     gateway_port: int = field(default_factory=free_port)
+    # Replicas: scheduler workers on the one task queue, gateways on ports of their own.
+    schedulers: int = 1
+    gateways: int = 1
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # Set for every agent on top of this process's environment (the GPU
+    # emulator's variables, say).
+    agent_env: dict[str, str] = field(default_factory=dict)
+    # Passed to every agent after the others (--call-timeout=..., say).
+    agent_options: list[str] = field(default_factory=list)
+    # Each group's simulated GPUs per node (sim backend).
+    sim_gpus: int = 1
+    more_gateway_ports: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.schedulers < 1 or self.gateways < 1:
+            raise ValueError("a stack needs at least one scheduler and one gateway")
+        while len(self.more_gateway_ports) < self.gateways - 1:
+            self.more_gateway_ports.append(free_port())
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.gateway_port}"
+        """The first gateway."""
+        return self.addresses[0]
+
+    @property
+    def addresses(self) -> list[str]:
+        """Every gateway replica's, in the order of ``gateway_parts``."""
+        return [f"127.0.0.1:{port}" for port in (self.gateway_port, *self.more_gateway_ports)]
+
+    def job_address(self, index: int) -> str:
+        """Where the ``index``-th job connects: with one gateway, to it; with
+        several, to all of them, starting at a different one for neighbouring
+        jobs (gRPC's pick_first takes the first that answers and moves on to
+        the next when its connection breaks, as a job behind a load balancer
+        would reach another replica)."""
+        if len(self.addresses) == 1:
+            return self.address
+        first = index % len(self.addresses)
+        ordered = self.addresses[first:] + self.addresses[:first]
+        return "ipv4:" + ",".join(ordered)
+
+    @staticmethod
+    def _replicas(part: str, count: int) -> list[str]:
+        return [part, *(f"{part}-{n}" for n in range(2, count + 1))]
+
+    @property
+    def scheduler_parts(self) -> list[str]:
+        return self._replicas("scheduler", self.schedulers)
+
+    @property
+    def gateway_parts(self) -> list[str]:
+        return self._replicas("gateway", self.gateways)
 
     @property
     def temporal(self) -> str:
@@ -100,8 +151,11 @@ class LocalStack:
                 "temporal", f"--port={self.temporal_port}", f"--ui-port={self.ui_port}",
                 f"--data-dir={self.workdir / 'data'}",
             ),
-            "scheduler": timeshare_command("scheduler", *common),
-            "gateway": timeshare_command("gateway", *common, f"--listen={self.address}"),
+            **{part: timeshare_command("scheduler", *common) for part in self.scheduler_parts},
+            **{
+                part: timeshare_command("gateway", *common, f"--listen={address}")
+                for part, address in zip(self.gateway_parts, self.addresses, strict=True)
+            },
             **{self.agent(node): self._agent_command(node) for node in self.nodes},
         }  # fmt: skip
 
@@ -114,15 +168,19 @@ class LocalStack:
             f"--sim-record={self._node_file(node, 'residency', '.jsonl')}",
             f"--sim-state={self._node_file(node, 'sim-state', '.json')}",
             f"--record={self._node_file(node, 'process-record', '.jsonl')}",
-            f"--socket={self.socket_for(node)}",
+            f"--sim-gpus={self.sim_gpus}",
+            f"--socket={self.socket_for(node)}", *self.agent_options,
         )  # fmt: skip
 
     def start(self, name: str) -> None:
         """Start one part (again) and wait until it says it is ready."""
         log_path = self.workdir / f"{name}.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
+        env = self.agent_env if name in self.agents else None
         with log_path.open("ab") as log:
-            self.processes[name] = spawn(self.commands()[name], stdout=log, timeshare_child=True)
+            self.processes[name] = spawn(
+                self.commands()[name], stdout=log, timeshare_child=True, env=env
+            )
         deadline = time.monotonic() + READY_SECONDS
         while time.monotonic() < deadline:
             text = log_path.read_bytes()[offset:].decode(errors="replace")
@@ -135,7 +193,7 @@ class LocalStack:
 
     def start_all(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        for name in ("temporal", "scheduler", "gateway", *self.agents):
+        for name in ("temporal", *self.scheduler_parts, *self.gateway_parts, *self.agents):
             self.start(name)
 
     def kill(self, name: str, signum: int = signal.SIGKILL) -> None:
@@ -157,7 +215,8 @@ class LocalStack:
         self.start(name)
 
     def stop_all(self) -> None:
-        for name in (*reversed(self.agents), "gateway", "scheduler", "temporal"):
+        parts = (*self.scheduler_parts, *self.gateway_parts, *self.agents)
+        for name in (*reversed(parts), "temporal"):
             if name in self.processes:
                 stop_process(self.processes[name], grace=30)
 
@@ -202,7 +261,8 @@ class LocalStack:
         return self._read_records("residency")
 
     def process_record(self) -> list[dict[str, Any]]:
-        """What every node's process backend (freeze) did: its freeze and thaw events."""
+        """What every node's process backends did: freeze and thaw events, and each CUDA
+        rank's checkpoint and restore (bytes, seconds)."""
         return self._read_records("process-record")
 
     def _read_records(self, stem: str) -> list[dict[str, Any]]:
@@ -216,20 +276,31 @@ class LocalStack:
 
 
 def overlaps(record: list[dict[str, Any]]) -> int:
-    """Times the simulated GPU broke its invariant, by the backend's own
-    record: two jobs of a group running at once, or more resident than fits."""
+    """Times the simulated GPUs broke their invariant, by the backend's own
+    record: two jobs running at once on one GPU (whatever their groups), or
+    more resident there than fits."""
     refused = sum(1 for e in record if e["event"] == "overlap")
     broken = 0
-    for node, group in {(e["node"], e.get("group")) for e in record}:
-        mine = [e for e in record if e["node"] == node and e.get("group") == group]
+    for node, device in {(e["node"], gpu) for e in record for gpu in _devices(e)}:
+        mine = [e for e in record if e["node"] == node and device in _devices(e)]
         running = [e for e in mine if e["event"] == "running"]
         broken += sum(
             1
             for a, b in itertools.combinations(running, 2)
-            if a["job"] != b["job"] and a["start"] < b["end"] and b["start"] < a["end"]
+            if _job(a) != _job(b) and a["start"] < b["end"] and b["start"] < a["end"]
         )
         broken += overfull([e for e in mine if e["event"] == "resident"])
     return refused + broken
+
+
+def _devices(event: dict[str, Any]) -> list[str]:
+    """The simulated GPUs an event is about; a record written before nodes
+    had several is about its group's own one."""
+    return list(event.get("devices") or [f"group:{event.get('group')}"])
+
+
+def _job(event: dict[str, Any]) -> tuple[str, str]:
+    return str(event.get("group")), str(event["job"])
 
 
 def overfull(resident: list[dict[str, Any]]) -> int:
@@ -239,20 +310,11 @@ def overfull(resident: list[dict[str, Any]]) -> int:
     for interval in resident:
         here = [e for e in resident if e["start"] <= interval["start"] < e["end"]]
         # One job's interval recorded twice (an agent restarted) is not two jobs.
-        here = list({e["job"]: e for e in here}.values())
+        here = list({_job(e): e for e in here}.values())
         capacity = interval.get("capacity")
         if len(here) > 1 and (capacity is None or sum(e.get("bytes", 0) for e in here) > capacity):
             count += 1
     return count
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, children first."""
-    children: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        with contextlib.suppress(OSError):
-            children += [int(child) for child in task.read_text().split()]
-    return [grand for child in children for grand in [child, *descendants(child)]]
 
 
 def wait_gone(pids: list[int], timeout: float = 60) -> None:

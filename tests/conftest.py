@@ -20,6 +20,8 @@ from temporalio.worker import Worker
 
 import timeshare.aio
 from bench.stack import free_port, timeshare_command
+from tests import emulator
+from tests.emulator.rig import Emulator, emulator_in_this_process
 from tests.gateways import start_gateway
 from tests.needs import skip_what_the_machine_lacks
 from timeshare.activities.backend import BackendConfig
@@ -136,10 +138,11 @@ class SimNodes:
             sim_capacity_bytes=capacity_bytes,
         )
         backend = SimBackend(config)
+        agent = SwitchActivities(node, backend, processes)
         worker = Worker(
             self.client,
             task_queue=node_task_queue(node),
-            activities=[SwitchActivities(node, backend, processes).switch],
+            activities=[agent.switch, agent.release],
         )
         await worker.__aenter__()
         self.backends[node] = backend
@@ -160,6 +163,24 @@ async def sim_nodes(client: Client, scheduler: Worker) -> AsyncIterator[SimNodes
     nodes = SimNodes(client)
     yield nodes
     await nodes.stop()
+
+
+@pytest.fixture(scope="session")
+def gpu_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
+    """The GPU emulator, loaded into this test process once (it reads its
+    configuration once per process) and shared by the tests that need it."""
+    if emulator.gcc() is None:
+        pytest.skip("gcc is not installed: the GPU emulator is built from C")
+    with emulator_in_this_process(tmp_path_factory.mktemp("emulator")) as emu:
+        yield emu
+
+
+@pytest.fixture(autouse=True)
+def _emulator_log_of_this_test(request: pytest.FixtureRequest) -> None:
+    """A test on the GPU emulator reads only its own part of the session's call
+    log (process ids are reused within a session)."""
+    if "gpu_emulator" in request.fixturenames:
+        emulator.mark(request.getfixturevalue("gpu_emulator").log)
 
 
 @pytest.fixture

@@ -154,9 +154,11 @@ def test_up_passes_every_agent_flag_on_to_its_agent() -> None:
     with the same value; a new agent option is covered by being in the list."""
     given: list[str] = []
     for option in AGENT_OPTIONS:
-        default = option.kwargs.get("default")
-        value = "/tmp/x" if option.kwargs.get("type") in (Path, None) else str((default or 0) + 0.5)
-        if option.kwargs.get("type") is job_state:
+        default, kind = option.kwargs.get("default"), option.kwargs.get("type")
+        value = "/tmp/x" if kind in (Path, None) else str((default or 0) + 0.5)
+        if getattr(kind, "__name__", "") == "int":
+            value = str((default or 0) + 1)
+        if kind is job_state:
             value = "job-x=0.5"
         given.append(f"{option.flag}={value}")
     up = cli.build_parser().parse_args(["up", *given])

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -36,6 +35,7 @@ from tests.emulator import (
     RUNNING,
     wait_for,
 )
+from tests.emulator.rig import Emulator
 
 REPO = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -46,48 +46,6 @@ pytestmark = [
     ),
     pytest.mark.timeout(60),
 ]
-
-ARGUMENTS = {
-    "lock": "CUcheckpointLockArgs",
-    "checkpoint": "CUcheckpointCheckpointArgs",
-    "restore": "CUcheckpointRestoreArgs",
-    "unlock": "CUcheckpointUnlockArgs",
-}
-
-
-@dataclass
-class Emulator:
-    lib_dir: Path
-    state_dir: Path
-    log: Path
-    env: dict[str, str]
-    driver: ModuleType
-
-    def state(self, pid: int) -> tuple[int, int | None]:
-        result, state = self.driver.cuCheckpointProcessGetState(pid)
-        return int(result), None if state is None else int(state)
-
-    def restore_tid(self, pid: int) -> tuple[int, int | None]:
-        result, tid = self.driver.cuCheckpointProcessGetRestoreThreadId(pid)
-        return int(result), tid
-
-    def act(self, action: str, pid: int, timeout_ms: int = 0) -> int:
-        arguments = getattr(self.driver, ARGUMENTS[action])()
-        if action == "lock":
-            arguments.timeoutMs = timeout_ms
-        function = getattr(self.driver, f"cuCheckpointProcess{action.capitalize()}")
-        (result,) = function(pid, arguments)
-        return int(result)
-
-    def utility(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(self.lib_dir / emulator.UTILITY), *args],
-            env={**os.environ, **self.env, **env},
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
 
 
 @dataclass
@@ -116,22 +74,8 @@ class Worker:
 
 
 @pytest.fixture(scope="module")
-def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
-    lib_dir = emulator.build(emulator.default_build_dir())
-    root = tmp_path_factory.mktemp("emulator")
-    env = emulator.environment(lib_dir, root / "state", root / "calls.jsonl", gpu_memory=1 << 30)
-    with pytest.MonkeyPatch.context() as patch:
-        # This process is the agent: it loads the emulated driver itself (read once, at
-        # the first CUDA call), so its configuration must be in place before.
-        for name, value in env.items():
-            if name not in ("LD_LIBRARY_PATH", "PATH"):
-                patch.setenv(name, value)
-        emulator.load_into_this_process(lib_dir)
-        from cuda.bindings import driver
-
-        (result,) = driver.cuInit(0)
-        assert result == driver.CUresult.CUDA_SUCCESS
-        yield Emulator(lib_dir, root / "state", root / "calls.jsonl", env, driver)
+def emu(gpu_emulator: Emulator) -> Emulator:
+    return gpu_emulator
 
 
 @pytest.fixture

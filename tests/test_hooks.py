@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from tests.fakes.cuda_driver import FakeDriver
+from tests import emulator
+from tests.emulator.rig import Emulator
 from tests.fakes.engine import FakeEngine, running_engine
 from tests.polling import async_check, wait_until_async
 from tests.processes import detached, kill
@@ -177,59 +180,78 @@ async def test_a_hook_that_fails_fails_the_restore_with_the_engines_words(
 
 @contextlib.asynccontextmanager
 async def two_ranks(
-    tmp_path: Path, engine: FakeEngine
-) -> AsyncIterator[tuple[Agent, FakeDriver, list[int]]]:
-    """An app+cuda agent (the CUDA driver is the fake of tests/fakes/cuda_driver.py)
-    and two ranks of job a serving the vLLM server hooks; their pids."""
-    driver = FakeDriver()
-    backend = StackedBackend([AppBackend(CONFIG), CudaDriverBackend(CONFIG, driver.module)])
+    tmp_path: Path, engine: FakeEngine, emu: Emulator
+) -> AsyncIterator[tuple[Agent, list[int]]]:
+    """An app+cuda agent (the CUDA driver is the GPU emulator's, through the
+    real cuda-bindings) and two CUDA ranks of job a serving the vLLM server
+    hooks; their pids."""
+    backend = StackedBackend([AppBackend(CONFIG), CudaDriverBackend(CONFIG, emu.driver)])
     command = ["-m", "tests.hook_process", str(tmp_path / "agent.sock"), "g", "a", "offload"]
-    ranks = [detached(sys.executable, *command, engine.url) for _ in range(2)]
+    environment = [f"{name}={value}" for name, value in emu.env.items()]
+    ranks = [
+        detached("env", *environment, sys.executable, *command, engine.url, "cuda")
+        for _ in range(2)
+    ]
     try:
         async with running_agent(str(tmp_path / "agent.sock"), backend) as agent:
-            for _ in range(600):
-                if len(agent.hooks.connections("g", "a")) == 2:
-                    break
-                await asyncio.sleep(0.05)
-            yield agent, driver, ranks
+            await wait_until_async(
+                async_check(lambda: len(agent.hooks.connections("g", "a")) == 2),
+                "both ranks to serve their hooks",
+            )
+            yield agent, ranks
     finally:
         for rank in ranks:
             kill(rank)
 
 
+def driver_calls(emu: Emulator, pids: list[int]) -> list[tuple[str, float]]:
+    """The checkpoint calls this process made on ``pids``, in order: (action,
+    wall-clock time it began). The emulator logs CLOCK_MONOTONIC."""
+    offset = time.time() - time.monotonic()
+    return [
+        (entry["call"].removeprefix("cuCheckpointProcess").lower(), entry["t"] + offset)
+        for entry in emulator.read_log(emu.log)
+        if entry["caller"] == os.getpid() and entry["pid"] in pids and entry["phase"] == "begin"
+        and entry["call"] in {f"cuCheckpointProcess{a}" for a in
+                              ("Lock", "Checkpoint", "Restore", "Unlock")}
+    ]  # fmt: skip
+
+
 async def test_every_rank_puts_its_state_away_before_any_is_locked(
-    tmp_path: Path, engine: FakeEngine
+    tmp_path: Path, engine: FakeEngine, gpu_emulator: Emulator
 ) -> None:
     """app+cuda with two ranks of one job: both hooks, then both locks, then
     both checkpoints; on the way back, both restores, both unlocks, then the
     hooks."""
-    async with two_ranks(tmp_path, engine) as (agent, driver, ranks):
+    async with two_ranks(tmp_path, engine, gpu_emulator) as (agent, ranks):
         await agent.admit("b", ["a"])
         sleeps = [r.at for r in engine.posts()]
         assert engine.paths() == ["/sleep?level=1&mode=wait"] * 2
-        assert [c.split()[0] for c in driver.calls] == ["lock"] * 2 + ["checkpoint"] * 2
-        assert max(sleeps) <= min(driver.stamps)
-        restored_from = len(driver.calls)
+        calls = driver_calls(gpu_emulator, ranks)
+        assert [action for action, _ in calls] == ["lock"] * 2 + ["checkpoint"] * 2
+        assert max(sleeps) <= min(at for _, at in calls)
+        restored_from = len(calls)
         await agent.admit("a", ["b"])
-        back = driver.calls[restored_from:]
-        assert [c.split()[0] for c in back] == ["restore"] * 2 + ["unlock"] * 2
+        back = driver_calls(gpu_emulator, ranks)[restored_from:]
+        assert [action for action, _ in back] == ["restore"] * 2 + ["unlock"] * 2
         assert engine.paths()[2:] == ["/wake_up"] * 2
-        assert min(r.at for r in engine.posts()[2:]) >= max(driver.stamps)
-        assert sorted(int(c.split()[1]) for c in back[:2]) == sorted(ranks)
+        assert min(r.at for r in engine.posts()[2:]) >= max(at for _, at in back)
 
 
 async def test_a_job_on_several_nodes_is_stopped_before_the_checkpoint_phase(
-    tmp_path: Path, engine: FakeEngine
+    tmp_path: Path, engine: FakeEngine, gpu_emulator: Emulator
 ) -> None:
     """The first phase of a switch that a job leaves on several nodes: its
     hooks and its locks, nothing moved; the second phase only checkpoints."""
-    async with two_ranks(tmp_path, engine) as (agent, driver, _):
+    async with two_ranks(tmp_path, engine, gpu_emulator) as (agent, ranks):
         await agent.quiesce(["a"])
         assert engine.paths() == ["/sleep?level=1&mode=wait"] * 2
-        assert [c.split()[0] for c in driver.calls] == ["lock"] * 2
+        assert [a for a, _ in driver_calls(gpu_emulator, ranks)] == ["lock"] * 2
         await agent.admit("b", ["a"])
         assert engine.paths() == ["/sleep?level=1&mode=wait"] * 2  # not put away twice
-        assert [c.split()[0] for c in driver.calls] == ["lock"] * 2 + ["checkpoint"] * 2
+        assert [a for a, _ in driver_calls(gpu_emulator, ranks)] == ["lock"] * 2 + [
+            "checkpoint"
+        ] * 2
 
 
 class Recorder(WorkloadHooks):

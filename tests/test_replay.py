@@ -20,10 +20,16 @@ from temporalio.worker import Replayer, Worker
 from tests.conftest import SimNodes
 from tests.groups import acquire, eventually, group_on_one_node, heartbeat, join, release
 from tests.polling import wait_until_async
-from timeshare.models import DrainInput, EvictInput, GroupPolicy, NodeInfo, PauseInput
+from timeshare.models import DrainInput, EvictInput, GroupPolicy, JobInput, NodeInfo, PauseInput
 from timeshare.names import SCHEDULER_TASK_QUEUE
 from timeshare.workflows.group import GroupWorkflow
-from timeshare.workflows.registry import NodeDeparture, NodeRegistryInput, NodeRegistryWorkflow
+from timeshare.workflows.registry import (
+    ClaimInput,
+    NodeDeparture,
+    NodeRegistryInput,
+    NodeRegistryWorkflow,
+    UnclaimInput,
+)
 from timeshare.workflows.sandbox import workflow_runner
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -148,3 +154,50 @@ def record(history: WorkflowHistory, name: str) -> None:
     if os.environ.get("TIMESHARE_RECORD_HISTORIES") == "1":
         HISTORIES.mkdir(exist_ok=True)
         (HISTORIES / f"{name}.json").write_text(history.to_json())
+
+
+async def test_a_fresh_history_with_releases_and_a_failed_job_replays(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    """The release of jobs that leave (the release activity) and the eviction
+    of a job whose state FAILED, behind their patches."""
+    handle, backend = await group_on_one_node(client, sim_nodes, unique, ("a", "b", "c"))
+    first = await acquire(handle, "a")
+    await release(handle, "a", first.epoch)
+    backend.inject_failure("checkpoint", "a", 1, terminal=True)
+    second = await acquire(handle, "b")  # a is evicted: FAILED
+    await release(handle, "b", second.epoch)
+    await handle.execute_update(GroupWorkflow.leave, JobInput(job="b", token_hash="hash-b"))
+    await eventually(handle, lambda s: [j.job for j in s.jobs] == ["c"])
+
+    async def released() -> bool:
+        history = await handle.fetch_history()
+        done = [e for e in history.events if e.HasField("activity_task_completed_event_attributes")]
+        return len(done) >= 4  # two switches, two releases
+
+    await wait_until_async(released, "the releases to be done", 30, every=0.2)
+    history = await handle.fetch_history()
+    await replayer().replay_workflow(history)
+    record(history, "group-releases")
+
+
+async def test_a_fresh_registry_history_with_claims_replays(
+    client: Client, scheduler: Worker
+) -> None:
+    handle = await client.start_workflow(
+        NodeRegistryWorkflow.run,
+        NodeRegistryInput(),
+        id=f"timeshare-nodes-claims-{uuid.uuid4().hex[:8]}",
+        task_queue=SCHEDULER_TASK_QUEUE,
+    )
+    first = ClaimInput(group="g1", job="a", nodes=["n1"])
+    assert (await handle.execute_update(NodeRegistryWorkflow.claim, first)).conflicts == []
+    other = ClaimInput(group="g2", job="x", nodes=["n1"], gpus=[1])
+    assert (await handle.execute_update(NodeRegistryWorkflow.claim, other)).conflicts
+    await handle.signal(NodeRegistryWorkflow.unclaim, UnclaimInput(group="g1", job="a"))
+    assert (await handle.execute_update(NodeRegistryWorkflow.claim, other)).conflicts == []
+    assert [c.group for c in await handle.query(NodeRegistryWorkflow.claims)] == ["g2"]
+    history = await handle.fetch_history()
+    await handle.terminate()
+    await replayer().replay_workflow(history)
+    record(history, "registry-claims")

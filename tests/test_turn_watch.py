@@ -116,8 +116,11 @@ async def test_a_job_taking_turns_sends_no_heartbeat_and_an_idle_one_renews(
     busy_group, idle_group, node = f"busy-{unique}", f"idle-{unique}", f"n-{unique}"
     await sim_nodes.start(node)
     policy = GroupPolicy(lease_seconds=3, idle_lease_seconds=3)  # renewals due every 1 s
-    busy = await api.join(busy_group, "busy", [node], policy=policy)
-    idle = await api.join(idle_group, "idle", [node], policy=policy)
+    # Two groups on one node: on GPUs of their own (a GPU is one group's at a time).
+    busy_policy = policy.model_copy(update={"gpus": [0]})
+    idle_policy = policy.model_copy(update={"gpus": [1]})
+    busy = await api.join(busy_group, "busy", [node], policy=busy_policy)
+    idle = await api.join(idle_group, "idle", [node], policy=idle_policy)
     loop = asyncio.get_running_loop()
     until = loop.time() + 5
     while loop.time() < until:  # every acquire and yield renews the lease

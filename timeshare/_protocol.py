@@ -8,7 +8,7 @@ import os
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from google.protobuf import json_format
 
@@ -325,17 +325,25 @@ def group_status(message: pb.GroupStatus) -> GroupStatus:
         degraded_cause=message.degraded_cause,
         paused=message.paused,
         drained=list(message.drained),
-        policy=GroupPolicy.model_validate(
-            {
-                f.name: dict(v) if f.name == "phase_priority" else v
-                for f, v in message.policy.ListFields()
-            }
-        ),
+        policy=GroupPolicy.model_validate(policy_fields(message.policy)),
         preemptions=message.preemptions,
         evictions=message.evictions,
         holder_phase=message.holder_phase,
         yield_requested=message.yield_requested,
     )
+
+
+def policy_fields(message: pb.GroupPolicy) -> dict[str, Any]:
+    """The policy fields set on the wire (maps as dicts, repeated ones as lists)."""
+    fields: dict[str, Any] = {}
+    for descriptor, value in message.ListFields():
+        if isinstance(value, (str, int, float)):
+            fields[descriptor.name] = value
+        elif hasattr(value, "keys"):
+            fields[descriptor.name] = dict(value)
+        else:
+            fields[descriptor.name] = list(value)
+    return fields
 
 
 def node_record(message: pb.NodeStatus) -> NodeRecord:
@@ -347,4 +355,5 @@ def node_record(message: pb.NodeStatus) -> NodeRecord:
         last_seen=message.last_seen,
         gpus=list(message.gpus),
         drained=message.drained,
+        notes=list(message.notes),
     )

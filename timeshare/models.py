@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 GroupStateName = Literal["idle", "held", "switching", "degraded", "paused"]
 # auto: a job that yields stays on the device, locked, while the next job's
@@ -21,6 +21,7 @@ CoResidency = Literal["auto", "off"]
 Ordering = Literal["fair", "fifo"]
 PHASE_MAX_CHARS = 63
 PRIORITY_LIMIT = 1000
+MAX_GPUS_PER_NODE = 256
 
 
 class GroupPolicy(BaseModel):
@@ -53,6 +54,19 @@ class GroupPolicy(BaseModel):
     # A waiter that outranks the holder asks it to yield at once, and after
     # this long preempts it (0: never).
     preempt_lower_after_seconds: float = Field(default=0.0, ge=0.0, le=86400.0)
+
+    # The GPU indices the group's jobs use on each of their nodes; empty: all
+    # of them. A GPU belongs to one group at a time (checked at join).
+    gpus: list[int] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE)
+
+    @field_validator("gpus")
+    @classmethod
+    def _distinct_indices(cls, gpus: list[int]) -> list[int]:
+        if any(not 0 <= gpu < MAX_GPUS_PER_NODE for gpu in gpus):
+            raise ValueError(f"GPU indices run from 0 to {MAX_GPUS_PER_NODE - 1}")
+        if len(set(gpus)) != len(gpus):
+            raise ValueError(f"{gpus} names a GPU twice")
+        return sorted(gpus)
 
     @model_validator(mode="after")
     def _consistent(self) -> GroupPolicy:
@@ -237,6 +251,8 @@ class SwitchInput(BaseModel):
     # The group's policy; "off" for a scheduler that predates it.
     co_residency: CoResidency = "off"
     phase: SwitchPhase = "switch"
+    # The GPUs the group's policy claims on each node (empty: all).
+    gpus: list[int] = Field(default_factory=list)
 
 
 # Failure types of the switch activity. The workflow tells a failed restore
@@ -244,17 +260,58 @@ class SwitchInput(BaseModel):
 # (another job's state is still there: stay degraded and try again).
 CHECKPOINT_FAILED = "CheckpointFailed"
 RESTORE_FAILED = "RestoreFailed"
+# A process of the job, named in the failure's details, is in the driver's
+# terminal FAILED state: the workflow evicts that job (non-retryable).
+JOB_FAILED = "JobFailed"
+
+ActionName = Literal["checkpoint", "restore", "lock", "unlock", "noop"]
+
+
+class RankAction(BaseModel):
+    """What one process (a rank) of a job went through in an action."""
+
+    pid: int
+    action: ActionName
+    # Device bytes moved; None where NVML could not tell (MIG, no accounting).
+    bytes: int | None = 0
+    seconds: float = 0.0
 
 
 class BackendAction(BaseModel):
     job: str
     # lock / unlock: the job stopped or resumed running with its state left
     # on the device (co-residency); checkpoint / restore moved it.
-    action: Literal["checkpoint", "restore", "lock", "unlock", "noop"]
+    action: ActionName
     bytes: int = 0
     seconds: float = 0.0
     # The processes acted on.
     pids: list[int] = Field(default_factory=list)
+    # Per process, where the backend moves each one on its own (the CUDA
+    # backends); empty in histories written before it existed.
+    ranks: list[RankAction] = Field(default_factory=list)
+
+
+class ReleaseInput(BaseModel):
+    """The ``release`` activity: the job left its group; let its processes on
+    this node go (thawed, restored where it fits, never left stopped)."""
+
+    group: str
+    job: str
+    reason: str = ""
+    gpus: list[int] = Field(default_factory=list)
+
+
+class ReleaseOutput(BaseModel):
+    node: str
+    job: str
+    # Processes that run again with their state on the device.
+    running: list[int] = Field(default_factory=list)
+    # Processes left checkpointed (no room on the device) but not stopped:
+    # their CUDA calls block until they are killed.
+    checkpointed: list[int] = Field(default_factory=list)
+    # Processes in the driver's FAILED state: CUDA is unusable there.
+    failed: list[int] = Field(default_factory=list)
+    summary: str = ""
 
 
 class SwitchOutput(BaseModel):
@@ -274,6 +331,8 @@ class NodeInfo(BaseModel):
     backend: str
     simulated: bool
     gpus: list[str] = Field(default_factory=list)
+    # What the agent wants operators to know (co-residency off for a job, and why).
+    notes: list[str] = Field(default_factory=list)
 
 
 class NodeRecord(NodeInfo):

@@ -31,6 +31,22 @@ def register_process(
     return int(reply["pid"])
 
 
+# A release restores device state: gigabytes, on a busy node.
+FORGET_SECONDS = 600.0
+
+
+def forget_job(group: str, job: str, socket_path: str | None = None) -> str:
+    """Have this node's agent release a job's processes (thawed, restored where
+    they fit, never left stopped) and forget them, as it does by itself when
+    the job leaves its group; root or the owner of the processes only. Returns
+    what the agent did, in words."""
+    message = {"op": "forget", "group": group, "job": job}
+    conn, _lines, reply = open_agent_connection(agent_socket(socket_path), message, FORGET_SECONDS)
+    conn.close()
+    released = reply.get("released") or {}
+    return str(released.get("summary") or f"job {group}/{job} released")
+
+
 def open_agent_connection(
     path: str, message: dict[str, Any], timeout: float = 10.0
 ) -> tuple[socket.socket, BinaryIO, dict[str, Any]]:
@@ -52,7 +68,7 @@ def open_agent_connection(
     if not isinstance(reply, dict) or not reply.get("ok"):
         conn.close()
         error_text = str(reply.get("error", "refused") if isinstance(reply, dict) else reply)
-        refused = PermissionDenied if "root or the owner" in error_text else FailedPrecondition
+        refused = PermissionDenied if "only root or the owner" in error_text else FailedPrecondition
         raise refused(error_text)
     conn.settimeout(None)
     return conn, lines, reply

@@ -96,7 +96,8 @@ def nodes_table(nodes: Sequence[NodeRecord]) -> str:
         ]
         for n in nodes
     ]
-    return table(["node", "state", "backend", "last seen", "gpus"], rows)
+    notes = [f"{n.node}: {note}" for n in nodes for note in n.notes]
+    return "\n".join([table(["node", "state", "backend", "last seen", "gpus"], rows), *notes])
 
 
 def run_control(args: argparse.Namespace) -> int:

@@ -6,12 +6,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from functools import partial
 from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from timeshare.activities.backend import BackendConfig, BackendError, BackendNotFound, load_backend
+from timeshare.activities.backend import (
+    Backend,
+    BackendConfig,
+    BackendError,
+    BackendNotFound,
+    load_backend,
+)
 from timeshare.activities.gpus import NoGpus, gpu_inventory
 from timeshare.activities.hook_registry import HookRegistry
 from timeshare.activities.processes import ProcessTable
@@ -28,6 +35,7 @@ from timeshare.workflows.registry import (
     NodeDeparture,
     NodeRegistryInput,
     NodeRegistryWorkflow,
+    UnclaimInput,
 )
 
 log = logging.getLogger("timeshare.agent")
@@ -54,15 +62,20 @@ async def serve_agent(
     telemetry.start()
     if not backend.simulated and backend.gpus():  # else the GPU series are absent, not 0
         observe_gpus(config.node, gpu_samples)
-    registrations = await serve_agent_socket(socket_path, processes, hooks)
+    activities = SwitchActivities(config.node, backend, processes)
+    activities.on_release.append(partial(drop_claim, client, config.node))
+    registrations = await serve_agent_socket(
+        socket_path, processes, hooks, forget=activities.release_job
+    )
     info = NodeInfo(
         node=config.node, backend=backend.name, simulated=backend.simulated, gpus=backend.gpus()
     )
-    activities = SwitchActivities(config.node, backend, processes)
     task_queue = node_task_queue(config.node)
-    worker = Worker(client, task_queue=task_queue, activities=[activities.switch])
+    worker = Worker(
+        client, task_queue=task_queue, activities=[activities.switch, activities.release]
+    )
     async with registrations, worker:
-        await announce(client, info)
+        await announce(client, node_info(info, backend))
         ready(
             "agent",
             f"node {config.node}, backend {backend.describe()}, task queue {task_queue}, "
@@ -72,7 +85,7 @@ async def serve_agent(
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), NODE_HEARTBEAT_SECONDS)
             if not stop.is_set():
-                await announce(client, info)
+                await announce(client, node_info(info, backend))
         remove_socket(socket_path)
         # Processes serving hooks see the agent go, and reconnect to the next one.
         hooks.close_all()
@@ -80,6 +93,17 @@ async def serve_agent(
             handle = client.get_workflow_handle(NODE_REGISTRY_WORKFLOW_ID)
             await handle.signal(NodeRegistryWorkflow.depart, NodeDeparture(node=config.node))
     await telemetry.close()
+
+
+def node_info(info: NodeInfo, backend: Backend) -> NodeInfo:
+    """The node as announced now, with what its backend wants operators to know."""
+    return info.model_copy(update={"notes": backend.notes()})
+
+
+async def drop_claim(client: Client, node: str, group: str, job: str) -> None:
+    """A job released here no longer claims this node's GPUs."""
+    handle = client.get_workflow_handle(NODE_REGISTRY_WORKFLOW_ID)
+    await handle.signal(NodeRegistryWorkflow.unclaim, UnclaimInput(group=group, job=job, node=node))
 
 
 def registrations_path(socket_path: str) -> Path:

@@ -5,7 +5,9 @@ One JSON object per line each way. The process id comes from the kernel
 (SO_PEERCRED), never from the message; only root or the owner of a process
 may register it on its behalf (`timeshare register --pid`, for launchers
 such as a Slurm prolog). A `register` conversation is one line each way; a
-`hooks` one stays open for the agent's calls (timeshare.hooks.protocol)."""
+`hooks` one stays open for the agent's calls (timeshare.hooks.protocol). A
+`forget` one (`timeshare forget`, root or the owner of the job's processes)
+releases a job's processes here by hand and drops its registrations."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import json
 import os
 import socket
 import struct
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ from pydantic import ValidationError
 from timeshare.activities.hook_registry import HookConnection, HookRegistry
 from timeshare.activities.processes import ProcessTable, RegistrationRefused, owner
 from timeshare.hooks.protocol import MAX_LINE_BYTES, HookHello
+from timeshare.models import ReleaseOutput
 from timeshare.names import check_name
 from timeshare.workers.service import StartupError
 
@@ -85,8 +89,35 @@ def hook_connection(
     return connection
 
 
+Forget = Callable[[str, str], Awaitable[ReleaseOutput]]
+
+
+async def forgotten(
+    message: dict[str, Any], peer_uid: int, processes: ProcessTable, forget: Forget | None
+) -> dict[str, Any]:
+    """Release a job's processes by hand and forget them (root or their owner)."""
+    group, job = names(message)
+    if forget is None:
+        raise RegistrationRefused("this agent cannot release jobs")
+    pids = processes.processes(group, job)
+    if not pids:
+        raise RegistrationRefused(f"job {group}/{job} has no live process registered here")
+    if peer_uid != 0:
+        others = [pid for pid in pids if owner(pid) != peer_uid]
+        if others:
+            raise RegistrationRefused(
+                f"only root or the owner of processes {others} may release job {group}/{job}"
+            )
+    released = await forget(group, job)
+    processes.forget(group, job)
+    return {"ok": True, "released": released.model_dump()}
+
+
 async def serve_agent_socket(
-    path: str, processes: ProcessTable, hooks: HookRegistry | None = None
+    path: str,
+    processes: ProcessTable,
+    hooks: HookRegistry | None = None,
+    forget: Forget | None = None,
 ) -> asyncio.AbstractServer:
     socket_path = Path(path)
     hooks = hooks or HookRegistry()
@@ -110,11 +141,19 @@ async def serve_agent_socket(
             elif op == "hooks":
                 connection = hook_connection(message, peer_pid, hooks, processes, writer)
                 pid = peer_pid
+            elif op == "forget":
+                pid = 0
             else:
-                raise RegistrationRefused('expected {"op": "register" or "hooks", "group", "job"}')
+                raise RegistrationRefused(
+                    'expected {"op": "register", "hooks" or "forget", "group", "job"}'
+                )
             reply: dict[str, Any] = {"ok": True, "pid": pid}
+            if op == "forget":
+                reply = await forgotten(message, peer_uid, processes, forget)
         except (RegistrationRefused, ValueError, OSError) as error:
             reply = {"ok": False, "error": str(error)}
+        except Exception as error:  # a failed release: said to the caller, in one line
+            reply = {"ok": False, "error": f"{type(error).__name__}: {error}"}
         # Written before any hook call can be: the process reads this first.
         writer.write(json.dumps(reply).encode() + b"\n")
         try:

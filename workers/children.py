@@ -39,6 +39,7 @@ def spawn(
     stdout: IO[Any] | int | None = None,
     new_session: bool = False,
     timeshare_child: bool = False,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a child that dies with this process.
 
@@ -46,8 +47,11 @@ def spawn(
     itself at start. Then no Python code runs between fork and exec, which a
     parent with gRPC threads (a test or benchmark process) must avoid: gRPC's
     fork handlers can kill the child before it execs.
+
+    ``env``: variables set for the child on top of this process's own.
     """
-    env = {**os.environ, PARENT_VARIABLE: str(os.getpid())} if timeshare_child else None
+    extra = {PARENT_VARIABLE: str(os.getpid())} if timeshare_child else {}
+    merged = {**os.environ, **(env or {}), **extra} if extra or env else None
     return subprocess.Popen(
         list(command),
         stdin=subprocess.DEVNULL,
@@ -55,7 +59,7 @@ def spawn(
         stderr=subprocess.STDOUT if stdout is not None else None,
         preexec_fn=None if timeshare_child else die_with_parent,
         start_new_session=new_session,
-        env=env,
+        env=merged,
     )
 
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import secrets
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -37,6 +38,7 @@ from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from timeshare.workers import gateway_convert as convert
 from timeshare.workers.gateway_access import Access, GatewaySecurity
+from timeshare.workers.gateway_claims import claim_gpus, group_gpus, unclaim
 from timeshare.workers.gateway_errors import (
     MESSAGE_SECONDS,
     AccessDenied,
@@ -65,7 +67,7 @@ from timeshare.workers.telemetry import Telemetry
 from timeshare.workers.temporal_settings import TemporalSettings
 from timeshare.workers.turn_watch import GroupNotFound, TurnWatches
 from timeshare.workflows.group import GroupWorkflow
-from timeshare.workflows.registry import NodeRegistryWorkflow
+from timeshare.workflows.registry import ClaimInput, NodeRegistryWorkflow, UnclaimInput
 
 Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TimeSlicer"].full_name
@@ -100,6 +102,9 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         nodes = convert.nodes(request.nodes) or await self._only_live_node()
         policy = convert.policy(request.policy) if request.HasField("policy") else None
         await self._check_room_for(group)
+        gpus = await within(MESSAGE_SECONDS, group_gpus(self._client, group, policy))
+        claim = ClaimInput(group=group, job=job, nodes=nodes, gpus=gpus)
+        await within(MESSAGE_SECONDS, claim_gpus(self._client, claim, time.time()))
         token = secrets.token_urlsafe(32)
         message = JoinInput(
             job=job,
@@ -108,7 +113,12 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
             weight=convert.weight(request.weight),
             priority=convert.priority(request.priority),
         )
-        joined = await within(MESSAGE_SECONDS, join_group(self._client, group, message, policy))
+        try:
+            joined = await within(MESSAGE_SECONDS, join_group(self._client, group, message, policy))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await unclaim(self._client, UnclaimInput(group=group, job=job))
+            raise
         return pb.JoinResponse(
             job_token=token,
             nodes=joined.nodes,
@@ -232,9 +242,13 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
     async def Leave(self, request: pb.LeaveRequest, context: Context) -> pb.LeaveResponse:
         self._access.require(context, request.group)
         handle = self._group(request.group)
-        await within(
-            MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.leave, self._job(request))
-        )
+        job = self._job(request)
+        await within(MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.leave, job))
+        # Its GPUs are free for another group (its agents drop the claim too,
+        # when they release its processes).
+        with contextlib.suppress(Exception):
+            group = convert.name("group", request.group)
+            await unclaim(self._client, UnclaimInput(group=group, job=job.job))
         return pb.LeaveResponse()
 
     @staticmethod

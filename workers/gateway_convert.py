@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from google.protobuf import json_format
 from pydantic import ValidationError
 
+from timeshare._protocol import policy_fields
 from timeshare.history import GroupHistory
 from timeshare.models import PRIORITY_LIMIT, GroupPolicy, GroupStatus, NodeRecord, check_phase
 from timeshare.names import check_name
@@ -75,12 +76,8 @@ def priority(value: int) -> int:
 
 def policy(message: pb.GroupPolicy) -> GroupPolicy:
     """A policy from the wire: fields left at 0 (or "", or empty) keep their defaults."""
-    given = {
-        field.name: dict(value) if field.name == "phase_priority" else value
-        for field, value in message.ListFields()
-    }
     try:
-        return GroupPolicy.model_validate(given)
+        return GroupPolicy.model_validate(policy_fields(message))
     except ValidationError as error:
         problem = error.errors()[0]
         field = ".".join(str(part) for part in problem["loc"])
@@ -151,4 +148,5 @@ def node_status(record: NodeRecord) -> pb.NodeStatus:
         last_seen=record.last_seen,
         gpus=record.gpus,
         drained=record.drained,
+        notes=record.notes,
     )

@@ -28,10 +28,17 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from timeshare.names import group_workflow_id
 from timeshare.v1 import timeshare_pb2 as pb
+from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH, YIELD_EPOCH_MEMO
 
-# A holder hears that it is asked to yield within this (plus a round trip).
+# A holder hears that it is asked to yield within this (plus a round trip),
+# in a group whose policy can ask (a turn limit, preemption by priority).
 POLL_SECONDS = 0.25
+# In any other group a watch only tells the holder that others wait, so
+# that it renews its lease: polled this often, or a sixth of the lease.
+SLOW_POLL_SECONDS = 5.0
+# Groups whose poll interval a gateway remembers (their policies are fixed).
+REMEMBERED_GROUPS = 10_000
 # A watch says something at least this often, so its client can tell a
 # silent stream from a dead one.
 KEEPALIVE_SECONDS = 5.0
@@ -53,8 +60,9 @@ class GroupNotFound(Exception):
 class GroupPoller:
     """Reads one group's published facts every POLL_SECONDS while anyone watches."""
 
-    def __init__(self, client: Client, group: str) -> None:
+    def __init__(self, client: Client, group: str, every: float = POLL_SECONDS) -> None:
         self._handle = client.get_workflow_handle(group_workflow_id(group))
+        self.every = every
         self.facts = GroupFacts()
         self.version = 0
         self.error: BaseException | None = None
@@ -93,7 +101,7 @@ class GroupPoller:
                     self.facts, self.error = facts, error
                     self.version += 1
                     self._changed.notify_all()
-            await asyncio.sleep(POLL_SECONDS)
+            await asyncio.sleep(self.every)
 
     async def wait_past(self, version: int, timeout: float) -> None:
         """Until the facts change after ``version``, or ``timeout`` passes."""
@@ -110,12 +118,36 @@ class TurnWatches:
     def __init__(self, client: Client) -> None:
         self._client = client
         self._pollers: dict[str, GroupPoller] = {}
+        self._intervals: dict[str, float] = {}
+
+    async def interval(self, group: str) -> float:
+        """How often the group's watches are polled, from its policy (read
+        once per group: a policy is fixed when its group is created)."""
+        every = self._intervals.get(group)
+        if every is None:
+            handle = self._client.get_workflow_handle_for(
+                GroupWorkflow.run, group_workflow_id(group)
+            )
+            try:
+                policy = (await handle.query(GroupWorkflow.status)).policy
+            except RPCError as error:
+                if error.status == RPCStatusCode.NOT_FOUND:
+                    raise GroupNotFound(group) from None
+                raise
+            asks = policy.max_turn_seconds > 0 or policy.preempt_lower_after_seconds > 0
+            every = POLL_SECONDS if asks else min(SLOW_POLL_SECONDS, policy.lease_seconds / 6)
+            if len(self._intervals) >= REMEMBERED_GROUPS:
+                self._intervals.pop(next(iter(self._intervals)))
+            self._intervals[group] = every
+        return every
 
     @contextlib.asynccontextmanager
     async def polling(self, group: str) -> AsyncIterator[GroupPoller]:
         poller = self._pollers.get(group)
         if poller is None:
-            poller = self._pollers[group] = GroupPoller(self._client, group)
+            every = await self.interval(group)
+            poller = self._pollers.get(group) or GroupPoller(self._client, group, every)
+            self._pollers[group] = poller
         poller.watchers += 1
         poller.start()
         try:

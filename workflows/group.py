@@ -23,6 +23,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 with workflow.unsafe.imports_passed_through():
     from timeshare.history import GroupHistory
     from timeshare.models import (
+        JOB_FAILED,
         RESTORE_FAILED,
         AcquireInput,
         AcquireResult,
@@ -35,6 +36,8 @@ with workflow.unsafe.imports_passed_through():
         JoinInput,
         JoinOutput,
         PauseInput,
+        ReleaseInput,
+        ReleaseOutput,
         SwitchInput,
         SwitchOutput,
         SwitchPhase,
@@ -69,6 +72,10 @@ SWITCH_ATTEMPTS = 3
 # Plans of schedulers before this change neither stopped a job on all its
 # nodes first nor evicted it from nodes the next job does not need.
 WHOLE_JOBS_PATCH = "timeshare-whole-job-switch"
+# Schedulers before these changes neither asked the agents to release the
+# processes of a job that left, nor evicted a job whose CUDA state FAILED.
+RELEASE_PATCH = "timeshare-release-left-jobs"
+FAILED_JOBS_PATCH = "timeshare-evict-failed-jobs"
 # Groups created from this change on decide by scheduling policies (fair
 # share, priorities, leases only for a holder others wait for); older groups
 # keep their rules (group_state.RULES_LEGACY) for as long as they run.
@@ -99,6 +106,8 @@ class MoveFailure(BaseModel):
     node: str
     cause: str
     restore_failed: bool
+    # The job whose state the node found FAILED (terminal), if that was the cause.
+    failed_job: str = ""
 
 
 @workflow.defn(name="GroupWorkflow")
@@ -122,10 +131,14 @@ class GroupWorkflow:
         self._timer: asyncio.Task[None] | None = None
         self._timer_at = 0.0
         self._rang = False
+        # (job, node) releases under way in this run.
+        self._releasing: set[tuple[str, str]] = set()
+        self._release_tasks: set[asyncio.Task[None]] = set()
 
     @workflow.run
     async def run(self, input: GroupInput) -> None:
         while True:
+            self._release_left_jobs()
             self._publish()
             deadline = self._queue.next_deadline(self._now())
             self._changed = False
@@ -167,7 +180,68 @@ class GroupWorkflow:
         self._rang = True
 
     def _duty_due(self) -> bool:
-        return self._queue.needs_switch() or self._continue_as_new_due()
+        return (
+            self._queue.needs_switch() or self._continue_as_new_due() or self._releases_to_start()
+        )
+
+    def _releases_to_start(self) -> bool:
+        return any(
+            (job, node) not in self._releasing
+            for job, nodes in self._queue.state.releasing.items()
+            for node in nodes
+        )
+
+    def _release_left_jobs(self) -> None:
+        """Ask the agents of every job that left to let its processes go,
+        in the background: a node that is down must not hold up the queue."""
+        if not self._releases_to_start():
+            return
+        if not workflow.patched(RELEASE_PATCH):
+            self._queue.state.releasing.clear()
+            return
+        for job, nodes in self._queue.state.releasing.items():
+            for node in nodes:
+                if (job, node) not in self._releasing:
+                    self._releasing.add((job, node))
+                    task = asyncio.create_task(self._release(job, node))
+                    self._release_tasks.add(task)
+                    task.add_done_callback(self._release_tasks.discard)
+
+    async def _release(self, job: str, node: str) -> None:
+        state = self._queue.state
+        agent_timeout = timedelta(seconds=state.policy.agent_timeout_seconds)
+        try:
+            output: ReleaseOutput = await workflow.execute_activity(
+                "release",
+                ReleaseInput(
+                    group=state.group,
+                    job=job,
+                    reason=state.evicted_jobs.get(job, ""),
+                    gpus=state.policy.gpus,
+                ),
+                result_type=ReleaseOutput,
+                task_queue=node_task_queue(node),
+                schedule_to_start_timeout=agent_timeout,
+                start_to_close_timeout=timedelta(minutes=10),
+                heartbeat_timeout=agent_timeout,
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(milliseconds=500),
+                    maximum_interval=timedelta(seconds=5),
+                    maximum_attempts=SWITCH_ATTEMPTS,
+                ),
+            )
+            workflow.logger.info("group %s: %s", state.group, output.summary)
+        except ActivityError as failure:
+            # Its agent is down or refused: `timeshare forget` on that node
+            # does the same by hand.
+            workflow.logger.warning(
+                "group %s: the agent of node %s did not release job %s: %s",
+                state.group, node, job, failure.cause or failure,
+            )  # fmt: skip
+        finally:
+            self._releasing.discard((job, node))
+            if job not in self._queue.state.jobs:
+                self._queue.release_done(job, node)
 
     def _continue_as_new_due(self) -> bool:
         if self._queue.state.switching is not None:
@@ -407,6 +481,12 @@ class GroupWorkflow:
                     await asyncio.gather(*(self._move(plan, move) for move in plan.moves))
                 )
                 failures = [r for r in results if isinstance(r, MoveFailure)]
+            lost = sorted({f.failed_job for f in failures if f.failed_job})
+            if lost and workflow.patched(FAILED_JOBS_PATCH):
+                for job in lost:
+                    cause = "; ".join(f.cause for f in failures if f.failed_job == job)
+                    self._queue.evict_failed(job, cause, self._now())
+                self._release_left_jobs()
             if not failures:
                 for output in results:
                     for job in output.gone if isinstance(output, SwitchOutput) else []:
@@ -481,6 +561,7 @@ class GroupWorkflow:
                     trace_context=plan.waiter.trace_context,
                     co_residency=self._queue.state.policy.co_residency,
                     phase=phase,
+                    gpus=self._queue.state.policy.gpus,
                 ),
                 result_type=SwitchOutput,
                 task_queue=node_task_queue(move.node),
@@ -501,9 +582,14 @@ class GroupWorkflow:
             else:
                 reason = str(cause or failure)
             restore_failed = isinstance(cause, ApplicationError) and cause.type == RESTORE_FAILED
+            failed_job = ""
+            if isinstance(cause, ApplicationError) and cause.type == JOB_FAILED and cause.details:
+                failed_job = str(cause.details[0])
             if phase == "switch":
                 self._record_move(plan, move, started, None, reason)
-            return MoveFailure(node=move.node, cause=reason, restore_failed=restore_failed)
+            return MoveFailure(
+                node=move.node, cause=reason, restore_failed=restore_failed, failed_job=failed_job
+            )
         if phase == "switch":
             self._record_move(plan, move, started, output, "")
         return output

@@ -59,6 +59,7 @@ class StoredPolicy(StoredModel):
     agent_timeout_seconds: float = 30.0
     continue_as_new_every: int = 0
     co_residency: Literal["auto", "off"] = "auto"
+    gpus: list[int] = Field(default_factory=list)
     ordering: Literal["fair", "fifo"] = "fifo"
     fair_credit_seconds: float = 60.0
     aging_seconds: float = 0.0
@@ -240,6 +241,9 @@ class GroupState(StoredModel):
     # Recent turns and per-node switches, bounded, for `timeshare report`.
     recent_turns: list[StoredTurn] = Field(default_factory=list)
     recent_switches: list[StoredSwitch] = Field(default_factory=list)
+    # Jobs that left the group (leave, eviction, lease, exit), and the nodes
+    # whose agents have yet to release their processes.
+    releasing: dict[str, list[str]] = Field(default_factory=dict)
 
     @field_validator("schema_version")
     @classmethod

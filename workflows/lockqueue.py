@@ -145,6 +145,8 @@ class LockQueue:
         self.check_join(job, nodes)
         self._clock = now
         self.state.evicted_jobs.pop(job, None)
+        # Back before its agents let its processes go: they need not.
+        self.state.releasing.pop(job, None)
         entry = self.state.jobs.get(job)
         if entry is None:
             self.state.jobs[job] = JobEntry(
@@ -210,6 +212,24 @@ class LockQueue:
         self._remove(job, now, reason)
         self.state.evictions += 1
         return True
+
+    def evict_failed(self, job: str, reason: str, now: float) -> None:
+        """A job whose state is lost for good (a process's CUDA state FAILED):
+        evicted, and left out of the switch under way, so that its retry does
+        not act on it again (its agents release what is left of it)."""
+        self.evict(job, reason, now)
+        plan = self.state.switching
+        if plan is not None:
+            for move in plan.moves:
+                move.evict = [j for j in move.evict if j != job]
+
+    def release_done(self, job: str, node: str) -> None:
+        """The node's agent released the job's processes (or could not be reached)."""
+        nodes = [n for n in self.state.releasing.get(job, []) if n != node]
+        if nodes:
+            self.state.releasing[job] = nodes
+        else:
+            self.state.releasing.pop(job, None)
 
     def heartbeat(self, job: str, now: float) -> HeartbeatOutput:
         self.touch(job, now)
@@ -836,6 +856,9 @@ class LockQueue:
         self.state.queue = [w for w in self.state.queue if w.job != job]
         self.state.released.pop(job, None)
         self.state.served_requests.pop(job, None)
+        where = set(self.state.jobs[job].nodes)
+        where |= {node for node, resident in self.state.resident.items() if resident == job}
+        self.state.releasing[job] = sorted(where)
         del self.state.jobs[job]
         self._grant_ready(now)
 

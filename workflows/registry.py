@@ -1,8 +1,16 @@
-"""NodeRegistryWorkflow: which node agents exist and which are alive.
+"""NodeRegistryWorkflow: which node agents exist and which are alive, and
+which group claims which GPUs of each node.
 
 Agents announce themselves with signal-with-start and repeat the announcement
 as a heartbeat; a node not heard from within the liveness window is marked
 dead by a durable timer, so the registry notices a dead agent by itself.
+
+A GPU belongs to one group at a time. A join claims, for its group, the GPUs
+the group's policy names (all of them when it names none) on each of the
+job's nodes; a claim that overlaps another group's is answered with that
+group's claims, and the gateway refuses the join unless they are stale (see
+workers/gateway_claims.py). An agent that releases a job that left drops its
+claim there.
 """
 
 from __future__ import annotations
@@ -19,13 +27,47 @@ NODE_HEARTBEAT_SECONDS = 10.0
 NODE_LIVENESS_SECONDS = 35.0
 
 
+class Claim(BaseModel):
+    """Group ``group`` uses GPUs ``gpus`` (empty: all) of ``node`` for ``job``."""
+
+    group: str
+    job: str
+    node: str
+    gpus: list[int] = Field(default_factory=list)
+    # Workflow time of the join that made it.
+    at: float = 0.0
+
+    def overlaps(self, node: str, gpus: list[int]) -> bool:
+        return node == self.node and (not gpus or not self.gpus or bool(set(gpus) & set(self.gpus)))
+
+
 class NodeRegistryInput(BaseModel):
     nodes: dict[str, NodeRecord] = Field(default_factory=dict)
     liveness_seconds: float = NODE_LIVENESS_SECONDS
+    claims: list[Claim] = Field(default_factory=list)
 
 
 class NodeDeparture(BaseModel):
     node: str
+
+
+class ClaimInput(BaseModel):
+    group: str
+    job: str
+    nodes: list[str]
+    gpus: list[int] = Field(default_factory=list)
+
+
+class ClaimOutput(BaseModel):
+    # Other groups' claims on the same GPUs: the claim was not recorded.
+    conflicts: list[Claim] = Field(default_factory=list)
+
+
+class UnclaimInput(BaseModel):
+    group: str
+    job: str
+    # Empty: on every node.
+    node: str = ""
 
 
 @workflow.defn(name="NodeRegistryWorkflow")
@@ -34,6 +76,7 @@ class NodeRegistryWorkflow:
     def __init__(self, input: NodeRegistryInput) -> None:
         self._nodes = dict(input.nodes)
         self._liveness = input.liveness_seconds
+        self._claims = list(input.claims)
 
     @workflow.run
     async def run(self, input: NodeRegistryInput) -> None:
@@ -51,7 +94,9 @@ class NodeRegistryWorkflow:
                     node.alive = False
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(
-            NodeRegistryInput(nodes=self._nodes, liveness_seconds=self._liveness)
+            NodeRegistryInput(
+                nodes=self._nodes, liveness_seconds=self._liveness, claims=self._claims
+            )
         )
 
     def _now(self) -> float:
@@ -67,6 +112,39 @@ class NodeRegistryWorkflow:
             last_seen=self._now(),
             drained=known.drained if known is not None else False,
         )
+
+    @workflow.update
+    def claim(self, input: ClaimInput) -> ClaimOutput:
+        """Record the job's claim unless another group holds one of its GPUs."""
+        conflicts = [
+            claim
+            for claim in self._claims
+            if claim.group != input.group
+            and any(claim.overlaps(node, input.gpus) for node in input.nodes)
+        ]
+        if conflicts:
+            return ClaimOutput(conflicts=conflicts)
+        now = self._now()
+        self._claims = [
+            c for c in self._claims if not (c.group == input.group and c.job == input.job)
+        ]
+        self._claims += [
+            Claim(group=input.group, job=input.job, node=node, gpus=input.gpus, at=now)
+            for node in input.nodes
+        ]
+        return ClaimOutput()
+
+    @workflow.signal
+    def unclaim(self, input: UnclaimInput) -> None:
+        self._claims = [
+            c
+            for c in self._claims
+            if not (c.group == input.group and c.job == input.job and input.node in ("", c.node))
+        ]
+
+    @workflow.query
+    def claims(self) -> list[Claim]:
+        return list(self._claims)
 
     @workflow.signal
     def depart(self, departure: NodeDeparture) -> None:

@@ -252,13 +252,27 @@ class LogEntry(TypedDict):
     phase: Literal["begin", "end"]
 
 
+# Where each call log was when mark() was last called: the log of one process's
+# emulator (a test session's) outlives each test, and process ids are reused.
+_marks: dict[Path, int] = {}
+
+
+def mark(path: Path) -> None:
+    """From now on read_log(path) and its users see only what comes after."""
+    _marks[path] = path.stat().st_size if path.exists() else 0
+
+
 def read_log(path: Path) -> list[LogEntry]:
-    """Every complete line of the JSON-lines call log, in file order."""
+    """Every complete line of the JSON-lines call log since the last mark(),
+    in file order."""
     if not path.exists():
         return []
+    with path.open("rb") as file:
+        file.seek(_marks.get(path, 0))
+        text = file.read().decode()
     entries: list[LogEntry] = []
-    for line in path.read_text().splitlines():
-        if line.strip():
+    for line in text.splitlines(keepends=True):
+        if line.endswith("\n") and line.strip():
             entries.append(json.loads(line))
     return entries
 

@@ -287,6 +287,18 @@ static inline void emu_pid_path(int pid, const char *name, char *out, size_t siz
     snprintf(out, size, "%s/%d/%s", emu_config_get()->dir, pid, name);
 }
 
+/* Whether the process runs (or is stopped): an exited process that is not yet reaped
+ * (a zombie, proc(5) state Z) has given up its GPU resources with everything else. */
+static inline int emu_alive(int pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    if (emu_read_file(path, buf, sizeof buf) <= 0)
+        return 0;
+    char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+}
+
 /* A live CUDA process with a current record: its restore thread id, or -1. */
 static inline int emu_record(int pid)
 {
@@ -298,7 +310,7 @@ static inline int emu_record(int pid)
     unsigned long long started = 0;
     if (sscanf(buf, "%d %llu", &tid, &started) != 2)
         return -1;
-    if (started == 0 || emu_start_time(pid) != started)
+    if (started == 0 || emu_start_time(pid) != started || !emu_alive(pid))
         return -1;
     return tid;
 }

@@ -1,5 +1,5 @@
 """The subcommands a light client install (`pip install timeshare`) runs:
-status, the operator controls, report, register, synthetic-job, and the
+status, the operator controls, report, register, forget, synthetic-job, and the
 placement advisor's profile and plan. They talk to a gateway (or an agent's
 socket) and never import temporalio."""
 
@@ -64,6 +64,15 @@ def add_client_commands(commands: Subparsers) -> None:
     register.add_argument("--pid", type=PID, required=True)
     register.add_argument("--socket", help="agent socket (env TIMESHARE_AGENT_SOCKET)")
     register.set_defaults(handler=run_register)
+
+    forget = commands.add_parser(
+        "forget",
+        help="release a job's processes on this node by hand and forget them (root or owner)",
+    )
+    forget.add_argument("--group", required=True)
+    forget.add_argument("--job", required=True)
+    forget.add_argument("--socket", help="agent socket (env TIMESHARE_AGENT_SOCKET)")
+    forget.set_defaults(handler=run_forget)
 
     _synthetic_job_command(commands)
 
@@ -161,6 +170,25 @@ def run_register(args: argparse.Namespace) -> int:
     except TimeshareError as error:
         return fail(f"register: {error}")
     print(f"process {pid} registered to {args.group}/{args.job}")
+    return 0
+
+
+def run_forget(args: argparse.Namespace) -> int:
+    """What the agents do by themselves when a job leaves (its processes
+    thawed, restored where they fit, never left stopped), by hand: for a job
+    whose scheduler is gone or whose agent was down when it left."""
+    from timeshare.errors import TimeshareError
+    from timeshare.names import check_name
+    from timeshare.registration import forget_job
+
+    try:
+        group, job = check_name("group", args.group), check_name("job", args.job)
+    except ValueError as error:
+        return fail(f"forget: {error}", code=2)
+    try:
+        print(forget_job(group, job, args.socket))
+    except TimeshareError as error:
+        return fail(f"forget: {error}")
     return 0
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from timeshare.cli.arguments import AMOUNT, FRACTION, PERIOD, PORT, RATE, SIZE
+from timeshare.cli.arguments import AMOUNT, FRACTION, GPU_COUNT, PERIOD, PORT, RATE, SIZE
 from timeshare.names import check_name
 
 if TYPE_CHECKING:
@@ -244,6 +244,23 @@ AGENT_OPTIONS = [
         },
     ),
     AgentOption(
+        "--sim-gpus",
+        SIM,
+        {
+            "type": GPU_COUNT,
+            "default": 1,
+            "help": "simulated GPUs, shared by the groups of the node (each uses its policy's)",
+        },
+    ),
+    AgentOption(
+        "--sim-host-gib",
+        SIM,
+        {
+            "type": AMOUNT,
+            "help": "simulated host memory for parked state of all groups (unset: unlimited)",
+        },
+    ),
+    AgentOption(
         "--sim-record", SIM, {"type": Path, "help": "append the residency record here (JSONL)"}
     ),
     AgentOption(
@@ -289,6 +306,8 @@ def backend_config(args: argparse.Namespace) -> BackendConfig:
             job: int(float(gib) * 2**30)
             for job, _, gib in (text.partition("=") for text in args.sim_job_state)
         },
+        sim_gpus=int(args.sim_gpus),
+        sim_host_memory_bytes=int(args.sim_host_gib * 2**30) if args.sim_host_gib else None,
         sim_record_path=str(args.sim_record) if args.sim_record else None,
         sim_state_path=str(args.sim_state) if args.sim_state else None,
         record_path=str(args.record) if args.record else None,

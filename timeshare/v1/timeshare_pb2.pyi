@@ -62,6 +62,7 @@ class GroupPolicy(_message.Message):
     PHASE_PRIORITY_FIELD_NUMBER: _builtins.int
     PREEMPT_LOWER_AFTER_SECONDS_FIELD_NUMBER: _builtins.int
     FAIR_CREDIT_SECONDS_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
     lease_seconds: _builtins.float
     """A holder that others wait for and that sends nothing (renewals
     included) for this long is evicted, and the turn moves on (30).
@@ -101,6 +102,13 @@ class GroupPolicy(_message.Message):
     def phase_priority(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Added to the job's priority for a request of that phase."""
 
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The indices of the GPUs the group's jobs use on each of their nodes; none:
+        all of them. A GPU belongs to one group at a time: a join that would
+        share one with another group is refused (FAILED_PRECONDITION).
+        """
+
     def __init__(
         self,
         *,
@@ -116,10 +124,11 @@ class GroupPolicy(_message.Message):
         phase_priority: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         preempt_lower_after_seconds: _builtins.float = ...,
         fair_credit_seconds: _builtins.float = ...,
+        gpus: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout_seconds", b"agent_timeout_seconds", "aging_seconds", b"aging_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "fair_credit_seconds", b"fair_credit_seconds", "idle_lease_seconds", b"idle_lease_seconds", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "ordering", b"ordering", "phase_priority", b"phase_priority", "preempt_grace_seconds", b"preempt_grace_seconds", "preempt_lower_after_seconds", b"preempt_lower_after_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout_seconds", b"agent_timeout_seconds", "aging_seconds", b"aging_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "fair_credit_seconds", b"fair_credit_seconds", "gpus", b"gpus", "idle_lease_seconds", b"idle_lease_seconds", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "ordering", b"ordering", "phase_priority", b"phase_priority", "preempt_grace_seconds", b"preempt_grace_seconds", "preempt_lower_after_seconds", b"preempt_lower_after_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -889,6 +898,7 @@ class NodeStatus(_message.Message):
     LAST_SEEN_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     DRAINED_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     backend: _builtins.str
     simulated: _builtins.bool
@@ -897,6 +907,12 @@ class NodeStatus(_message.Message):
     drained: _builtins.bool
     @_builtins.property
     def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What the agent wants operators to know, one line each (co-residency off
+        for a job whose device memory NVML cannot tell, and why).
+        """
+
     def __init__(
         self,
         *,
@@ -907,10 +923,11 @@ class NodeStatus(_message.Message):
         last_seen: _builtins.float = ...,
         gpus: _abc.Iterable[_builtins.str] | None = ...,
         drained: _builtins.bool = ...,
+        notes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alive", b"alive", "backend", b"backend", "drained", b"drained", "gpus", b"gpus", "last_seen", b"last_seen", "node", b"node", "simulated", b"simulated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alive", b"alive", "backend", b"backend", "drained", b"drained", "gpus", b"gpus", "last_seen", b"last_seen", "node", b"node", "notes", b"notes", "simulated", b"simulated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

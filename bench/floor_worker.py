@@ -1,0 +1,61 @@
+"""The floor workflow's worker in a process of its own, as the scheduler
+worker runs in its own: its CPU, read from /proc, is then comparable with the
+scheduler's (see bench.floors.measure_floor_cpu).
+
+    python -m bench.floor_worker --temporal HOST:PORT [--sandboxed]
+
+The floor workflow runs unsandboxed (the SDK's own floor), or with
+``--sandboxed`` in a sandbox like the scheduler's, to tell what the sandbox
+itself costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from bench.floors import READY_LINE, WORKFLOW_QUEUE, FloorWorkflow
+from timeshare.workers.children import die_with_parent_if_asked
+from timeshare.workers.service import connect_temporal
+
+
+def runner(sandboxed: bool) -> SandboxedWorkflowRunner | UnsandboxedWorkflowRunner:
+    """The scheduler's sandbox (timeshare.workflows.sandbox: every timeshare
+    module passed through, as here the benchmark's), or none."""
+    if not sandboxed:
+        return UnsandboxedWorkflowRunner()
+    restrictions = SandboxRestrictions.default.with_passthrough_modules("timeshare", "bench")
+    return SandboxedWorkflowRunner(restrictions=restrictions)
+
+
+async def serve(temporal: str, sandboxed: bool) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    client = await connect_temporal(temporal, "default")
+    async with Worker(
+        client,
+        task_queue=WORKFLOW_QUEUE,
+        workflows=[FloorWorkflow],
+        workflow_runner=runner(sandboxed),
+    ):
+        print(READY_LINE, flush=True)
+        await stop.wait()
+
+
+def main() -> None:
+    die_with_parent_if_asked()
+    parser = argparse.ArgumentParser(description="The floor workflow's worker.")
+    parser.add_argument("--temporal", required=True, help="the Temporal frontend, HOST:PORT")
+    parser.add_argument("--sandboxed", action="store_true", help="in the scheduler's sandbox")
+    args = parser.parse_args()
+    asyncio.run(serve(args.temporal, args.sandboxed))
+
+
+if __name__ == "__main__":
+    main()
