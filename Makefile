@@ -50,6 +50,7 @@ bench: install
 	$(BIN)/python -m bench.utilization --quick
 	$(BIN)/python -m bench.scale --quick
 	$(BIN)/python -m bench.multinode --quick
+	$(BIN)/python -m bench.placement --quick
 
 clean:
 	rm -rf $(VENV) .timeshare .pytest_cache .mypy_cache .ruff_cache

@@ -46,6 +46,8 @@ class BackendConfig(BaseModel):
     sim_capacity_bytes: int | None = None
     sim_bandwidth_bytes_per_second: float = 20e9
     sim_state_bytes: int = 2 * 2**30
+    # Jobs whose simulated state has another size, by job name.
+    sim_job_state_bytes: dict[str, int] = Field(default_factory=dict)
     # The node's simulated GPUs (a group's jobs live on those its policy
     # claims), and its simulated host memory (None: as much as parked state needs).
     sim_gpus: int = 1

@@ -77,9 +77,14 @@ class SimBackend(Backend):
         self.node = config.node
         # Without a capacity, one job at a time: the invariant of a GPU with no co-residency.
         self.shared = config.sim_capacity_bytes is not None
-        self.capacity_bytes = config.sim_capacity_bytes or config.sim_state_bytes
+        # Without one, room for the largest job's state (and one job at a time).
+        self.capacity_bytes = config.sim_capacity_bytes or max(
+            [config.sim_state_bytes, *config.sim_job_state_bytes.values()]
+        )
         self.bandwidth = config.sim_bandwidth_bytes_per_second
         self.state_bytes = config.sim_state_bytes
+        # Jobs whose state is not the default size, by job name (any group).
+        self.job_state_bytes = dict(config.sim_job_state_bytes)
         self.discard_fraction = config.sim_discard_fraction
         self.rebuild_rate = config.sim_rebuild_bytes_per_second
         self.gpu_count = config.sim_gpus
@@ -114,7 +119,8 @@ class SimBackend(Backend):
         host = f", {self.host_bytes / GiB:g} GiB host" if self.host_bytes is not None else ""
         return (
             f"sim ({gpus}: {self._memory()}, {self.bandwidth / 1e9:g} GB/s, "
-            f"{self.state_bytes / GiB:g} GiB per job{host})"
+            f"{self.state_bytes / GiB:g} GiB per job{host}"
+            f"{f', {len(self.job_state_bytes)} sized apart' if self.job_state_bytes else ''})"
         )
 
     def gpus(self) -> list[str]:
@@ -165,19 +171,22 @@ class SimBackend(Backend):
         state = self.jobs.get((group, job))
         if state is None or state.location not in ("running", "locked"):
             return {}
-        return {device_name(d): self.state_bytes for d in state.devices}
+        return {device_name(d): self.bytes_of(job) for d in state.devices}
 
     async def admission_footprint(self, group: str, job: str) -> DeviceBytes:
-        return {device_name(d): self.state_bytes for d in self._devices(group)}
+        return {device_name(d): self.bytes_of(job) for d in self._devices(group)}
 
     async def free_memory(self, group: str) -> DeviceBytes | None:
         if not self.shared:
             return None
         return {device_name(d): self.capacity_bytes - self._used(d) for d in self._devices(group)}
 
+    def bytes_of(self, job: str) -> int:
+        return self.job_state_bytes.get(job, self.state_bytes)
+
     def _used(self, device: int) -> int:
         # A failed job's simulated CUDA context is gone with its state.
-        return self.state_bytes * len(self._on(device, "running", "locked"))
+        return sum(self.bytes_of(job) for _, job in self._on(device, "running", "locked"))
 
     def inject_failure(
         self,
@@ -240,8 +249,9 @@ class SimBackend(Backend):
             if state is None or state.location == "host":
                 return BackendAction(job=job, action="noop")
             self._maybe_fail(group, job, "checkpoint", state)
-            dropped = int(self.state_bytes * self.discard_fraction) if mode == "discard" else 0
-            moved = self.state_bytes - dropped
+            size = self.bytes_of(job)
+            dropped = int(size * self.discard_fraction) if mode == "discard" else 0
+            moved = size - dropped
             self._check_host_room(group, job, moved * len(state.devices))
             start = time.time()
             if state.location == "running":
@@ -347,22 +357,22 @@ class SimBackend(Backend):
                     f"simulated GPU {device_name(device)} on node {self.node}: cannot admit "
                     f"{group}/{job} while {others} {'run' if self.shared else 'still resident'}"
                 )
-        if self.state_bytes > self.capacity_bytes:
+        size = self.bytes_of(job)
+        if size > self.capacity_bytes:
             raise BackendError(
-                f"job {job!r} needs {self.state_bytes} bytes; the simulated GPU has "
-                f"{self.capacity_bytes}"
+                f"job {job!r} needs {size} bytes; the simulated GPU has {self.capacity_bytes}"
             )
         if state is not None and state.location == "locked":
             return
         for device in devices:
             used = self._used(device)
-            if used + self.state_bytes > self.capacity_bytes:
+            if used + size > self.capacity_bytes:
                 resident = [f"{g}/{j}" for g, j in self._on(device, "running", "locked")]
                 self._record(event="overlap", group=group, job=job, others=resident,
                              at=time.time(), device=device_name(device))  # fmt: skip
                 raise SimOverlapError(
                     f"simulated GPU {device_name(device)} on node {self.node}: {group}/{job} does "
-                    f"not fit beside {resident} ({used + self.state_bytes} of "
+                    f"not fit beside {resident} ({used + size} of "
                     f"{self.capacity_bytes} bytes)"
                 )
 
@@ -378,7 +388,7 @@ class SimBackend(Backend):
         # No capacity recorded: a GPU that holds one job at a time.
         capacity = self.capacity_bytes if self.shared else None
         self._record(event="resident", group=group, job=job, start=since, end=end,
-                     bytes=self.state_bytes, capacity=capacity,
+                     bytes=self.bytes_of(job), capacity=capacity,
                      devices=[device_name(d) for d in devices])  # fmt: skip
 
     def _load(self) -> None:
@@ -390,7 +400,7 @@ class SimBackend(Backend):
                 entry["location"] = "running"
                 entry["running_since"] = entry.get("resident_since")
             elif entry.get("location") == "host" and "host_bytes" not in entry:
-                entry["host_bytes"] = self.state_bytes
+                entry["host_bytes"] = self.bytes_of(key[1])
             self.jobs[key] = SimJob.model_validate(entry)
 
     def _save(self) -> None:

@@ -55,6 +55,8 @@ class LocalStack:
     bandwidth_gbps: float = 10.0
     # None: the simulated GPU holds one job at a time (no co-residency).
     capacity_gib: float | None = None
+    # Jobs whose simulated state is not state_gib, by job name.
+    job_state_gib: dict[str, float] = field(default_factory=dict)
     temporal_port: int = field(default_factory=free_port)
     ui_port: int = field(default_factory=free_port)
     gateway_port: int = field(default_factory=free_port)
@@ -162,6 +164,7 @@ class LocalStack:
             "agent", f"--temporal={self.temporal}", f"--node={node}", f"--backend={self.backend}",
             f"--sim-state-gib={self.state_gib}", f"--sim-bandwidth-gbps={self.bandwidth_gbps}",
             *([f"--sim-capacity-gib={self.capacity_gib}"] if self.capacity_gib else []),
+            *[f"--sim-job-state={job}={gib}" for job, gib in self.job_state_gib.items()],
             f"--sim-record={self._node_file(node, 'residency', '.jsonl')}",
             f"--sim-state={self._node_file(node, 'sim-state', '.json')}",
             f"--record={self._node_file(node, 'process-record', '.jsonl')}",

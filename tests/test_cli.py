@@ -14,7 +14,7 @@ import pytest
 from bench.stack import free_port, timeshare_command
 from tests.conftest import REPO, wait_for_line
 from timeshare import cli
-from timeshare.cli.server_settings import AGENT_OPTIONS, agent_arguments
+from timeshare.cli.server_settings import AGENT_OPTIONS, agent_arguments, job_state
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -110,6 +110,15 @@ BAD_ARGUMENTS = [
     ["register", "--group", "g", "--job", "j", "--pid", "1"],
     ["demo", "--iterations", "-1"],
     ["synthetic-job", "--group", "g", "--job", "j", "--train-seconds", "-1"],
+    ["synthetic-job", "--group", "g", "--job", "j", "--iteration", "gpu:1,tpu:2"],
+    ["synthetic-job", "--group", "g", "--job", "j", "--iteration", "cpu:1"],
+    ["synthetic-job", "--group", "g", "--job", "j", "--iteration", "gpu:1,cpu:1:train"],
+    ["synthetic-job", "--group", "g", "--job", "j", "--weight", "0"],
+    ["agent", "--sim-job-state", "Big Job=2"],
+    ["agent", "--sim-job-state", "big=lots"],
+    ["profile", "g", "--address", CLOSED],
+    ["plan", "--from-groups", "--address", CLOSED],
+    ["plan", "/nonexistent.yaml"],
     ["status", "--address", CLOSED],
     ["status", "Bad Group", "--address", CLOSED],
     ["pause", "g", "--address", CLOSED],
@@ -149,6 +158,8 @@ def test_up_passes_every_agent_flag_on_to_its_agent() -> None:
         value = "/tmp/x" if kind in (Path, None) else str((default or 0) + 0.5)
         if getattr(kind, "__name__", "") == "int":
             value = str((default or 0) + 1)
+        if kind is job_state:
+            value = "job-x=0.5"
         given.append(f"{option.flag}={value}")
     up = cli.build_parser().parse_args(["up", *given])
     agent = cli.build_parser().parse_args(["agent", *agent_arguments(up)])

@@ -18,6 +18,7 @@ Packages come from the package index or pip's cache, as for any user.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -41,6 +42,13 @@ with job.turn() as turn:
     print("epoch", turn.epoch)
 job.leave()
 """
+PLAN_INPUT = {
+    "jobs": [
+        {"name": f"j{i}", "state_gib": 2, "iteration": [{"gpu": 1.0}, {"cpu": 2.0}]}
+        for i in range(3)
+    ],
+    "gpu_sets": {"count": 3, "gpu_memory_gib": 80, "host_memory_gib": 64, "bandwidth_gbps": 25},
+}
 pytestmark = pytest.mark.timeout(600)
 
 
@@ -151,6 +159,18 @@ async def test_the_wheel_is_a_light_client_that_takes_a_turn(
         venv.run, "-m", "timeshare", "status", f"pk-{unique}", "--address", gateway
     )
     assert f"pk-{unique}" in status.stdout, status
+
+    # The placement advisor is a client command: JSON plans without extras,
+    # YAML names the `plan` extra in one line.
+    assert not venv.has("yaml"), "the light client pulled in PyYAML"
+    jobs = tmp_path / "jobs.json"
+    jobs.write_text(json.dumps(PLAN_INPUT))
+    planned = venv.run("-m", "timeshare", "plan", str(jobs))
+    assert planned.stdout.strip().splitlines()[-1].startswith("plan_util="), planned
+    as_yaml = tmp_path / "jobs.yaml"
+    as_yaml.write_text("jobs: []\n")
+    no_yaml = venv.run("-m", "timeshare", "plan", str(as_yaml), check=False)
+    assert no_yaml.returncode == 2 and "timeshare[plan]" in no_yaml.stderr, no_yaml
 
     refused = venv.run("-m", "timeshare", "scheduler", check=False)
     lines = refused.stderr.strip().splitlines()

@@ -42,6 +42,8 @@ class SwitchRecord(BaseModel):
     backend: str = ""
     ok: bool = True
     error: str = ""
+    # Bytes each job's checkpoint moved off the node (locked jobs moved none).
+    checkpoint_bytes: dict[str, int] = Field(default_factory=dict)
 
 
 class GroupHistory(BaseModel):

@@ -1,5 +1,6 @@
 """A synthetic RL job: a sampler phase and a trainer phase on the GPU with a
-CPU-only reward phase between them, in a loop. It uses only the public client
+CPU-only reward phase between them, in a loop, or any iteration of GPU and
+CPU phases a placement profile names. It uses only the public client
 library, and writes what happened as JSON for the demo, tests and benchmarks.
 """
 
@@ -17,6 +18,7 @@ import timeshare
 from timeshare.hooks import WorkloadHooks, serve_hooks
 from timeshare.hooks.protocol import EvictMode
 from timeshare.models import GroupPolicy
+from timeshare.placement.spec import Phase
 
 
 class SyntheticJobSpec(BaseModel):
@@ -29,6 +31,12 @@ class SyntheticJobSpec(BaseModel):
     reward_seconds: float = 1.8
     train_seconds: float = 0.6
     start_delay_seconds: float = 0.0
+    # A profile's iteration instead of sample, reward, train: phases "gpu" and
+    # "cpu", each GPU phase's acquire named as the profile names it.
+    iteration: list[Phase] | None = None
+    # As the job joins: its weight and priority under the group's policies.
+    weight: float = 1.0
+    priority: int = 0
     # Applied if this job's join creates the group.
     policy: GroupPolicy | None = None
     # Serve workload hooks to the agent, asking to be evicted this way.
@@ -99,19 +107,26 @@ def run_synthetic_job(
     report = SyntheticJobReport(spec=spec)
     time.sleep(spec.start_delay_seconds)
     with timeshare.connect(spec.address) as client, _hooks_served(spec, report):
-        job = client.join(spec.group, spec.job, spec.nodes, spec.policy)
+
+        def join() -> timeshare.Job:
+            return client.join(spec.group, spec.job, spec.nodes, spec.policy,
+                               weight=spec.weight, priority=spec.priority)  # fmt: skip
+
+        job = join()
         # A restarted job process starts afresh: drop any turn a previous
         # process of the same name left behind, then take a new place.
         job.leave()
-        job = client.join(spec.group, spec.job, spec.nodes, spec.policy)
+        job = join()
         report.started = time.time()
         try:
             for iteration in range(spec.iterations):
-                _gpu_phase(job, report, "sample", iteration, spec.sample_seconds)
-                start = time.time()
-                time.sleep(spec.reward_seconds)
-                report.phases.append(PhaseRecord(phase="reward", start=start, end=time.time()))
-                _gpu_phase(job, report, "train", iteration, spec.train_seconds)
+                for name, on_gpu, seconds, asked_for in _phases(spec):
+                    if on_gpu:
+                        _gpu_phase(job, report, name, iteration, seconds, asked_for)
+                    else:
+                        start = time.time()
+                        time.sleep(seconds)
+                        report.phases.append(PhaseRecord(phase=name, start=start, end=time.time()))
                 last = report.turns[-1]
                 print(
                     f"{spec.job}: iteration {iteration + 1}/{spec.iterations} done "
@@ -126,11 +141,28 @@ def run_synthetic_job(
     return report
 
 
+def _phases(spec: SyntheticJobSpec) -> list[tuple[str, bool, float, str]]:
+    """(name, on the GPU, seconds, the acquire's phase) of one iteration."""
+    if spec.iteration is not None:
+        return [("gpu" if p.on_gpu else "cpu", p.on_gpu, p.seconds, p.phase)
+                for p in spec.iteration]  # fmt: skip
+    return [
+        ("sample", True, spec.sample_seconds, ""),
+        ("reward", False, spec.reward_seconds, ""),
+        ("train", True, spec.train_seconds, ""),
+    ]
+
+
 def _gpu_phase(
-    job: timeshare.Job, report: SyntheticJobReport, phase: str, iteration: int, seconds: float
+    job: timeshare.Job,
+    report: SyntheticJobReport,
+    phase: str,
+    iteration: int,
+    seconds: float,
+    asked_for: str = "",
 ) -> None:
     requested = time.time()
-    turn = job.acquire()
+    turn = job.acquire(phase=asked_for)
     granted = time.time()
     work_start = time.time()
     time.sleep(seconds)  # stands for the sampler's or trainer's GPU kernels

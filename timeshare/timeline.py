@@ -10,9 +10,9 @@ from pydantic import BaseModel
 from timeshare.status import table
 from timeshare.synthetic import SyntheticJobReport
 
-GPU_PHASES = ("sample", "train")
+GPU_PHASES = ("sample", "train", "gpu")
 CHART_WIDTH = 72
-CHART_MARKS = {"sample": "S", "train": "T", "reward": "-", "wait": "."}
+CHART_MARKS = {"sample": "S", "train": "T", "gpu": "G", "reward": "-", "cpu": "-", "wait": "."}
 
 
 class UtilisationFigures(BaseModel):

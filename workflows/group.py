@@ -616,6 +616,7 @@ class GroupWorkflow:
                     backend=output.backend if output is not None else "",
                     ok=output is not None,
                     error=error,
+                    checkpoint_bytes={a.job: a.bytes for a in actions if a.action == "checkpoint"},
                 )
             ]
         )

@@ -138,6 +138,7 @@ class StoredSwitch(StoredModel):
     backend: str = ""
     ok: bool = True
     error: str = ""
+    checkpoint_bytes: dict[str, int] = Field(default_factory=dict)
 
     def as_record(self) -> SwitchRecord:
         return self.public(SwitchRecord)

@@ -50,6 +50,9 @@ AMOUNT = _number(float, 1e-6, 1e6)
 RATE = _number(float, 0.0, 1e6)
 SIZE = _number(float, 0.0, 1e6)
 FRACTION = _number(float, 0.0, 1.0)
+# As a Join takes them (timeshare.models.JoinInput).
+WEIGHT = _number(float, 1e-6, 1000.0)
+PRIORITY = _number(int, -1000, 1000)
 GPU_COUNT = _number(int, 1, 256)
 
 

@@ -1,6 +1,7 @@
 """The subcommands a light client install (`pip install timeshare`) runs:
-status, the operator controls, report, register, forget and synthetic-job. They
-talk to a gateway (or an agent's socket) and never import temporalio."""
+status, the operator controls, report, register, forget, synthetic-job, and the
+placement advisor's profile and plan. They talk to a gateway (or an agent's
+socket) and never import temporalio."""
 
 from __future__ import annotations
 
@@ -10,7 +11,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from timeshare.cli.arguments import COUNT, GATEWAY_HELP, PERIOD, PID, SECONDS, fail
+from timeshare.cli.arguments import (
+    COUNT,
+    GATEWAY_HELP,
+    PERIOD,
+    PID,
+    PRIORITY,
+    SECONDS,
+    WEIGHT,
+    fail,
+)
+from timeshare.placement.arguments import add_plan_arguments, add_profile_arguments
 
 Subparsers = Any  # argparse's _SubParsersAction, private in typeshed
 # The operator commands: name, positional arguments, help.
@@ -65,6 +76,30 @@ def add_client_commands(commands: Subparsers) -> None:
 
     _synthetic_job_command(commands)
 
+    profile = commands.add_parser("profile", help="each job's profile, from its group's history")
+    add_profile_arguments(profile)
+    profile.set_defaults(handler=run_profile)
+    plan = commands.add_parser("plan", help="which jobs should share which GPUs (advice only)")
+    add_plan_arguments(plan)
+    plan.set_defaults(handler=run_plan)
+
+
+def iteration_phases(text: str) -> list[tuple[str, float, str]]:
+    """gpu:S[:PHASE],cpu:S,...: the phases of one iteration, as a placement
+    profile's (PHASE names a GPU phase's acquire)."""
+    phases = []
+    for part in text.split(","):
+        kind, _, rest = part.partition(":")
+        seconds, _, phase = rest.partition(":")
+        if kind not in ("gpu", "cpu") or (phase and kind == "cpu"):
+            raise argparse.ArgumentTypeError(
+                f"{part!r}: name a phase gpu:SECONDS[:PHASE] or cpu:SECONDS"
+            )
+        phases.append((kind, SECONDS(seconds), phase))
+    if not any(kind == "gpu" for kind, _, _ in phases):
+        raise argparse.ArgumentTypeError(f"{text!r} has no gpu phase")
+    return phases
+
 
 def _synthetic_job_command(commands: Subparsers) -> None:
     job = commands.add_parser("synthetic-job", help="run one synthetic RL job (demo, tests)")
@@ -77,10 +112,16 @@ def _synthetic_job_command(commands: Subparsers) -> None:
     job.add_argument("--reward-seconds", type=SECONDS, default=1.8)
     job.add_argument("--train-seconds", type=SECONDS, default=0.6)
     job.add_argument("--start-delay-seconds", type=SECONDS, default=0.0)
+    job.add_argument(
+        "--iteration", type=iteration_phases, metavar="gpu:S[:PHASE],cpu:S,...",
+        help="one iteration's phases in order, instead of sample, reward and train",
+    )  # fmt: skip
     job.add_argument("--report", type=Path, help="write the job's record here (JSON)")
     job.add_argument("--lease-seconds", type=PERIOD, help="group policy, if this job makes it")
     job.add_argument("--agent-timeout-seconds", type=PERIOD, help="group policy, likewise")
     job.add_argument("--co-residency", choices=["auto", "off"], help="group policy, likewise")
+    job.add_argument("--weight", type=WEIGHT, default=1.0, help="the job's weight (fair share)")
+    job.add_argument("--priority", type=PRIORITY, default=0, help="the job's priority")
     job.add_argument("--ordering", choices=["fair", "fifo"], help="group policy, likewise")
     job.add_argument(
         "--hooks", choices=["offload", "discard"],
@@ -88,6 +129,18 @@ def _synthetic_job_command(commands: Subparsers) -> None:
     )  # fmt: skip
     job.add_argument("--agent-socket", help="the agent's socket, for --hooks")
     job.set_defaults(handler=run_synthetic_job)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from timeshare.placement.profile_cli import cmd_profile
+
+    return cmd_profile(args)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from timeshare.placement.plan_cli import cmd_plan
+
+    return cmd_plan(args)
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -142,6 +195,7 @@ def run_forget(args: argparse.Namespace) -> int:
 def run_synthetic_job(args: argparse.Namespace) -> int:
     from timeshare.errors import TimeshareError
     from timeshare.models import GroupPolicy
+    from timeshare.placement.spec import Phase
     from timeshare.synthetic import SyntheticJobSpec
     from timeshare.synthetic import run_synthetic_job as run_job
 
@@ -155,6 +209,11 @@ def run_synthetic_job(args: argparse.Namespace) -> int:
         reward_seconds=args.reward_seconds,
         train_seconds=args.train_seconds,
         start_delay_seconds=args.start_delay_seconds,
+        iteration=[
+            Phase.model_validate({kind: s, "phase": phase}) for kind, s, phase in args.iteration
+        ]
+        if args.iteration
+        else None,
         policy=GroupPolicy(
             lease_seconds=args.lease_seconds or 30.0,
             agent_timeout_seconds=args.agent_timeout_seconds or 30.0,
@@ -163,6 +222,8 @@ def run_synthetic_job(args: argparse.Namespace) -> int:
         ),
         hooks=args.hooks,
         agent_socket=args.agent_socket,
+        weight=args.weight,
+        priority=args.priority,
     )
     # SIGTERM unwinds like Ctrl-C, so the job leaves its group on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

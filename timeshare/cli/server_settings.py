@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from timeshare.cli.arguments import AMOUNT, FRACTION, GPU_COUNT, PERIOD, PORT, RATE, SIZE
+from timeshare.names import check_name
 
 if TYPE_CHECKING:
     from timeshare.activities.backend import BackendConfig
@@ -140,6 +141,18 @@ class AgentOption:
         return str(self.kwargs.get("dest") or self.flag.removeprefix("--").replace("-", "_"))
 
 
+def job_state(text: str) -> str:
+    """JOB=GIB: one job's own simulated state size, checked and kept as given
+    (so that `timeshare up` passes it on as it came)."""
+    job, _, size = text.partition("=")
+    try:
+        check_name("job", job)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    SIZE(size)
+    return text
+
+
 PROCESS = "process backends (freeze, cuda, cuda-checkpoint, app)"
 SIM = "sim backend (a SIMULATED GPU)"
 # Every agent flag that `timeshare up` passes on (all but the node's name, its
@@ -199,6 +212,17 @@ AGENT_OPTIONS = [
             "type": SIZE,
             "default": 2.0,
             "help": "device state per job (0: switches that move no bytes, orchestration only)",
+        },
+    ),
+    AgentOption(
+        "--sim-job-state",
+        SIM,
+        {
+            "type": job_state,
+            "action": "append",
+            "default": [],
+            "metavar": "JOB=GIB",
+            "help": "device state of one job (by name) if not --sim-state-gib; repeat for more",
         },
     ),
     AgentOption(
@@ -262,6 +286,9 @@ def agent_arguments(args: argparse.Namespace) -> list[str]:
         value = getattr(args, option.dest)
         if value is None or value == option.kwargs.get("default"):
             continue
+        if isinstance(value, list):
+            passed += [f"{option.flag}={each}" for each in value]
+            continue
         passed.append(option.flag if value is True else f"{option.flag}={value}")
     return passed
 
@@ -275,6 +302,10 @@ def backend_config(args: argparse.Namespace) -> BackendConfig:
         sim_capacity_bytes=int(capacity * 2**30) if capacity is not None else None,
         sim_bandwidth_bytes_per_second=args.sim_bandwidth_gbps * 1e9,
         sim_state_bytes=int(args.sim_state_gib * 2**30),
+        sim_job_state_bytes={
+            job: int(float(gib) * 2**30)
+            for job, _, gib in (text.partition("=") for text in args.sim_job_state)
+        },
         sim_gpus=int(args.sim_gpus),
         sim_host_memory_bytes=int(args.sim_host_gib * 2**30) if args.sim_host_gib else None,
         sim_record_path=str(args.sim_record) if args.sim_record else None,

@@ -1,0 +1,232 @@
+"""The placement advisor checked against real runs: plan a set of jobs, run
+the planned groups for real on the sim stack (gateway, workflow, one sim
+agent per GPU set, each job a synthetic job following its profile's
+iteration), and compare the model's predictions with what was measured.
+
+First the stack's own costs are measured (CALIBRATION: groups of the same
+sizes as the plan's, running a reference profile of their own on the same
+agents at the same time); the plan is made with them; then the planned
+groups run together, and the model predicts each group's finite run from the
+moment each job really started. "in-run" repeats the prediction with the
+costs the planned run itself showed (plain means over all its groups): how
+much of the error is the stack's latencies drifting (the host is shared;
+the load average is printed) rather than the model.
+
+    python -m bench.placement           # 10 iterations per job, about 3 minutes
+    python -m bench.placement --quick   # 4 iterations, about 1.5 minutes
+
+The last line: max_util_error (largest |predicted - measured| busy fraction
+of a group, as a fraction: 0.03 is 3 points) and max_slowdown_error (largest
+|predicted - measured| / measured slowdown of a job).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import timeshare
+from bench.placement_costs import CostSamples
+from bench.stack import LocalStack
+from timeshare.placement.evaluate import Evaluator
+from timeshare.placement.figures import GroupPrediction, whole_run
+from timeshare.placement.load import load_plan_input
+from timeshare.placement.model import GroupModel
+from timeshare.placement.plan import PlanFile, make_plan
+from timeshare.placement.search import PlanError
+from timeshare.placement.spec import JobSpec, Phase, PlanInput, StackCosts
+from timeshare.status import table
+from timeshare.synthetic import SyntheticJobReport, load_report
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "placement" / "jobs.yaml"
+# The calibration's own jobs: sample, reward, train, 2 GiB moved each way.
+CALIBRATION = [Phase(gpu=0.4), Phase(cpu=1.0), Phase(gpu=0.2)]
+CALIBRATION_STATE_GIB = 2.0
+CALIBRATION_ITERATIONS = 5
+START_SPACING_SECONDS = 0.2
+
+
+def iteration_option(phases: list[Phase]) -> str:
+    parts = [
+        f"gpu:{p.seconds}{f':{p.phase}' if p.phase else ''}" if p.on_gpu else f"cpu:{p.seconds}"
+        for p in phases
+    ]
+    return "--iteration=" + ",".join(parts)
+
+
+def join_options(job: JobSpec) -> list[str]:
+    return [f"--weight={job.weight}", f"--priority={job.priority}"]
+
+
+class Measured:
+    def __init__(self, reports: list[SyntheticJobReport], iterations: int) -> None:
+        self.reports = reports
+        start = min(r.started for r in reports)
+        end = max(r.finished for r in reports)
+        work = sum(p.end - p.start for r in reports for p in r.phases if p.phase == "gpu")
+        self.busy = work / (end - start)
+        self.starts = {r.spec.job: r.started - start for r in reports}
+        self.iteration_seconds = {
+            r.spec.job: (r.finished - r.started) / iterations for r in reports
+        }
+
+
+def run_groups(
+    stack: LocalStack,
+    groups: list[tuple[str, str, list[JobSpec]]],
+    iterations: int,
+    co_residency: str,
+    workdir: Path,
+) -> dict[str, tuple[list[SyntheticJobReport], timeshare.history.GroupHistory]]:
+    """Run every group's jobs at once; each group's reports and history."""
+    launched = []
+    for group, node, jobs in groups:
+        for index, job in enumerate(jobs):
+            report = workdir / f"{group}-{job.name}.json"
+            process = stack.job(
+                group, job.name, report, f"--iterations={iterations}",
+                iteration_option(job.iteration), *join_options(job),
+                f"--co-residency={co_residency}",
+                f"--start-delay-seconds={START_SPACING_SECONDS * index}", nodes=[node],
+            )  # fmt: skip
+            launched.append((group, report, process))
+    failed = [group for group, _, process in launched if process.wait(900)]
+    if failed:
+        raise RuntimeError(f"jobs of {sorted(set(failed))} failed; see the logs in {workdir}")
+    results = {}
+    with timeshare.connect(stack.address) as client:
+        for group, _, _ in groups:
+            reports = [load_report(r) for g, r, _ in launched if g == group]
+            results[group] = (reports, client.group_history(group))
+    return results
+
+
+def calibrate(
+    stack: LocalStack, plan: PlanFile, plan_input: PlanInput, workdir: Path
+) -> StackCosts:
+    groups = [
+        (f"calibrate-{g.node}", g.node,
+         [JobSpec(name=f"cal-{g.node}-{i}", state_gib=CALIBRATION_STATE_GIB, iteration=CALIBRATION)
+          for i in range(len(g.jobs))])
+        for g in plan.groups
+    ]  # fmt: skip
+    samples = CostSamples()
+    bandwidth = plan_input.gpu_sets.bandwidth_bytes_per_second
+    for reports, history in run_groups(
+        stack, groups, CALIBRATION_ITERATIONS, "off", workdir
+    ).values():
+        samples.add(reports, history, bandwidth)
+    print(f"calibration: {samples.counts()}", flush=True)
+    return samples.costs()
+
+
+def predict(
+    plan_input: PlanInput,
+    jobs: list[JobSpec],
+    measured: Measured,
+    costs: StackCosts,
+    iterations: int,
+) -> GroupPrediction:
+    model = GroupModel(jobs, plan_input.gpu_sets, plan_input.policy, costs)
+    return whole_run(model.run(iterations, starts=measured.starts), jobs)
+
+
+def costs_line(costs: StackCosts) -> str:
+    return ", ".join(f"{name.removesuffix('_seconds')} {value * 1000:.0f} ms"
+                     for name, value in costs.model_dump().items())  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Placement predictions against real runs.")
+    parser.add_argument("--quick", action="store_true", help="4 iterations per job, not 10")
+    parser.add_argument("--file", type=Path, default=EXAMPLE, help="jobs and GPU sets (YAML)")
+    parser.add_argument("--keep", type=Path, help="keep the logs and the jobs' records here")
+    args = parser.parse_args()
+    iterations = 4 if args.quick else 10
+    load_before = os.getloadavg()[0]
+    plan_input = load_plan_input(args.file)
+    sets = plan_input.gpu_sets
+    first = make_plan(Evaluator(plan_input))
+    nodes = [g.node for g in first.groups]
+    with tempfile.TemporaryDirectory() as scratch:
+        workdir = args.keep or Path(scratch)
+        workdir.mkdir(parents=True, exist_ok=True)
+        stack = LocalStack(
+            workdir, node=nodes[0], more_nodes=nodes[1:], backend="sim",
+            state_gib=CALIBRATION_STATE_GIB, bandwidth_gbps=sets.bandwidth_gbps,
+            capacity_gib=sets.gpu_memory_gib,
+            job_state_gib={j.name: j.state_gib or 0.0 for j in plan_input.jobs},
+        )  # fmt: skip
+        try:
+            stack.start_all()
+            costs = calibrate(stack, first, plan_input, workdir)
+            print(f"measured stack costs: {costs_line(costs)}", flush=True)
+            plan_input = plan_input.model_copy(update={"costs": costs})
+            try:
+                plan = make_plan(Evaluator(plan_input))
+            except PlanError as error:
+                raise SystemExit(
+                    f"bench.placement: with the stack's costs as measured now: {error}; "
+                    "the machine is busy, try again when it is quieter"
+                ) from None
+            for group in plan.groups:
+                if group.node not in stack.nodes:
+                    stack.more_nodes.append(group.node)
+                    stack.start(stack.agent(group.node))
+            by_name = {j.name: j for j in plan_input.jobs}
+            groups = [(g.group, g.node, [by_name[j] for j in g.jobs]) for g in plan.groups]
+            print(f"running {len(groups)} planned groups, {iterations} iterations per job",
+                  flush=True)  # fmt: skip
+            results = run_groups(stack, groups, iterations, plan_input.policy.co_residency, workdir)
+        finally:
+            stack.stop_all()
+    print(f"load average (1 min) at the start {load_before:.1f}, at the end "
+          f"{os.getloadavg()[0]:.1f}, on {os.cpu_count()} cores", flush=True)  # fmt: skip
+    report(plan_input, plan, groups, results, iterations, costs)
+
+
+def report(
+    plan_input: PlanInput,
+    plan: PlanFile,
+    groups: list[tuple[str, str, list[JobSpec]]],
+    results: dict[str, tuple[list[SyntheticJobReport], timeshare.history.GroupHistory]],
+    iterations: int,
+    costs: StackCosts,
+) -> None:
+    rows = []
+    util_errors, slowdown_errors = [], []
+    # The costs the planned run itself showed, over all its groups (as the
+    # calibration's are over all of its own).
+    samples = CostSamples()
+    for reports, history in results.values():
+        samples.add(reports, history, plan_input.gpu_sets.bandwidth_bytes_per_second)
+    in_run = samples.costs(capped=False)
+    for name, _, jobs in groups:
+        reports, history = results[name]
+        measured = Measured(reports, iterations)
+        predicted = predict(plan_input, jobs, measured, costs, iterations)
+        again = predict(plan_input, jobs, measured, in_run, iterations)
+        steady = next(g for g in plan.groups if g.group == name)
+        util_errors.append(abs(predicted.busy - measured.busy))
+        rows.append([name, "(group busy)", f"{steady.predicted_busy:.1%}", f"{predicted.busy:.1%}",
+                     f"{again.busy:.1%}", f"{measured.busy:.1%}",
+                     f"{(predicted.busy - measured.busy) * 100:+.1f} pt"])  # fmt: skip
+        for job in jobs:
+            real = measured.iteration_seconds[job.name] / job.iteration_seconds
+            guess = predicted.slowdown[job.name]
+            slowdown_errors.append(abs(guess - real) / real)
+            rows.append(["", job.name, f"{steady.predicted_slowdown[job.name]:.3f}x",
+                         f"{guess:.3f}x", f"{again.slowdown[job.name]:.3f}x", f"{real:.3f}x",
+                         f"{(guess - real) / real:+.1%}"])  # fmt: skip
+    print()
+    headers = ["group", "job", "plan (steady)", "predicted", "in-run costs", "measured", "error"]
+    print(table(headers, rows))
+    print(f"costs in the planned run: {costs_line(in_run)}")
+    print(plan.summary.line())
+    print(f"max_util_error={max(util_errors):.3f} max_slowdown_error={max(slowdown_errors):.3f}")
+
+
+if __name__ == "__main__":
+    main()

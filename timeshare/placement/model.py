@@ -1,0 +1,336 @@
+"""The group model: a discrete-event simulation in virtual time that drives
+the scheduler's own lock queue (timeshare.workflows.lockqueue) with job
+profiles.
+
+Every scheduling decision (who goes next, when a switch is due, what it
+evicts, when a holder is preempted) is the real LockQueue's, reached only
+through its public methods, so a policy the queue gains is followed here
+unchanged. What the model adds is time: each job runs its iteration's
+phases, asks for a turn before every GPU phase and yields after it; a
+switch takes the device's transfer time (device.py) plus the stack's own
+round trips (StackCosts), and the waiting job runs when its acquire returns.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from timeshare.history import GroupHistory
+from timeshare.models import GroupPolicy
+from timeshare.placement.device import Device
+from timeshare.placement.spec import GpuSets, JobSpec, StackCosts
+from timeshare.workflows.group_state import (
+    RULES_POLICIES,
+    GroupState,
+    StoredPolicy,
+    StoredSwitch,
+)
+from timeshare.workflows.lockqueue import LockQueue
+
+# Steady state: every job first runs this many iterations (the start-up, in
+# which all jobs ask at once), then at least `iterations` more are measured.
+WARMUP_ITERATIONS = 2
+# A job that makes (almost) no progress is measured over this many of the
+# slowest job's iterations at most.
+MAX_SPAN_ITERATIONS = 400
+
+
+@dataclass
+class JobTrace:
+    name: str
+    gpus: int
+    started: float = 0.0
+    finished: float | None = None
+    # Start of every iteration, and the end of the last one completed.
+    boundaries: list[float] = field(default_factory=list)
+    # Seconds of GPU work: (start, end).
+    work: list[tuple[float, float]] = field(default_factory=list)
+
+
+@dataclass
+class GroupRun:
+    """What one simulated run of a group did."""
+
+    jobs: dict[str, JobTrace]
+    gpus: int
+    end: float
+    peak_host_bytes: int
+    switches: int
+    bytes_moved: int
+    history: GroupHistory | None = None
+
+
+@dataclass
+class _Job:
+    spec: JobSpec
+    trace: JobTrace
+    iterations: int | None
+    phase: int = 0
+    done_iterations: int = 0
+    requests: int = 0
+    # The epoch the job was told (a resumed preempted turn keeps its first).
+    epoch: int = 0
+    # Seconds of work left in the current GPU phase, and when it ends.
+    remaining: float = 0.0
+    work_started: float | None = None
+    work_token: int = 0
+
+
+class GroupModel:
+    def __init__(
+        self,
+        jobs: Sequence[JobSpec],
+        gpu_sets: GpuSets,
+        policy: GroupPolicy,
+        costs: StackCosts,
+        node: str = "set-1",
+        group: str = "plan",
+        record_history: bool = False,
+    ) -> None:
+        self.node = node
+        self.costs = costs
+        self.gpus = gpu_sets.gpus
+        # The state a new group's workflow starts from, as GroupWorkflow makes it.
+        self.queue = LockQueue(
+            GroupState(group=group, policy=StoredPolicy.stored(policy), rules=RULES_POLICIES)
+        )
+        co_resident = policy.co_residency == "auto"
+        self.device = Device(
+            sizes={j.name: j.state_bytes for j in jobs},
+            gpus={j.name: j.gpus for j in jobs},
+            bandwidth=gpu_sets.bandwidth_bytes_per_second,
+            room=gpu_sets.co_residency_bytes if co_resident else None,
+        )
+        self.specs = list(jobs)
+        self.record_history = record_history
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self.now = 0.0
+        self._jobs: dict[str, _Job] = {}
+        self._last_epoch = 0
+        self._grant_delay = self._immediate_grant_delay()
+        self._planned = False
+        self._timer_at: float | None = None
+        self._timer_ran = -1.0
+        self.switches = 0
+        self.bytes_moved = 0
+        self._stop: Callable[[], bool] = lambda: False
+
+    # -- running ----------------------------------------------------------------
+
+    def run(
+        self,
+        iterations: int | None,
+        *,
+        starts: dict[str, float] | None = None,
+        steady_iterations: int = 0,
+    ) -> GroupRun:
+        """``iterations``: each job runs that many, then leaves. None: every
+        job runs on until each has done WARMUP_ITERATIONS + ``steady_iterations``."""
+        starts = starts or {}
+        for spec in self.specs:
+            job = _Job(spec, JobTrace(spec.name, spec.gpus), iterations)
+            self._jobs[spec.name] = job
+            self._at(starts.get(spec.name, 0.0), self._starter(job))
+        if iterations is None:
+            wanted = WARMUP_ITERATIONS + max(1, steady_iterations)
+            longest = max(s.iteration_seconds for s in self.specs)
+            cap = max(starts.values(), default=0.0) + longest * MAX_SPAN_ITERATIONS
+            self._stop = lambda: (
+                self.now > cap or all(j.done_iterations >= wanted for j in self._jobs.values())
+            )
+        while self._events and not self._stop():
+            self.now, _, action = heapq.heappop(self._events)
+            action()
+        return GroupRun(
+            jobs={name: job.trace for name, job in self._jobs.items()},
+            gpus=self.gpus,
+            end=self.now,
+            peak_host_bytes=self.device.peak_host_bytes,
+            switches=self.switches,
+            bytes_moved=self.bytes_moved,
+            history=self.queue.history(self.now) if self.record_history else None,
+        )
+
+    def _starter(self, job: _Job) -> Callable[[], None]:
+        return lambda: self._start(job)
+
+    def _at(self, when: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (when, next(self._order), action))
+
+    def _after_queue_call(self) -> None:
+        """What the workflow does after each message: carry out a new grant,
+        plan a switch that is due, set its timer."""
+        self._notice_grant()
+        if not self._planned and self.queue.needs_switch():
+            self._planned = True
+            self._at(self.now + self.costs.plan_seconds, self._begin_switch)
+        deadline = self.queue.next_deadline(self.now)
+        if deadline is None or deadline <= self._timer_ran:
+            return  # none, or one a timer has seen to already
+        if self._timer_at is None or deadline < self._timer_at:
+            self._timer_at = deadline
+            self._at(max(deadline, self.now), self._timer)
+
+    # -- a job's life -----------------------------------------------------------
+
+    def _start(self, job: _Job) -> None:
+        job.trace.started = self.now
+        job.trace.boundaries.append(self.now)
+        spec = job.spec
+        self.queue.join(spec.name, [self.node], f"model-{spec.name}", self.now,
+                        weight=spec.weight, priority=spec.priority)  # fmt: skip
+        self._after_queue_call()
+        self._phase(job)
+
+    def _phase(self, job: _Job) -> None:
+        phase = job.spec.iteration[job.phase]
+        seconds = phase.seconds + self.costs.overrun_seconds
+        if phase.gpu is None:
+            self._at(self.now + seconds, lambda: self._phase_done(job))
+            return
+        job.remaining = seconds
+        job.requests += 1
+        request_id = f"{job.spec.name}-{job.requests}"
+        self._at(
+            self.now + self.costs.message_seconds,
+            lambda: self._request(job, request_id, phase.phase),
+        )
+
+    def _immediate_grant_delay(self) -> float:
+        """A grant made as the job's own acquire (or another's yield) arrives."""
+        return max(0.0, self.costs.acquire_seconds - self.costs.message_seconds)
+
+    def _request(self, job: _Job, request_id: str, phase: str) -> None:
+        self._grant_delay = self._immediate_grant_delay()
+        self.queue.request(job.spec.name, request_id, self.now, phase=phase)
+        self._after_queue_call()
+
+    def _granted(self, job: _Job, epoch: int, told: int) -> None:
+        """The job's acquire returned: it computes for the rest of its phase
+        (unless that turn was taken from it meanwhile)."""
+        turn = self.queue.state.turn
+        if turn is None or turn.epoch != epoch:
+            return
+        job.epoch = told
+        job.work_started = self.now
+        job.work_token += 1
+        token = job.work_token
+        self._at(self.now + job.remaining, lambda: self._work_done(job, token))
+
+    def _work_done(self, job: _Job, token: int) -> None:
+        if token != job.work_token:
+            return  # preempted meanwhile; resumes with what was left
+        self._stop_work(job)
+        epoch = job.epoch
+        self._at(self.now + self.costs.message_seconds, lambda: self._release(job, epoch))
+        self._at(self.now + self.costs.yield_seconds, lambda: self._phase_done(job))
+
+    def _stop_work(self, job: _Job) -> None:
+        assert job.work_started is not None
+        job.trace.work.append((job.work_started, self.now))
+        job.remaining -= self.now - job.work_started
+        job.work_started = None
+
+    def _release(self, job: _Job, epoch: int) -> None:
+        self._grant_delay = self._immediate_grant_delay()
+        self.queue.release(job.spec.name, epoch, self.now)
+        self._after_queue_call()
+
+    def _phase_done(self, job: _Job) -> None:
+        job.phase += 1
+        if job.phase < len(job.spec.iteration):
+            self._phase(job)
+            return
+        job.phase = 0
+        job.done_iterations += 1
+        job.trace.boundaries.append(self.now)
+        if job.iterations is not None and job.done_iterations >= job.iterations:
+            self._at(self.now + self.costs.message_seconds, lambda: self._leave(job))
+            return
+        self._phase(job)
+
+    def _leave(self, job: _Job) -> None:
+        self.queue.leave(job.spec.name, self.now)
+        self._after_queue_call()
+        job.trace.finished = self.now - self.costs.message_seconds + self.costs.yield_seconds
+
+    # -- the scheduler's side ------------------------------------------------------
+
+    def _notice_grant(self) -> None:
+        """A new turn the queue granted: its job runs once its acquire returns;
+        a job whose turn was taken (preempted) stops where it is."""
+        for job in self._jobs.values():
+            if job.work_started is not None and not self._holds(job):
+                self._stop_work(job)
+                job.work_token += 1
+        turn = self.queue.state.turn
+        if turn is None or turn.epoch == self._last_epoch:
+            return
+        self._last_epoch = turn.epoch
+        job = self._jobs[turn.job]
+        told = turn.resumes_epoch or turn.epoch
+        epoch = turn.epoch
+        self._at(self.now + self._grant_delay, lambda: self._granted(job, epoch, told))
+
+    def _holds(self, job: _Job) -> bool:
+        turn = self.queue.state.turn
+        return turn is not None and turn.job == job.spec.name
+
+    def _begin_switch(self) -> None:
+        self._planned = False
+        if not self.queue.needs_switch():
+            return
+        plan = self.queue.begin_switch(self.now)
+        self._after_queue_call()
+        seconds = 0.0
+        restored = False
+        records = []
+        for move in plan.moves:
+            cost = self.device.switch(move.admit, move.evict)
+            seconds = max(seconds, cost.seconds)
+            restored = restored or cost.restored
+            self.bytes_moved += cost.bytes_moved
+            records.append((move, cost))
+        took = self.costs.switch_seconds + seconds
+        started = self.now
+
+        def finish() -> None:
+            self.switches += 1
+            if self.record_history:
+                self.queue.record_switches(
+                    [
+                        StoredSwitch(
+                            node=move.node,
+                            epoch=plan.epoch,
+                            started_at=started,
+                            finished_at=self.now,
+                            evicted=list(cost.checkpointed) or move.evict,
+                            admitted=move.admit,
+                            bytes_moved=cost.bytes_moved,
+                            backend="model",
+                            checkpoint_bytes=cost.checkpointed,
+                        )
+                        for move, cost in records
+                    ]
+                )
+            self._grant_delay = self.costs.grant_seconds
+            self.queue.finish_switch(self.now, restored)
+            self._after_queue_call()
+
+        self._at(self.now + took, finish)
+
+    def _timer(self) -> None:
+        """The workflow's durable timer: leases (jobs heartbeat, so they hold)
+        and the turn limit."""
+        self._timer_at = None
+        self._timer_ran = self.now
+        for name in self._jobs:
+            if name in self.queue.state.jobs:
+                self.queue.touch(name, self.now)
+        self._grant_delay = self.costs.grant_seconds
+        self.queue.expire(self.now)
+        self._after_queue_call()
