@@ -54,6 +54,8 @@ MAX_NODES_PER_JOB = 256
 # Reasons kept for requests and jobs that were ended by the scheduler, so the
 # caller's next message can be told why; the oldest are forgotten first.
 MAX_REMEMBERED_REASONS = 256
+# The kinds of lease a job may run out of (see LockQueue._lease_deadlines).
+LEGACY, IDLE, HELD = "legacy", "idle", "held"
 # Marks a node whose state a failed switch left uncertain: any job needs a
 # switch there before it may be granted.
 UNKNOWN_RESIDENT = "?"
@@ -433,8 +435,9 @@ class LockQueue:
                     self.evict(job, f"its lease expired (no heartbeat for {lease:g} s)", now)
                     done.append(f"evicted {job}: lease expired")
         else:
-            for job, deadline, reason in self._lease_deadlines():
+            for job, deadline, kind in self._lease_deadlines():
                 if now >= deadline and job in self.state.jobs:
+                    reason = self._lease_reason(kind)
                     self.evict(job, reason, now)
                     done.append(f"evicted {job}: {reason}")
         turn = self.state.turn
@@ -457,29 +460,46 @@ class LockQueue:
         """(job, when its lease runs out, why it would be evicted then). A
         holder that others wait for must be heard from within lease_seconds
         of their first request; everyone else within idle_lease_seconds.
-        (Groups from before policies: everyone within lease_seconds.)"""
+        (Groups from before policies: everyone within lease_seconds.) The
+        reason is a kind here (LEGACY, IDLE or HELD), worded at eviction."""
         policy = self.state.policy
         if not self.policies:
-            reason = f"its lease expired (no heartbeat for {policy.lease_seconds:g} s)"
             return [
-                (job, e.last_seen + policy.lease_seconds, reason)
+                (job, e.last_seen + policy.lease_seconds, LEGACY)
                 for job, e in self.state.jobs.items()
             ]
         turn = self.state.turn
-        others = [w.since for w in self.state.queue if turn is not None and w.job != turn.job]
-        idle = f"it sent nothing for {policy.idle_lease:g} s"
-        held = (
-            f"it held the turn while others waited and sent nothing for {policy.lease_seconds:g} s"
-        )
+        idle = policy.idle_lease
+        contended: float | None = None
+        if turn is not None and turn.job in self.state.jobs:
+            others = [w.since for w in self.state.queue if w.job != turn.job]
+            if others:
+                since = max(self.state.jobs[turn.job].last_seen, min(others))
+                contended = since + policy.lease_seconds
         deadlines = []
         for job, entry in self.state.jobs.items():
-            deadline, reason = entry.last_seen + policy.idle_lease, idle
-            if turn is not None and turn.job == job and others:
-                contended = max(entry.last_seen, min(others)) + policy.lease_seconds
-                if contended < deadline:
-                    deadline, reason = contended, held
-            deadlines.append((job, deadline, reason))
+            deadline = entry.last_seen + idle
+            if (
+                contended is not None
+                and turn is not None
+                and job == turn.job
+                and contended < deadline
+            ):
+                deadlines.append((job, contended, HELD))
+                continue
+            deadlines.append((job, deadline, IDLE))
         return deadlines
+
+    def _lease_reason(self, kind: str) -> str:
+        policy = self.state.policy
+        if kind == HELD:
+            return (
+                f"it held the turn while others waited and sent nothing for "
+                f"{policy.lease_seconds:g} s"
+            )
+        if kind == IDLE:
+            return f"it sent nothing for {policy.idle_lease:g} s"
+        return f"its lease expired (no heartbeat for {policy.lease_seconds:g} s)"
 
     def _yield_times(self) -> tuple[float | None, float | None]:
         """When the holder is (or was) asked to yield, and when it is
@@ -778,6 +798,8 @@ class LockQueue:
         their nodes is drained; in arrival order."""
         if self.state.paused:
             return []
+        if not self.state.drained:
+            return list(self.state.queue)
         drained = set(self.state.drained)
         return [
             waiter
@@ -791,7 +813,7 @@ class LockQueue:
         eligible = self._eligible()
         if not eligible:
             return None
-        if not self.policies:
+        if not self.policies or len(eligible) == 1:
             return eligible[0]
         when = self._clock if now is None else now
         return ordering.in_grant_order(eligible, self.state.jobs, self.state.policy, when)[0]
