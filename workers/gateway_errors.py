@@ -25,6 +25,20 @@ REPORTABLE = {refusal.value: grpc.StatusCode[refusal.value] for refusal in Refus
 # How Temporal says a workflow's last task failed (a scheduler bug, or a
 # history that the scheduler's code cannot replay).
 STUCK_WORKFLOW = "Workflow Task in failed state"
+# ... and how it refuses an update while a failed task is retried: also seen
+# for a few seconds after a Temporal restart, when a task that completed an
+# update before the restart is completed again and refused.
+RETRIED_WORKFLOW_TASK = "unexpected workflow task failure"
+
+
+def workflow_task_failed(error: BaseException) -> bool:
+    """Temporal refused a message because the workflow's last task failed:
+    transient after a restart, lasting where the scheduler cannot run it."""
+    if not isinstance(error, RPCError):
+        return False
+    message = error.message.lower()
+    return STUCK_WORKFLOW.lower() in message or RETRIED_WORKFLOW_TASK in message
+
 
 # Short messages (join, yield, status) must be answered by then, or the
 # scheduler worker is presumed down and the caller is told so.

@@ -22,6 +22,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from timeshare.models import AcquireInput, Grant, GroupPolicy, JoinInput, JoinOutput, NodeRecord
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE, group_workflow_id
+from timeshare.workers.gateway_errors import workflow_task_failed
 from timeshare.workflows.group import CancelAcquireInput, GroupInput, GroupWorkflow
 from timeshare.workflows.registry import NodeRegistryWorkflow
 
@@ -30,6 +31,10 @@ GroupHandle = WorkflowHandle[GroupWorkflow, None]
 # its place in the carried-over state, so it is simply sent again.
 RUN_ENDED_FAILURE = "AcceptedUpdateCompletedWorkflow"
 WITHDRAW_SECONDS = 30.0
+# A join refused while the group's workflow task is retried (after a Temporal
+# restart) is sent again for this long before the caller is told.
+JOIN_RETRY_SECONDS = 10.0
+JOIN_RETRY_PAUSE_SECONDS = 0.5
 RUNNING_GROUPS = "WorkflowType = 'GroupWorkflow' AND ExecutionStatus = 'Running'"
 GROUP_ID_PREFIX = group_workflow_id("")
 
@@ -79,16 +84,26 @@ async def join_group(
     client: Client, group: str, message: JoinInput, policy: GroupPolicy | None = None
 ) -> JoinOutput:
     """Join a job to its group's workflow, starting the workflow on first use."""
-    start = WithStartWorkflowOperation(
-        GroupWorkflow.run,
-        GroupInput(group=group, policy=policy),
-        id=group_workflow_id(group),
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        task_queue=SCHEDULER_TASK_QUEUE,
-    )
-    return await client.execute_update_with_start_workflow(
-        GroupWorkflow.join, message, start_workflow_operation=start
-    )
+    clock = asyncio.get_running_loop().time
+    give_up = clock() + JOIN_RETRY_SECONDS
+    while True:
+        # One operation per attempt: the SDK's start operation is single-use.
+        start = WithStartWorkflowOperation(
+            GroupWorkflow.run,
+            GroupInput(group=group, policy=policy),
+            id=group_workflow_id(group),
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            task_queue=SCHEDULER_TASK_QUEUE,
+        )
+        try:
+            return await client.execute_update_with_start_workflow(
+                GroupWorkflow.join, message, start_workflow_operation=start
+            )
+        except RPCError as error:
+            # A join refreshes the job's entry, so sending it again is safe.
+            if not workflow_task_failed(error) or clock() >= give_up:
+                raise
+        await asyncio.sleep(JOIN_RETRY_PAUSE_SECONDS)
 
 
 async def acquire_or_withdraw(
