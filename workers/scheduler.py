@@ -55,8 +55,13 @@ async def check_search_attributes(client: Client) -> None:
 
 
 async def serve_scheduler(
-    stop: asyncio.Event, temporal: TemporalSettings, telemetry: Telemetry | None = None
+    stop: asyncio.Event,
+    temporal: TemporalSettings,
+    telemetry: Telemetry | None = None,
+    sandboxed: bool = False,
 ) -> None:
+    """Serve the group workflows until ``stop``; outside the SDK's sandbox
+    unless ``sandboxed`` (timeshare.workflows.sandbox says why)."""
     telemetry = telemetry or Telemetry()
     client = await connect_temporal(temporal, telemetry=telemetry)
     await check_search_attributes(client)
@@ -65,12 +70,13 @@ async def serve_scheduler(
         client,
         task_queue=SCHEDULER_TASK_QUEUE,
         workflows=[GroupWorkflow, NodeRegistryWorkflow],
-        workflow_runner=workflow_runner(),
+        workflow_runner=workflow_runner(sandboxed),
         # A group's next task waits this long for a worker that died holding
         # its cached history before any other replica takes it (default 10 s).
         sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
     )
     async with worker:
-        ready("scheduler", f"task queue {SCHEDULER_TASK_QUEUE} on {temporal.describe()}")
+        where = f"task queue {SCHEDULER_TASK_QUEUE} on {temporal.describe()}"
+        ready("scheduler", where + (", workflows in the SDK's sandbox" if sandboxed else ""))
         await stop.wait()
     await telemetry.close()
