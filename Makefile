@@ -27,8 +27,12 @@ proto: $(STAMP)
 demo: install
 	$(BIN)/timeshare demo
 
+# Three test processes (most tests wait on stacks of processes more than they
+# compute), each with its own Temporal dev server and workers, a test
+# file to one of them at a time (module fixtures stay in one process).
+TEST_WORKERS ?= 3
 test: install chromium
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Headless Chromium for the report's browser test (pytest marker `browser`): installed
 # here with apt when this is root on Debian/Ubuntu and it is missing; elsewhere the test

@@ -104,7 +104,7 @@ FAULTS: dict[str, Callable[[LocalStack, Jobs], Fault]] = {
 
 
 def run_fault(name: str, workdir: Path) -> FaultResult:
-    stack = LocalStack(workdir, state_gib=0.3, bandwidth_gbps=1.0)
+    stack = LocalStack(workdir, state_gib=0.2, bandwidth_gbps=1.0)
     try:
         stack.start_all()
         reports = {job: workdir / f"{job}.json" for job in JOBS}

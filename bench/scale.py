@@ -158,7 +158,7 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
     print(f"idle history: {idle.before_per_job_hour:.0f} events/job-hour before, "
           f"{idle.now_per_job_hour:.2f} now (load {load_average()})", flush=True)  # fmt: skip
     watch = await measure_watch_cost(
-        stack.address, stack.node, stack_pids(stack), REFERENCE_GROUPS, args.watch_seconds
+        stack.address, stack.node, stack_pids(stack), args.watch_groups, args.watch_seconds
     )
     watched = watch.watched
     print(f"watches of {watch.groups} held turns: Temporal {watched['temporal']:.2f} cores, "
@@ -271,6 +271,10 @@ def main() -> None:
     parser.add_argument(
         "--watch-seconds", type=float, help="each watch window (default 10, quick 5)"
     )
+    parser.add_argument(
+        "--watch-groups", type=int, default=REFERENCE_GROUPS,
+        help="groups whose held turns are watched (default %(default)s)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", type=Path, help="py-spy the schedulers and gateways here")
     args = parser.parse_args()

@@ -188,8 +188,21 @@ def unique() -> str:
     return uuid.uuid4().hex[:8]
 
 
+# Test files that run for tens of seconds (whole stacks, benchmarks, real
+# trainers), slowest first: run first, so that `make test`'s test processes
+# (pytest-xdist, a file to a process) end together rather than one of them
+# finishing a long file alone.
+LONG_FILES = [
+    "test_faults.py", "test_chaos.py", "test_scale_bench.py", "test_packaging.py",
+    "test_multigroup.py", "test_gpu_switch.py", "test_multinode.py", "test_end_to_end.py",
+    "test_trl_grpo.py", "test_emulator_end_to_end.py", "test_grpo_toy.py",
+]  # fmt: skip
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_what_the_machine_lacks(items)
+    rank = {name: index for index, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

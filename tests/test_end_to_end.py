@@ -17,7 +17,7 @@ from timeshare.synthetic import SyntheticJobReport, TurnRecord, load_report
 from timeshare.workers.temporal_server import temporal_binary
 
 JOBS = ["job-0", "job-1", "job-2"]
-ITERATIONS = 10  # a sample and a train turn each: 20 turns per job
+ITERATIONS = 6  # a sample and a train turn each: 12 turns per job
 
 
 def read_record(path: Path) -> list[dict[str, Any]]:

@@ -405,4 +405,4 @@ class LockQueueMachine(RuleBasedStateMachine):
 
 
 TestLockQueueMachine = LockQueueMachine.TestCase
-TestLockQueueMachine.settings = settings(max_examples=1000, stateful_step_count=50, deadline=None)
+TestLockQueueMachine.settings = settings(max_examples=500, stateful_step_count=50, deadline=None)

@@ -21,13 +21,13 @@ from timeshare.history import GroupHistory
 STATE_BYTES = 2**26
 # Sample 0.4 s, reward 0.6 s on the CPU, train 0.1 s: two turns an iteration.
 ITERATION = "gpu:0.4,cpu:0.6,gpu:0.1"
-TURNS_WANTED = 8
+TURNS_WANTED = 6
 
 
 @asynccontextmanager
 async def jobs_running(
     gateway: str, group: str, node: str, names: list[str]
-) -> AsyncIterator[None]:
+) -> AsyncIterator[list[subprocess.Popen[bytes]]]:
     """Synthetic job processes that run until the block ends (then leave:
     waited for in a thread, the gateway serving their leave from this loop)."""
     processes = [
@@ -42,7 +42,7 @@ async def jobs_running(
         for index, name in enumerate(names)
     ]  # fmt: skip
     try:
-        yield
+        yield processes
     finally:
         for process in processes:
             process.terminate()
@@ -58,7 +58,18 @@ async def history_of(gateway: str, group: str) -> GroupHistory:
         await client.close()
 
 
-async def enough_turns(gateway: str, group: str, jobs: list[str]) -> GroupHistory | None:
+def still_running(processes: list[subprocess.Popen[bytes]]) -> None:
+    """A job that gave up says why here, not as a wait that runs out."""
+    for process in processes:
+        if process.poll() is not None:
+            assert process.stderr is not None
+            raise AssertionError(f"a job exited early: {process.stderr.read().decode()[-2000:]}")
+
+
+async def enough_turns(
+    gateway: str, group: str, jobs: list[str], processes: list[subprocess.Popen[bytes]]
+) -> GroupHistory | None:
+    still_running(processes)
     try:
         history = await history_of(gateway, group)
     except timeshare.NotFound:
@@ -83,14 +94,15 @@ async def test_profiles_and_advice_from_live_group_histories(
     await sim_nodes.start(shared, state_bytes=STATE_BYTES)
     await sim_nodes.start(alone, state_bytes=STATE_BYTES)
     async with (
-        jobs_running(gateway, pair, shared, ["a", "b"]),
-        jobs_running(gateway, solo, alone, ["c"]),
+        jobs_running(gateway, pair, shared, ["a", "b"]) as pair_jobs,
+        jobs_running(gateway, solo, alone, ["c"]) as solo_jobs,
     ):
         await wait_until_async(
-            lambda: enough_turns(gateway, pair, ["a", "b"]), "turns of a and b", 90, every=0.5
-        )
+            lambda: enough_turns(gateway, pair, ["a", "b"], pair_jobs), "turns of a and b", 240,
+            every=0.5,
+        )  # fmt: skip
         await wait_until_async(
-            lambda: enough_turns(gateway, solo, ["c"]), "turns of c", 90, every=0.5
+            lambda: enough_turns(gateway, solo, ["c"], solo_jobs), "turns of c", 240, every=0.5
         )
         profiled = await cli("profile", pair, "--json", f"--address={gateway}")
         assert profiled.returncode == 0, profiled.stderr

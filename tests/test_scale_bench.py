@@ -15,7 +15,7 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
         [
             sys.executable, "-m", "bench.scale", "--quick", "--period=1", "--sizes=2",
             "--seconds=4", "--idle-groups=1", "--idle-lease=12", "--idle-seconds=6",
-            "--floor-iterations=5",
+            "--floor-iterations=5", "--watch-groups=3", "--watch-seconds=2",
         ],
         capture_output=True, text=True, cwd=REPO, timeout=280,
     )  # fmt: skip
