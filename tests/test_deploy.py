@@ -39,6 +39,7 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tests.conftest import REPO
+from tests.credentials import known_jobs, token_env
 from tests.test_access import make_certificates
 from timeshare.activities.processes import ProcessTable
 from timeshare.cli import build_parser, gateway_security, temporal_settings
@@ -290,7 +291,7 @@ async def test_agent_probe_answers_only_while_the_agent_socket_serves(tmp_path: 
         return await asyncio.wait_for(process.wait(), 30)
 
     assert await run_probe() != 0  # nothing serves yet
-    server = await serve_agent_socket(str(socket_path), ProcessTable())
+    server = await serve_agent_socket(str(socket_path), ProcessTable(), credentials=known_jobs())
     try:
         assert await run_probe() == 0
     finally:
@@ -757,7 +758,9 @@ def orphan() -> Iterator[int]:
 def run_task_prolog(environment: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", str(SLURM / "prolog.sh")],
-        env={"PATH": os.environ["PATH"], **environment},
+        # PYTHONPATH passed on: the timeshare it runs is the one under test.
+        env={"PATH": os.environ["PATH"], **environment}
+        | {k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
         capture_output=True,
         text=True,
         timeout=60,
@@ -772,7 +775,9 @@ async def test_task_prolog_registers_the_task_with_the_agent(tmp_path: Path, orp
     scontrol.chmod(0o755)
     socket_path = tmp_path / "agent.sock"
     processes = ProcessTable()
-    server = await serve_agent_socket(str(socket_path), processes)
+    server = await serve_agent_socket(
+        str(socket_path), processes, credentials=known_jobs("grpo-pair")
+    )
     slurm = {
         "SLURM_JOB_ID": "42",
         "SLURM_JOB_NODELIST": "gpu[01-02]",
@@ -794,7 +799,12 @@ async def test_task_prolog_registers_the_task_with_the_agent(tmp_path: Path, orp
         ]
         assert processes.jobs("grpo-pair") == []  # registering is per step, on request
 
-        registering = {**grouped, "TIMESHARE_REGISTER_TASK": "1"}
+        # The job's token, from the Join its batch script made (deploy/slurm/README.md).
+        unproven = {**grouped, "TIMESHARE_REGISTER_TASK": "1"}
+        denied = await asyncio.to_thread(run_task_prolog, unproven)
+        assert denied.returncode == 1 and "no job token" in denied.stdout
+        assert processes.jobs("grpo-pair") == []
+        registering = {**unproven, **token_env("slurm-42")}
         registered = await asyncio.to_thread(run_task_prolog, registering)
         assert registered.returncode == 0, registered.stdout + registered.stderr
         assert processes.processes("grpo-pair", "slurm-42") == [orphan]

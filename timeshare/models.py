@@ -160,6 +160,15 @@ class JobInput(BaseModel):
     token_hash: str
 
 
+class TokenCheck(BaseModel):
+    """Whether a job's token hash is the one on the group's record: how a node
+    agent checks a process that asks to join the job's switches."""
+
+    matches: bool
+    # Why not, in words (the job is unknown, was evicted, the token is wrong).
+    reason: str = ""
+
+
 class HeartbeatOutput(BaseModel):
     holding: bool
     epoch: int

@@ -41,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         SwitchInput,
         SwitchOutput,
         SwitchPhase,
+        TokenCheck,
         YieldInput,
         YieldOutput,
         check_phase,
@@ -467,6 +468,17 @@ class GroupWorkflow:
     @workflow.query
     def history(self) -> GroupHistory:
         return self._queue.history(self._now())
+
+    @workflow.query
+    def token_matches(self, input: JobInput) -> TokenCheck:
+        """Whether ``input.token_hash`` is the job's: node agents ask before a
+        process joins the job's switches. A query, so it adds nothing to the
+        history and changes nothing; hashes only, like every other message."""
+        try:
+            self._queue.authenticate(input.job, input.token_hash)
+        except QueueError as refusal:
+            return TokenCheck(matches=False, reason=refusal.message)
+        return TokenCheck(matches=True)
 
     # -- switches -------------------------------------------------------------
 

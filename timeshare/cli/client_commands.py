@@ -63,6 +63,11 @@ def add_client_commands(commands: Subparsers) -> None:
     register.add_argument("--job", required=True)
     register.add_argument("--pid", type=PID, required=True)
     register.add_argument("--socket", help="agent socket (env TIMESHARE_AGENT_SOCKET)")
+    register.add_argument(
+        "--token",
+        help="the job's token, from its Join (env TIMESHARE_JOB_TOKEN, which other users "
+        "of the node cannot read in `ps` as they can a flag)",
+    )
     register.set_defaults(handler=run_register)
 
     forget = commands.add_parser(
@@ -166,7 +171,7 @@ def run_register(args: argparse.Namespace) -> int:
     from timeshare.registration import register_process
 
     try:
-        pid = register_process(args.group, args.job, args.socket, pid=args.pid)
+        pid = register_process(args.group, args.job, args.socket, pid=args.pid, token=args.token)
     except TimeshareError as error:
         return fail(f"register: {error}")
     print(f"process {pid} registered to {args.group}/{args.job}")
