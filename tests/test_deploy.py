@@ -276,6 +276,8 @@ def test_agent_daemonset_is_privileged_on_gpu_nodes(monkeypatch: pytest.MonkeyPa
     backends = {e.name for e in importlib.metadata.entry_points(group="timeshare.backends")}
     assert set(args.backend.split("+")) <= backends, args.backend
     assert args.backend == config["TIMESHARE_AGENT_BACKEND"]
+    # A dedicated group owns the socket, never root's.
+    assert args.socket_group == int(config["TIMESHARE_AGENT_SOCKET_GROUP"]) != 0
 
 
 async def test_agent_probe_answers_only_while_the_agent_socket_serves(tmp_path: Path) -> None:
@@ -531,8 +533,10 @@ def test_example_jobs_share_one_claim_and_reach_the_agent(monkeypatch: pytest.Mo
         f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc:"
         f"{service['spec']['ports'][0]['port']}"
     )
-    agent = container(one(base, "DaemonSet", "timeshare-agent"))
+    daemon_set = one(base, "DaemonSet", "timeshare-agent")
+    agent = container(daemon_set)
     agent_socket = plain_env(agent)["TIMESHARE_AGENT_SOCKET"]
+    socket_group = container_cli(daemon_set, settings(base), monkeypatch)[0].socket_group
 
     seen_jobs, seen_groups = set(), set()
     for job in jobs:
@@ -548,8 +552,11 @@ def test_example_jobs_share_one_claim_and_reach_the_agent(monkeypatch: pytest.Mo
         mount = next(m for m in item["volumeMounts"] if m["mountPath"] == "/run/timeshare")
         volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
         assert volume["hostPath"] == {"path": "/run/timeshare", "type": "Directory"}
-        # The agent's socket is root's, mode 0660.
-        assert 0 in spec["securityContext"]["supplementalGroups"]
+        # The agent's socket is root:<its group>, mode 0660: the job has that
+        # group and not root's.
+        groups = spec["securityContext"]["supplementalGroups"]
+        assert socket_group in groups and 0 not in groups
+        assert spec["securityContext"]["runAsGroup"] != 0
         # The gateway serves TLS and asks for a bearer token.
         ca_volume = volume_of(job, environment["TIMESHARE_TLS_CA"])
         assert ca_volume["configMap"]["name"] == "timeshare-gateway-ca"
