@@ -272,6 +272,10 @@ RESTORE_FAILED = "RestoreFailed"
 # A process of the job, named in the failure's details, is in the driver's
 # terminal FAILED state: the workflow evicts that job (non-retryable).
 JOB_FAILED = "JobFailed"
+# The workload hooks of the job named in the details failed or hung while its
+# state was to leave the device (retryable): once the retries are spent, the
+# workflow evicts that job, and the switch goes on without it.
+HOOK_FAILED = "HookFailed"
 
 ActionName = Literal["checkpoint", "restore", "lock", "unlock", "noop"]
 
