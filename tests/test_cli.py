@@ -16,6 +16,7 @@ from bench.stack import free_port, timeshare_command
 from tests.conftest import REPO, wait_for_line
 from timeshare import cli
 from timeshare.cli.server_settings import AGENT_OPTIONS, agent_arguments, job_state, socket_group
+from timeshare.credentials import llmd_job_token
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -154,6 +155,20 @@ def test_an_unknown_socket_group_is_named_in_one_line(capsys: pytest.CaptureFixt
     assert cli.build_parser().parse_args(["agent", "--socket-group", "4711"]).socket_group == 4711
     root = grp.getgrgid(0).gr_name
     assert cli.build_parser().parse_args(["agent", "--socket-group", root]).socket_group == 0
+
+
+def test_llmd_token_derives_the_jobs_token_from_the_gateways_secret(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIMESHARE_LLMD_SECRET", "s3cret")
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["llmd-token", "--group", "g", "--job", "a"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == llmd_job_token(b"s3cret", "g", "a")
+    monkeypatch.delenv("TIMESHARE_LLMD_SECRET")
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["llmd-token", "--group", "g", "--job", "a"])
+    assert exited.value.code == 2 and "TIMESHARE_LLMD_SECRET" in capsys.readouterr().err
 
 
 def test_the_benchmarks_zero_byte_sim_state_is_accepted() -> None:

@@ -70,6 +70,15 @@ def add_client_commands(commands: Subparsers) -> None:
     )
     register.set_defaults(handler=run_register)
 
+    llmd = commands.add_parser(
+        "llmd-token",
+        help="print an llm-d compat job's token (its registration credential), derived from "
+        "the gateway's TIMESHARE_LLMD_SECRET",
+    )
+    llmd.add_argument("--group", required=True)
+    llmd.add_argument("--job", required=True)
+    llmd.set_defaults(handler=run_llmd_token)
+
     forget = commands.add_parser(
         "forget",
         help="release a job's processes on this node by hand and forget them (root or owner)",
@@ -175,6 +184,29 @@ def run_register(args: argparse.Namespace) -> int:
     except TimeshareError as error:
         return fail(f"register: {error}")
     print(f"process {pid} registered to {args.group}/{args.job}")
+    return 0
+
+
+def run_llmd_token(args: argparse.Namespace) -> int:
+    """For the operator, who holds the gateway's secret: the job's own token,
+    to hand to that job alone (as TIMESHARE_JOB_TOKEN), never the secret."""
+    import os
+
+    from timeshare.credentials import llmd_job_token
+    from timeshare.names import check_name
+
+    try:
+        group, job = check_name("group", args.group), check_name("job", args.job)
+    except ValueError as error:
+        return fail(f"llmd-token: {error}", code=2)
+    secret = os.environ.get("TIMESHARE_LLMD_SECRET", "")
+    if not secret:
+        return fail(
+            "llmd-token: set TIMESHARE_LLMD_SECRET to the gateway's secret (the gateway's "
+            "--llmd-compat derives every job's token from it)",
+            code=2,
+        )
+    print(llmd_job_token(secret.encode(), group, job))
     return 0
 
 
