@@ -30,6 +30,7 @@ from tests.groups import (
     release,
 )
 from tests.processes import detached, kill
+from tests.test_replay import record, replayer
 from timeshare.activities.backend import BackendConfig, load_backend
 from timeshare.activities.hook_registry import HookRegistry
 from timeshare.activities.processes import ProcessTable
@@ -331,3 +332,9 @@ async def test_a_job_whose_hook_always_fails_is_evicted_and_the_others_go_on(
             assert hooks.evictions == calls
         finally:
             await asyncio.to_thread(served.close)
+    # The patched path is deterministic: its history replays (and is kept in
+    # tests/histories/ with TIMESHARE_RECORD_HISTORIES=1, for later changes).
+    history = await handle.fetch_history()
+    await handle.terminate()
+    await replayer().replay_workflow(history)
+    record(history, "group-hook-eviction")
