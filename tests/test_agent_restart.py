@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import timeshare
-from bench.stack import LocalStack
+from bench.stack import LocalStack, timeshare_command
+from tests.conftest import REPO
 from tests.polling import wait_until
 from tests.processes import detached, kill
 from timeshare.activities.processes import ProcessTable, alive, start_time
@@ -86,6 +87,15 @@ def test_a_job_frozen_before_an_agent_restart_is_thawed_after_it(
                 for job in (a, b)
             ]
             assert all(counting(counts[job]) for job in "ab"), "the workers never counted"
+            # The agent process checks tokens with the scheduler: b's worker
+            # cannot be put into a, not even by its owner.
+            intruder = subprocess.run(
+                timeshare_command("register", f"--group={group}", "--job=a",
+                                  f"--pid={workers[1].pid}", f"--socket={socket_path}"),
+                env={**os.environ, JOB_TOKEN_ENV: b.token}, capture_output=True, text=True,
+                cwd=REPO, timeout=120,
+            )  # fmt: skip
+            assert intruder.returncode != 0 and "belongs to job 'b'" in intruder.stderr
             a.acquire()
             assert still(counts["b"]) and counting(counts["a"])
             b_waits = threading.Thread(target=b.acquire)
