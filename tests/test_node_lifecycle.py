@@ -228,6 +228,7 @@ async def test_forget_releases_a_jobs_processes_by_hand(tmp_path: Path) -> None:
             assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
         table.register("g", "a", worker)
         with pytest.raises(RegistrationRefused, match="only root or the owner"):
-            await forgotten({"group": "g", "job": "a"}, 4242, table, agent.release_job)
+            message = {"group": "g", "job": "a"}
+            await forgotten(message, 4242, table, agent.release_job, known_jobs())
     finally:
         kill(worker)

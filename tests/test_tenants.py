@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -25,10 +26,13 @@ from bench.stack import timeshare_command
 from tests.conftest import REPO
 from tests.credentials import known_jobs
 from tests.groups import join
-from tests.polling import wait_until_async
+from tests.polling import async_check, wait_until_async
 from tests.processes import detached, kill
+from timeshare.activities.backend import BackendConfig
 from timeshare.activities.hook_registry import HookRegistry
-from timeshare.activities.processes import ProcessTable
+from timeshare.activities.processes import NotPermitted, ProcessTable, owner
+from timeshare.activities.sim import SimBackend
+from timeshare.activities.switch import SwitchActivities
 from timeshare.credentials import JOB_TOKEN_ENV, token_hash
 from timeshare.errors import PermissionDenied
 from timeshare.hooks import WorkloadHooks, serve_hooks
@@ -37,7 +41,7 @@ from timeshare.models import EvictInput, TokenCheck
 from timeshare.names import group_workflow_id
 from timeshare.registration import open_agent_connection, register_process
 from timeshare.workers.agent_credentials import JobCredentials, group_lookup
-from timeshare.workers.agent_socket import serve_agent_socket
+from timeshare.workers.agent_socket import forgotten, serve_agent_socket
 from timeshare.workflows.group import GroupWorkflow
 
 VICTIM, OTHER = "victim-token", "other-token"
@@ -255,3 +259,51 @@ async def test_the_socket_belongs_to_the_group_it_is_given(tmp_path: Path) -> No
     finally:
         server.close()
         await server.wait_closed()
+
+
+NOBODY = 65534
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and setpriv, to run a process as another user",
+)
+async def test_owning_a_jobs_processes_is_not_enough_to_release_them_while_it_is_in_its_group(
+    client: Client, scheduler: Worker, tmp_path: Path, unique: str
+) -> None:
+    """Pods of different tenants often run as one user id: `timeshare forget`
+    by the owner of a job's processes takes the job's token too, until the job
+    has left its group (what the command is for)."""
+    group = await two_jobs(client, unique)
+    table = ProcessTable()
+    agent = SwitchActivities("n", SimBackend(BackendConfig(node="n")), table)
+    credentials = JobCredentials(group_lookup(client))
+    worker = detached(
+        "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+        sys.executable, "-c", "import time; time.sleep(60)",
+    )  # fmt: skip
+    try:
+        await wait_until_async(
+            async_check(lambda: owner(worker) == NOBODY), "the worker to run as nobody"
+        )
+        table.register(group, "victim", worker)
+
+        async def forget(token: str) -> object:
+            message = {"group": group, "job": "victim", "token": token}
+            return await forgotten(message, NOBODY, table, agent.release_job, credentials)
+
+        for token, words in [("", "still in its group"), (OTHER, "belongs to job 'other'")]:
+            with pytest.raises(NotPermitted, match=words):
+                await forget(token)
+        assert table.processes(group, "victim") == [worker]
+        assert await forget(VICTIM)
+        assert table.jobs(group) == []
+
+        # Once the job has left, its owner releases what is left of it alone.
+        table.register(group, "victim", worker)
+        handle = client.get_workflow_handle(group_workflow_id(group))
+        await handle.execute_update(GroupWorkflow.evict, EvictInput(job="victim", reason="done"))
+        assert await forget("")
+        assert table.jobs(group) == []
+    finally:
+        kill(worker)

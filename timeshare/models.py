@@ -167,6 +167,8 @@ class TokenCheck(BaseModel):
     matches: bool
     # Why not, in words (the job is unknown, was evicted, the token is wrong).
     reason: str = ""
+    # Whether the job is in the group now, whatever the token.
+    member: bool = False
 
 
 class HeartbeatOutput(BaseModel):

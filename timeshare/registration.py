@@ -59,12 +59,15 @@ def presented_token(group: str, job: str, token: str | None) -> str:
 FORGET_SECONDS = 600.0
 
 
-def forget_job(group: str, job: str, socket_path: str | None = None) -> str:
+def forget_job(
+    group: str, job: str, socket_path: str | None = None, *, token: str | None = None
+) -> str:
     """Have this node's agent release a job's processes (thawed, restored where
     they fit, never left stopped) and forget them, as it does by itself when
-    the job leaves its group; root or the owner of the processes only. Returns
-    what the agent did, in words."""
-    message = {"op": "forget", "group": group, "job": job}
+    the job leaves its group; root or the owner of the processes only, and
+    while the job is still in its group the owner also needs its token (by
+    default as register_process finds it). Returns what the agent did, in words."""
+    message = {"op": "forget", "group": group, "job": job, "token": job_token(group, job, token)}
     conn, _lines, reply = open_agent_connection(agent_socket(socket_path), message, FORGET_SECONDS)
     conn.close()
     released = reply.get("released") or {}

@@ -81,6 +81,21 @@ class JobCredentials:
             raise NotPermitted(f"job {group}/{job}: {verdict.reason}")
         self._remember(key)
 
+    async def verify_release(self, group: str, job: str, token: str) -> None:
+        """May a non-root owner of the job's processes here release them by hand
+        (`timeshare forget`)? Once the job has left its group, yes: that is what
+        the command is for. While it is in its group, only with its token: where
+        tenants share a user id, owning the processes proves nothing."""
+        if token:
+            await self.verify(group, job, token)
+            return
+        verdict = await self._ask((group, job, token_hash(token)))
+        if verdict.member:
+            raise NotPermitted(
+                f"job {group}/{job} is still in its group: releasing its processes by hand "
+                f"takes root or the job's token ({JOB_TOKEN_ENV} or --token)"
+            )
+
     def _settled(self, key: Key, done: asyncio.Future[TokenCheck]) -> None:
         self._pending.pop(key, None)
         if not done.cancelled():

@@ -6,8 +6,9 @@ One JSON object per line each way. The process id comes from the kernel
 may register it on its behalf (`timeshare register --pid`, for launchers
 such as a Slurm prolog). A `register` conversation is one line each way; a
 `hooks` one stays open for the agent's calls (timeshare.hooks.protocol). A
-`forget` one (`timeshare forget`, root or the owner of the job's processes)
-releases a job's processes here by hand and drops its registrations.
+`forget` one (`timeshare forget`, root or the owner of the job's processes,
+with the job's token while the job is in its group) releases a job's
+processes here by hand and drops its registrations.
 
 Registering into a job and serving its hooks take the job's token ("token"),
 checked against the group's record (workers/agent_credentials.py): on a node
@@ -114,9 +115,14 @@ Forget = Callable[[str, str], Awaitable[ReleaseOutput]]
 
 
 async def forgotten(
-    message: dict[str, Any], peer_uid: int, processes: ProcessTable, forget: Forget | None
+    message: dict[str, Any],
+    peer_uid: int,
+    processes: ProcessTable,
+    forget: Forget | None,
+    credentials: JobCredentials,
 ) -> dict[str, Any]:
-    """Release a job's processes by hand and forget them (root or their owner)."""
+    """Release a job's processes by hand and forget them: root, or the owner
+    of all of them (with the job's token while the job is in its group)."""
     group, job = names(message)
     if forget is None:
         raise RegistrationRefused("this agent cannot release jobs")
@@ -129,6 +135,7 @@ async def forgotten(
             raise NotPermitted(
                 f"only root or the owner of processes {others} may release job {group}/{job}"
             )
+        await credentials.verify_release(group, job, token_of(message))
     released = await forget(group, job)
     processes.forget(group, job)
     return {"ok": True, "released": released.model_dump()}
@@ -179,7 +186,7 @@ async def serve_agent_socket(
                 )
             reply: dict[str, Any] = {"ok": True, "pid": pid}
             if op == "forget":
-                reply = await forgotten(message, peer_uid, processes, forget)
+                reply = await forgotten(message, peer_uid, processes, forget, credentials)
         except RegistrationRefused as error:
             reply = {"ok": False, "error": str(error), "code": error.code}
         except (ValueError, OSError) as error:

@@ -482,11 +482,12 @@ class GroupWorkflow:
         """Whether ``input.token_hash`` is the job's: node agents ask before a
         process joins the job's switches. A query, so it adds nothing to the
         history and changes nothing; hashes only, like every other message."""
+        member = input.job in self._queue.state.jobs
         try:
             self._queue.authenticate(input.job, input.token_hash)
         except QueueError as refusal:
-            return TokenCheck(matches=False, reason=refusal.message)
-        return TokenCheck(matches=True)
+            return TokenCheck(matches=False, reason=refusal.message, member=member)
+        return TokenCheck(matches=True, member=member)
 
     # -- switches -------------------------------------------------------------
 

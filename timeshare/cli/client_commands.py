@@ -86,6 +86,11 @@ def add_client_commands(commands: Subparsers) -> None:
     forget.add_argument("--group", required=True)
     forget.add_argument("--job", required=True)
     forget.add_argument("--socket", help="agent socket (env TIMESHARE_AGENT_SOCKET)")
+    forget.add_argument(
+        "--token",
+        help="the job's token (env TIMESHARE_JOB_TOKEN): needed, but for root, while the job "
+        "is still in its group",
+    )
     forget.set_defaults(handler=run_forget)
 
     _synthetic_job_command(commands)
@@ -223,7 +228,7 @@ def run_forget(args: argparse.Namespace) -> int:
     except ValueError as error:
         return fail(f"forget: {error}", code=2)
     try:
-        print(forget_job(group, job, args.socket))
+        print(forget_job(group, job, args.socket, token=args.token))
     except TimeshareError as error:
         return fail(f"forget: {error}")
     return 0
