@@ -40,6 +40,7 @@ from timeshare.hooks.protocol import EvictMode
 from timeshare.models import EvictInput, TokenCheck
 from timeshare.names import group_workflow_id
 from timeshare.registration import open_agent_connection, register_process
+from timeshare.workers import agent_socket
 from timeshare.workers.agent_credentials import JobCredentials, group_lookup
 from timeshare.workers.agent_socket import forgotten, serve_agent_socket
 from timeshare.workflows.group import GroupWorkflow
@@ -307,3 +308,18 @@ async def test_owning_a_jobs_processes_is_not_enough_to_release_them_while_it_is
         assert table.jobs(group) == []
     finally:
         kill(worker)
+
+
+async def test_a_peer_that_says_nothing_is_hung_up_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(agent_socket, "FIRST_LINE_SECONDS", 0.2)
+    path = str(tmp_path / "agent.sock")
+    async with await serve_agent_socket(path, ProcessTable(), credentials=known_jobs()):
+        reader, writer = await asyncio.open_unix_connection(path)
+        try:
+            said = json.loads(await asyncio.wait_for(reader.readline(), 10))
+            assert said["ok"] is False and "said nothing" in said["error"]
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # and hung up
+        finally:
+            writer.close()

@@ -42,6 +42,12 @@ from timeshare.names import check_name
 from timeshare.workers.agent_credentials import JobCredentials
 from timeshare.workers.service import StartupError
 
+# Every conversation starts with one line from the process: a peer that says
+# nothing is answered and hung up on after this long, so that connections
+# nobody uses cannot pile up in the agent (any local user of the socket's
+# group can open them).
+FIRST_LINE_SECONDS = 10.0
+
 
 def peer_credentials(writer: asyncio.StreamWriter) -> tuple[int, int, int]:
     sock: socket.socket = writer.get_extra_info("socket")
@@ -165,7 +171,12 @@ async def serve_agent_socket(
         peer_pid, peer_uid, _ = peer_credentials(writer)
         connection = None
         try:
-            line = await reader.readline()
+            try:
+                line = await asyncio.wait_for(reader.readline(), FIRST_LINE_SECONDS)
+            except TimeoutError:
+                raise RegistrationRefused(
+                    f"said nothing within {FIRST_LINE_SECONDS:g} s; hanging up"
+                ) from None
             message = json.loads(line[:MAX_LINE_BYTES] or b"{}")
             op = message.get("op") if isinstance(message, dict) else None
             if op == "register":
