@@ -17,6 +17,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import Client
@@ -323,3 +324,58 @@ async def test_a_peer_that_says_nothing_is_hung_up_on(
             assert await asyncio.wait_for(reader.read(), 10) == b""  # and hung up
         finally:
             writer.close()
+
+
+JOIN_AND_REGISTER = """
+import json, pathlib, sys, time
+import timeshare
+from timeshare.errors import TimeshareError
+address, group, out = sys.argv[1:]
+with timeshare.connect(address) as client:
+    try:
+        client.join(group, "worker", nodes=[f"n-{group}"], register=True)
+        said = {"ok": True}
+    except TimeshareError as error:
+        said = {"error": str(error)}
+    partial = pathlib.Path(out + ".partial")
+    partial.write_text(json.dumps(said))
+    partial.replace(out)
+    time.sleep(60)
+"""
+
+
+async def written(out: Path, what: str) -> dict[str, Any]:
+    """What a process wrote to ``out`` (whole: it writes beside and renames)."""
+
+    async def said() -> str:
+        return out.read_text() if out.exists() else ""
+
+    answer: dict[str, Any] = json.loads(await wait_until_async(said, what))
+    return answer
+
+
+async def test_join_with_register_registers_once_joined_and_leaves_if_refused(
+    client: Client, gateway: str, tmp_path: Path, unique: str
+) -> None:
+    """One line for a process that both asks for turns and uses the GPU: the
+    Join's own token registers it (and a refused registration leaves again)."""
+    async with node_agent(tmp_path, client) as node:
+        joined, refused = f"g-{unique}", f"h-{unique}"
+        outcomes = {}
+        for socket_path, group in [(node.path, joined), ("/nonexistent.sock", refused)]:
+            out = tmp_path / f"{group}.json"
+            pid = detached(
+                sys.executable, "-c", JOIN_AND_REGISTER, gateway, group, str(out),
+                env={"TIMESHARE_AGENT_SOCKET": socket_path},
+            )  # fmt: skip
+            try:
+                outcomes[group] = await written(out, "the job to join")
+                if group == joined:
+                    assert node.processes.processes(group, "worker") == [pid]
+            finally:
+                kill(pid)
+        assert outcomes[joined] == {"ok": True}
+        assert "no node agent answers" in outcomes[refused]["error"]
+        handle = client.get_workflow_handle(group_workflow_id(refused))
+        status = await handle.query(GroupWorkflow.status)
+        assert status.jobs == []  # the job it joined for nothing left again
