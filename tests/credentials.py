@@ -28,7 +28,8 @@ def known_jobs(group: str = "g") -> JobCredentials:
         if asked != group:
             return TokenCheck(matches=False, reason=f"group {asked!r} does not exist")
         if not hmac.compare_digest(token_hash(token_of(job)), digest):
-            return TokenCheck(matches=False, reason=f"wrong or missing job token for job {job!r}")
-        return TokenCheck(matches=True)
+            reason = f"wrong or missing job token for job {job!r}"
+            return TokenCheck(matches=False, reason=reason, member=True)
+        return TokenCheck(matches=True, member=True)
 
     return JobCredentials(lookup)

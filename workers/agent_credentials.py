@@ -57,7 +57,6 @@ class JobCredentials:
         self._verified: dict[Key, float] = {}
         # One lookup in flight per key: ranks that register together share it.
         self._pending: dict[Key, asyncio.Future[TokenCheck]] = {}
-        self.lookups = 0
 
     async def verify(self, group: str, job: str, token: str) -> None:
         """Return if ``token`` is the job's; else NotPermitted (or
@@ -103,7 +102,6 @@ class JobCredentials:
 
     async def _ask(self, key: Key) -> TokenCheck:
         group, job, digest = key
-        self.lookups += 1
         try:
             return await asyncio.wait_for(self._lookup(group, job, digest), QUERY_SECONDS)
         except RegistrationRefused:
