@@ -2,14 +2,26 @@
 its device state away and bring it back. Every process of the job on this
 node that serves hooks is called at once, so hooks that tear down collective
 communicators (the nccl hook) can meet. Stacked first (`app+cuda`), it lets
-the CUDA checkpoint move only what the application left on the device."""
+the CUDA checkpoint move only what the application left on the device.
+
+A job whose hooks fail is the job's own fault (HookFailed): the scheduler
+evicts it, and from its release here on its hooks are not called again, so
+that they cannot fail the switches of the jobs that remain (a device layer,
+`app+cuda`, then moves its state whole). Admitted again, it is called again."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from timeshare.activities.backend import HOOKS, Backend, BackendConfig, BackendError
+from timeshare.activities.backend import (
+    HOOKS,
+    Backend,
+    BackendConfig,
+    BackendError,
+    HookFailed,
+    Released,
+)
 from timeshare.activities.hook_registry import HookRegistry
 from timeshare.hooks.protocol import EvictMode, HookName
 from timeshare.models import BackendAction
@@ -23,6 +35,9 @@ class AppBackend(Backend):
         self.node = config.node
         self.timeout = config.hook_timeout_seconds
         self.hooks = HookRegistry()
+        # Jobs whose last hook call failed, and those of them released since.
+        self._failing: set[tuple[str, str]] = set()
+        self._given_up: set[tuple[str, str]] = set()
 
     @classmethod
     def create(cls, config: BackendConfig) -> AppBackend:
@@ -39,7 +54,8 @@ class AppBackend(Backend):
         return [
             job
             for job in self.hooks.jobs(group)
-            if any(not c.evicted for c in self.hooks.connections(group, job))
+            if (group, job) not in self._given_up
+            and any(not c.evicted for c in self.hooks.connections(group, job))
         ]
 
     def evict_mode(self, group: str, job: str) -> EvictMode | None:
@@ -56,10 +72,20 @@ class AppBackend(Backend):
         return await self.checkpoint(group, job, mode)
 
     async def checkpoint(self, group: str, job: str, mode: EvictMode = "offload") -> BackendAction:
+        if (group, job) in self._given_up:
+            return BackendAction(job=job, action="noop")
         return await self._call_all(group, job, "evict", mode)
 
     async def restore(self, group: str, job: str) -> BackendAction:
+        # Admitted: the job is back in its group, hooks and all.
+        self._given_up.discard((group, job))
         return await self._call_all(group, job, "admit", None)
+
+    async def release(self, group: str, job: str) -> Released:
+        if (group, job) not in self._failing:
+            return Released()
+        self._given_up.add((group, job))
+        return Released(done=["its failing hooks are not called again"])
 
     async def _call_all(
         self, group: str, job: str, hook: HookName, mode: EvictMode | None
@@ -77,7 +103,9 @@ class AppBackend(Backend):
                 raise result
         failures = [str(r) for r in results if isinstance(r, BackendError)]
         if failures:
-            raise BackendError("; ".join(failures))
+            self._failing.add((group, job))
+            raise HookFailed(group, job, "; ".join(failures))
+        self._failing.discard((group, job))
         return BackendAction(
             job=job,
             action="checkpoint" if evicting else "restore",

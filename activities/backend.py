@@ -90,6 +90,16 @@ class JobFailed(BackendError):
         self.group, self.job = group, job
 
 
+class HookFailed(BackendError):
+    """The job's own workload hook failed, hung or hung up: the job's own
+    doing, so the scheduler evicts that job once retries are spent, rather
+    than hold every other job of the group back with it."""
+
+    def __init__(self, group: str, job: str, message: str) -> None:
+        super().__init__(message)
+        self.group, self.job = group, job
+
+
 class StateUnknown(BackendError):
     """A call on the job's processes is still running past its time limit:
     until it ends nobody can say where the job's state is."""

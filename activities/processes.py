@@ -28,7 +28,16 @@ log = logging.getLogger("timeshare.agent")
 
 
 class RegistrationRefused(Exception):
-    pass
+    """The agent's socket refuses a request; ``code`` is the status the client raises."""
+
+    code = "FAILED_PRECONDITION"
+
+
+class NotPermitted(RegistrationRefused):
+    """The caller may not do this to that job or process (its credential or
+    its user id does not allow it)."""
+
+    code = "PERMISSION_DENIED"
 
 
 def _stat(pid: int) -> list[str]:

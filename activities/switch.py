@@ -20,13 +20,14 @@ from opentelemetry import propagate, trace
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from timeshare.activities.backend import Backend, BackendError, JobFailed
+from timeshare.activities.backend import Backend, BackendError, HookFailed, JobFailed
 from timeshare.activities.processes import ProcessTable
 from timeshare.activities.residency import RoomPlan, extra, plan_room
 from timeshare.hooks.protocol import EvictMode
 from timeshare.instruments import record_switch
 from timeshare.models import (
     CHECKPOINT_FAILED,
+    HOOK_FAILED,
     JOB_FAILED,
     RESTORE_FAILED,
     BackendAction,
@@ -340,6 +341,14 @@ async def _step(action: Awaitable[BackendAction], failure_type: str) -> BackendA
             raise ApplicationError(
                 str(failed), failed.job, type=JOB_FAILED, non_retryable=True
             ) from None
+        except HookFailed as failed:
+            span.set_status(trace.StatusCode.ERROR, str(failed))
+            if failure_type != CHECKPOINT_FAILED:
+                # An admit hook: the job's own turn fails (RestoreFailed aborts it).
+                raise ApplicationError(str(failed), type=failure_type) from None
+            # Retried like any failed checkpoint; then the workflow evicts the
+            # job named in the details, whose own hooks hold the switch up.
+            raise ApplicationError(str(failed), failed.job, type=HOOK_FAILED) from None
         except BackendError as error:
             span.set_status(trace.StatusCode.ERROR, str(error))
             raise ApplicationError(str(error), type=failure_type) from None

@@ -47,6 +47,7 @@ import timeshare
 from bench.stack import LocalStack
 from bench.stats import p50_p90_p99
 from timeshare.activities.gpus import device_memory_by_pid
+from timeshare.credentials import JOB_TOKEN_ENV
 from timeshare.models import CoResidency, GroupPolicy
 from timeshare.status import table
 
@@ -79,8 +80,9 @@ SCENARIOS = [
 class Rank:
     """A process holding known data on the device (bench.cuda_rank or bench.gpu_holder)."""
 
-    def __init__(self, command: list[str], socket: Path) -> None:
-        env = {**os.environ, "TIMESHARE_AGENT_SOCKET": str(socket)}
+    def __init__(self, command: list[str], socket: Path, token: str) -> None:
+        # The job's token: the agent admits the rank into its job only with it.
+        env = {**os.environ, "TIMESHARE_AGENT_SOCKET": str(socket), JOB_TOKEN_ENV: token}
         self.process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
@@ -111,7 +113,7 @@ class Rank:
 
 
 def start_job(group: str, job: str, gib: float, seed: int, scenario: Scenario,
-              socket: Path) -> list[Rank]:  # fmt: skip
+              socket: Path, token: str) -> list[Rank]:  # fmt: skip
     if scenario.torch_hooks:
         return [
             Rank(
@@ -126,12 +128,13 @@ def start_job(group: str, job: str, gib: float, seed: int, scenario: Scenario,
                     "--hooks",
                 ],
                 socket,
+                token,
             )
         ]
     per_rank = int(gib * 2**30) // RANKS
     return [
         Rank([sys.executable, "-m", "bench.cuda_rank", f"--group={group}", f"--job={job}",
-              f"--bytes={per_rank}", f"--seed={seed * RANKS + rank}"], socket)
+              f"--bytes={per_rank}", f"--seed={seed * RANKS + rank}"], socket, token)
         for rank in range(RANKS)
     ]  # fmt: skip
 
@@ -177,14 +180,18 @@ def run_scenario(stack: LocalStack, scenario: Scenario, gib: float, handovers: i
         stack.restart("agent")
     group = f"gpu-switch-{scenario.name.replace('+', '-')}"
     jobs: list[list[Rank]] = []
-    try:
-        jobs = [start_job(group, f"job-{i}", gib, i, scenario, stack.socket_path)
-                for i in range(2)]  # fmt: skip
-        outcome = take_turns(stack, scenario, group, jobs, handovers, gib)
-    finally:
-        for ranks in jobs:
-            for rank in ranks:
-                rank.stop()
+    policy = GroupPolicy(co_residency=scenario.co_residency)
+    with timeshare.connect(stack.address) as client:
+        # Joined before the ranks start: they register with their job's token.
+        handles = [client.join(group, f"job-{i}", [stack.node], policy) for i in range(2)]
+        try:
+            jobs = [start_job(group, f"job-{i}", gib, i, scenario, stack.socket_path,
+                              handles[i].token) for i in range(2)]  # fmt: skip
+            outcome = take_turns(scenario, handles, jobs, handovers, gib)
+        finally:
+            for ranks in jobs:
+                for rank in ranks:
+                    rank.stop()
     per_rank = rank_rates(stack.process_record(), group)
     outcome.checkpoint_gbps, outcome.restore_gbps = per_rank["checkpoint"], per_rank["restore"]
     outcome.ranks_reported = len(per_rank["pids"])
@@ -205,33 +212,30 @@ def rank_rates(record: list[dict[str, Any]], group: str) -> dict[str, list[Any]]
     return rates
 
 
-def take_turns(stack: LocalStack, scenario: Scenario, group: str, jobs: list[list[Rank]],
+def take_turns(scenario: Scenario, handles: list[timeshare.Job], jobs: list[list[Rank]],
                handovers: int, gib: float) -> Outcome:  # fmt: skip
     rows, switch_seconds, verified, checks, held = [], [], 0, 0, []
-    policy = GroupPolicy(co_residency=scenario.co_residency)
-    with timeshare.connect(stack.address) as client:
-        handles = [client.join(group, f"job-{i}", [stack.node], policy) for i in range(2)]
-        for turn in range(handovers + 1):
-            index = turn % 2
-            granted = handles[index].acquire()
-            ok = [rank.intact() for rank in jobs[index]]
-            verified += all(ok)
-            checks += 1
-            used = device_memory_by_pid()
-            other = [used.get(rank.pid) or 0 for rank in jobs[1 - index]]
-            if turn > 0:
-                switch_seconds.append(granted.switch_seconds)
-                per_rank = int(gib * 2**30) // len(other)
-                if scenario.expect == "stayed":
-                    held.append(all(count >= per_rank for count in other))
-                else:
-                    held.append(all(count == 0 for count in other))
-            memory = ", ".join(f"{count / 2**30:.2f}" for count in other)
-            rows.append([str(turn), f"job-{index}", f"{granted.switch_seconds:.3f}",
-                         "ok" if all(ok) else "MISMATCH", f"{memory} GiB"])  # fmt: skip
-            handles[index].yield_()
-        for handle in handles:
-            handle.leave()
+    for turn in range(handovers + 1):
+        index = turn % 2
+        granted = handles[index].acquire()
+        ok = [rank.intact() for rank in jobs[index]]
+        verified += all(ok)
+        checks += 1
+        used = device_memory_by_pid()
+        other = [used.get(rank.pid) or 0 for rank in jobs[1 - index]]
+        if turn > 0:
+            switch_seconds.append(granted.switch_seconds)
+            per_rank = int(gib * 2**30) // len(other)
+            if scenario.expect == "stayed":
+                held.append(all(count >= per_rank for count in other))
+            else:
+                held.append(all(count == 0 for count in other))
+        memory = ", ".join(f"{count / 2**30:.2f}" for count in other)
+        rows.append([str(turn), f"job-{index}", f"{granted.switch_seconds:.3f}",
+                     "ok" if all(ok) else "MISMATCH", f"{memory} GiB"])  # fmt: skip
+        handles[index].yield_()
+    for handle in handles:
+        handle.leave()
     return Outcome(scenario=scenario, rows=rows, switch_seconds=switch_seconds,
                    verified=verified, checks=checks, memory_as_expected=all(held),
                    checkpoint_gbps=[], restore_gbps=[], ranks_reported=0)  # fmt: skip

@@ -36,8 +36,12 @@ async def join(
     nodes: list[str],
     policy: GroupPolicy | None = None,
     priority: int = 0,
+    token_hash: str | None = None,
 ) -> Handle:
-    message = JoinInput(job=job, nodes=nodes, token_hash=f"hash-{job}", priority=priority)
+    """``token_hash``: a real token's (timeshare.credentials.token_hash), for
+    tests of the agent's check; the helpers below then cannot act for the job."""
+    digest = token_hash or f"hash-{job}"
+    message = JoinInput(job=job, nodes=nodes, token_hash=digest, priority=priority)
     await join_group(client, group, message, policy)
     return client.get_workflow_handle_for(GroupWorkflow.run, group_workflow_id(group))
 

@@ -10,10 +10,14 @@ import signal
 import subprocess
 
 
-def detached(*command: str) -> int:
+def detached(*command: str, env: dict[str, str] | None = None) -> int:
     """Start a process that is not this test's child (the agent here is this
-    process, and it refuses its own process tree); return its pid."""
-    quoted = " ".join(shlex.quote(part) for part in command)
+    process, and it refuses its own process tree); return its pid. ``env``:
+    variables added to its environment (a job token, say)."""
+    settings = [f"{name}={value}" for name, value in (env or {}).items()]
+    quoted = " ".join(
+        shlex.quote(part) for part in (["env", *settings] if env else []) + list(command)
+    )
     shell = subprocess.run(
         ["sh", "-c", f"{quoted} >/dev/null 2>&1 & echo $!"], capture_output=True, text=True
     )

@@ -5,6 +5,7 @@ the kept registrations never name a process that merely reuses an id."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -15,10 +16,12 @@ from pathlib import Path
 import pytest
 
 import timeshare
-from bench.stack import LocalStack
+from bench.stack import LocalStack, timeshare_command
+from tests.conftest import REPO
 from tests.polling import wait_until
 from tests.processes import detached, kill
 from timeshare.activities.processes import ProcessTable, alive, start_time
+from timeshare.credentials import JOB_TOKEN_ENV
 
 REGISTERED_COUNTER = """
 import sys, time, pathlib
@@ -71,13 +74,28 @@ def test_a_job_frozen_before_an_agent_restart_is_thawed_after_it(
 ) -> None:
     group, counts = "g", {job: tmp_path / f"count-{job}" for job in "ab"}
     socket_path = str(stack.socket_path)
-    workers = [
-        subprocess.Popen(worker_command(socket_path, group, job, counts[job])) for job in "ab"
-    ]
+    workers: list[subprocess.Popen[bytes]] = []
     try:
-        assert all(counting(counts[job]) for job in "ab"), "the workers never counted"
         with timeshare.connect(stack.address) as client:
             a, b = (client.join(group, job, nodes=[stack.node]) for job in "ab")
+            # Each worker registers with its own job's token.
+            workers = [
+                subprocess.Popen(
+                    worker_command(socket_path, group, job.name, counts[job.name]),
+                    env={**os.environ, JOB_TOKEN_ENV: job.token},
+                )
+                for job in (a, b)
+            ]
+            assert all(counting(counts[job]) for job in "ab"), "the workers never counted"
+            # The agent process checks tokens with the scheduler: b's worker
+            # cannot be put into a, not even by its owner.
+            intruder = subprocess.run(
+                timeshare_command("register", f"--group={group}", "--job=a",
+                                  f"--pid={workers[1].pid}", f"--socket={socket_path}"),
+                env={**os.environ, JOB_TOKEN_ENV: b.token}, capture_output=True, text=True,
+                cwd=REPO, timeout=120,
+            )  # fmt: skip
+            assert intruder.returncode != 0 and "belongs to job 'b'" in intruder.stderr
             a.acquire()
             assert still(counts["b"]) and counting(counts["a"])
             b_waits = threading.Thread(target=b.acquire)

@@ -3,6 +3,7 @@ when they cannot start, and a client library free of temporalio."""
 
 from __future__ import annotations
 
+import grp
 import os
 import socket
 import subprocess
@@ -14,7 +15,8 @@ import pytest
 from bench.stack import free_port, timeshare_command
 from tests.conftest import REPO, wait_for_line
 from timeshare import cli
-from timeshare.cli.server_settings import AGENT_OPTIONS, agent_arguments, job_state
+from timeshare.cli.server_settings import AGENT_OPTIONS, agent_arguments, job_state, socket_group
+from timeshare.credentials import llmd_job_token
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -116,6 +118,8 @@ BAD_ARGUMENTS = [
     ["synthetic-job", "--group", "g", "--job", "j", "--weight", "0"],
     ["agent", "--sim-job-state", "Big Job=2"],
     ["agent", "--sim-job-state", "big=lots"],
+    ["agent", "--socket-group", "no-such-group-here"],
+    ["up", "--socket-group", "no-such-group-here"],
     ["profile", "g", "--address", CLOSED],
     ["plan", "--from-groups", "--address", CLOSED],
     ["plan", "/nonexistent.yaml"],
@@ -142,6 +146,31 @@ def test_every_bad_argument_is_one_line_and_no_traceback(
     assert len(err.strip().splitlines()) == 1, err
 
 
+def test_an_unknown_socket_group_is_named_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["agent", "--socket-group", "no-such-group-here"])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--socket-group" in line and "no group named 'no-such-group-here'" in line
+    # A number is a GID as it stands (a container need not list the group).
+    assert cli.build_parser().parse_args(["agent", "--socket-group", "4711"]).socket_group == 4711
+    root = grp.getgrgid(0).gr_name
+    assert cli.build_parser().parse_args(["agent", "--socket-group", root]).socket_group == 0
+
+
+def test_llmd_token_derives_the_jobs_token_from_the_gateways_secret(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIMESHARE_LLMD_SECRET", "s3cret")
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["llmd-token", "--group", "g", "--job", "a"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == llmd_job_token(b"s3cret", "g", "a")
+    monkeypatch.delenv("TIMESHARE_LLMD_SECRET")
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["llmd-token", "--group", "g", "--job", "a"])
+    assert exited.value.code == 2 and "TIMESHARE_LLMD_SECRET" in capsys.readouterr().err
+
+
 def test_the_benchmarks_zero_byte_sim_state_is_accepted() -> None:
     """`python -m bench.handoff`, `bench.scale` and `bench.multinode --state-gib 0`
     start their agents with no simulated state, to time the orchestration alone."""
@@ -160,6 +189,8 @@ def test_up_passes_every_agent_flag_on_to_its_agent() -> None:
             value = str((default or 0) + 1)
         if kind is job_state:
             value = "job-x=0.5"
+        if kind is socket_group:
+            value = "4711"
         given.append(f"{option.flag}={value}")
     up = cli.build_parser().parse_args(["up", *given])
     agent = cli.build_parser().parse_args(["agent", *agent_arguments(up)])

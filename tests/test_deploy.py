@@ -39,6 +39,7 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tests.conftest import REPO
+from tests.credentials import known_jobs, token_env
 from tests.test_access import make_certificates
 from timeshare.activities.processes import ProcessTable
 from timeshare.cli import build_parser, gateway_security, temporal_settings
@@ -275,6 +276,8 @@ def test_agent_daemonset_is_privileged_on_gpu_nodes(monkeypatch: pytest.MonkeyPa
     backends = {e.name for e in importlib.metadata.entry_points(group="timeshare.backends")}
     assert set(args.backend.split("+")) <= backends, args.backend
     assert args.backend == config["TIMESHARE_AGENT_BACKEND"]
+    # A dedicated group owns the socket, never root's.
+    assert args.socket_group == int(config["TIMESHARE_AGENT_SOCKET_GROUP"]) != 0
 
 
 async def test_agent_probe_answers_only_while_the_agent_socket_serves(tmp_path: Path) -> None:
@@ -290,7 +293,7 @@ async def test_agent_probe_answers_only_while_the_agent_socket_serves(tmp_path: 
         return await asyncio.wait_for(process.wait(), 30)
 
     assert await run_probe() != 0  # nothing serves yet
-    server = await serve_agent_socket(str(socket_path), ProcessTable())
+    server = await serve_agent_socket(str(socket_path), ProcessTable(), credentials=known_jobs())
     try:
         assert await run_probe() == 0
     finally:
@@ -530,8 +533,10 @@ def test_example_jobs_share_one_claim_and_reach_the_agent(monkeypatch: pytest.Mo
         f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc:"
         f"{service['spec']['ports'][0]['port']}"
     )
-    agent = container(one(base, "DaemonSet", "timeshare-agent"))
+    daemon_set = one(base, "DaemonSet", "timeshare-agent")
+    agent = container(daemon_set)
     agent_socket = plain_env(agent)["TIMESHARE_AGENT_SOCKET"]
+    socket_group = container_cli(daemon_set, settings(base), monkeypatch)[0].socket_group
 
     seen_jobs, seen_groups = set(), set()
     for job in jobs:
@@ -547,8 +552,11 @@ def test_example_jobs_share_one_claim_and_reach_the_agent(monkeypatch: pytest.Mo
         mount = next(m for m in item["volumeMounts"] if m["mountPath"] == "/run/timeshare")
         volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
         assert volume["hostPath"] == {"path": "/run/timeshare", "type": "Directory"}
-        # The agent's socket is root's, mode 0660.
-        assert 0 in spec["securityContext"]["supplementalGroups"]
+        # The agent's socket is root:<its group>, mode 0660: the job has that
+        # group and not root's.
+        groups = spec["securityContext"]["supplementalGroups"]
+        assert socket_group in groups and 0 not in groups
+        assert spec["securityContext"]["runAsGroup"] != 0
         # The gateway serves TLS and asks for a bearer token.
         ca_volume = volume_of(job, environment["TIMESHARE_TLS_CA"])
         assert ca_volume["configMap"]["name"] == "timeshare-gateway-ca"
@@ -757,7 +765,9 @@ def orphan() -> Iterator[int]:
 def run_task_prolog(environment: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", str(SLURM / "prolog.sh")],
-        env={"PATH": os.environ["PATH"], **environment},
+        # PYTHONPATH passed on: the timeshare it runs is the one under test.
+        env={"PATH": os.environ["PATH"], **environment}
+        | {k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
         capture_output=True,
         text=True,
         timeout=60,
@@ -772,7 +782,9 @@ async def test_task_prolog_registers_the_task_with_the_agent(tmp_path: Path, orp
     scontrol.chmod(0o755)
     socket_path = tmp_path / "agent.sock"
     processes = ProcessTable()
-    server = await serve_agent_socket(str(socket_path), processes)
+    server = await serve_agent_socket(
+        str(socket_path), processes, credentials=known_jobs("grpo-pair")
+    )
     slurm = {
         "SLURM_JOB_ID": "42",
         "SLURM_JOB_NODELIST": "gpu[01-02]",
@@ -794,7 +806,12 @@ async def test_task_prolog_registers_the_task_with_the_agent(tmp_path: Path, orp
         ]
         assert processes.jobs("grpo-pair") == []  # registering is per step, on request
 
-        registering = {**grouped, "TIMESHARE_REGISTER_TASK": "1"}
+        # The job's token, from the Join its batch script made (deploy/slurm/README.md).
+        unproven = {**grouped, "TIMESHARE_REGISTER_TASK": "1"}
+        denied = await asyncio.to_thread(run_task_prolog, unproven)
+        assert denied.returncode == 1 and "no job token" in denied.stdout
+        assert processes.jobs("grpo-pair") == []
+        registering = {**unproven, **token_env("slurm-42")}
         registered = await asyncio.to_thread(run_task_prolog, registering)
         assert registered.returncode == 0, registered.stdout + registered.stderr
         assert processes.processes("grpo-pair", "slurm-42") == [orphan]

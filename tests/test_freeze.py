@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
+from tests.credentials import known_jobs, token_env, token_of
 from tests.polling import async_check, wait_until, wait_until_async
 from tests.processes import detached, kill
 from timeshare.activities.backend import BackendConfig, load_backend
@@ -81,7 +83,7 @@ async def test_a_frozen_job_stops_counting_until_restored(tmp_path: Path) -> Non
 async def test_registration_takes_the_pid_from_the_kernel(tmp_path: Path) -> None:
     table = ProcessTable()
     path = str(tmp_path / "agent.sock")
-    server = await serve_agent_socket(path, table)
+    server = await serve_agent_socket(path, table, credentials=known_jobs())
     register = (
         "import os, sys, pathlib, time; from timeshare.registration import register_process; "
         'pathlib.Path(sys.argv[2]).write_text(f\'{os.getpid()} {register_process("g", '
@@ -89,17 +91,18 @@ async def test_registration_takes_the_pid_from_the_kernel(tmp_path: Path) -> Non
     )
     said = tmp_path / "said"
     async with server:
-        child = detached(sys.executable, "-c", register, path, str(said))
+        child = detached(sys.executable, "-c", register, path, str(said), env=token_env("job-a"))
         await wait_until_async(
             async_check(lambda: said.exists() and said.read_text()), "the child to register"
         )
         own_pid, registered = map(int, said.read_text().split())
         assert registered == own_pid == child  # the kernel's word
         assert table.jobs("g") == ["job-a"]
+        on_behalf = functools.partial(register_process, "g", "job-a", path, token=token_of("job-a"))
         with pytest.raises(FailedPrecondition, match="init"):
-            await asyncio.to_thread(register_process, "g", "job-a", path, 1)
+            await asyncio.to_thread(on_behalf, 1)
         with pytest.raises(FailedPrecondition, match="agent"):
-            await asyncio.to_thread(register_process, "g", "job-a", path, os.getpid())
+            await asyncio.to_thread(on_behalf, os.getpid())
         kill(child)
 
 

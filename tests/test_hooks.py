@@ -21,6 +21,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from tests import emulator
+from tests.credentials import known_jobs, token_env, token_of
 from tests.emulator.rig import Emulator
 from tests.fakes.engine import FakeEngine, running_engine
 from tests.polling import async_check, wait_until_async
@@ -36,7 +37,7 @@ from timeshare.activities.switch import SwitchActivities
 from timeshare.errors import FailedPrecondition
 from timeshare.hooks import WorkloadHooks, serve_hooks
 from timeshare.hooks.protocol import EvictMode
-from timeshare.models import CHECKPOINT_FAILED, RESTORE_FAILED, NodeMove, SwitchInput
+from timeshare.models import HOOK_FAILED, RESTORE_FAILED, NodeMove, SwitchInput
 from timeshare.workers.agent_socket import serve_agent_socket
 
 HOOK_TIMEOUT = 2.0
@@ -83,7 +84,7 @@ async def running_agent(path: str, backend: Backend) -> AsyncIterator[Agent]:
     processes, hooks = ProcessTable(), HookRegistry()
     backend.attach(processes)
     backend.attach_hooks(hooks)
-    async with await serve_agent_socket(path, processes, hooks):
+    async with await serve_agent_socket(path, processes, hooks, credentials=known_jobs()):
         yield Agent(path, hooks, backend, SwitchActivities("n", backend, processes))
         hooks.close_all()
 
@@ -107,7 +108,7 @@ def start_job(agent: Agent, engine: FakeEngine) -> Iterator[Callable[[EvictMode]
 
     def start(mode: EvictMode) -> int:
         command = ["-m", "tests.hook_process", agent.path, "g", "a", mode, engine.url]
-        started.append(detached(sys.executable, *command))
+        started.append(detached(sys.executable, *command, env=token_env("a")))
         return started[-1]
 
     yield start
@@ -157,7 +158,8 @@ async def test_a_hook_that_hangs_fails_the_switch_with_its_message(
     engine.hang_on.add("/sleep")
     with pytest.raises(ApplicationError) as failure:
         await agent.admit("b", ["a"])
-    assert failure.value.type == CHECKPOINT_FAILED
+    # The job's own hook: the scheduler evicts that job once retries are spent.
+    assert failure.value.type == HOOK_FAILED and failure.value.details == ("a",)
     assert f"evict(offload) hook of process {pid}" in failure.value.message
     assert f"did not answer within {HOOK_TIMEOUT:g} s" in failure.value.message
     assert await agent.backend.resident_jobs("g") == ["a"]  # nothing moved
@@ -187,7 +189,7 @@ async def two_ranks(
     hooks; their pids."""
     backend = StackedBackend([AppBackend(CONFIG), CudaDriverBackend(CONFIG, emu.driver)])
     command = ["-m", "tests.hook_process", str(tmp_path / "agent.sock"), "g", "a", "offload"]
-    environment = [f"{name}={value}" for name, value in emu.env.items()]
+    environment = [f"{name}={value}" for name, value in {**emu.env, **token_env("a")}.items()]
     ranks = [
         detached("env", *environment, sys.executable, *command, engine.url, "cuda")
         for _ in range(2)
@@ -270,7 +272,14 @@ async def test_hooks_come_back_after_the_agent_restarts_knowing_where_they_stand
 ) -> None:
     recorder = Recorder()
     served = await asyncio.to_thread(
-        serve_hooks, recorder, "g", "a", agent.path, mode="discard", register=False
+        serve_hooks,
+        recorder,
+        "g",
+        "a",
+        agent.path,
+        mode="discard",
+        register=False,
+        token=token_of("a"),
     )
     try:
         await agent.wait_for_hooks("a")
@@ -283,7 +292,9 @@ async def test_hooks_come_back_after_the_agent_restarts_knowing_where_they_stand
         agent.hooks.close_all()
         restarted = HookRegistry()
         restarted.accepting = True
-        async with await serve_agent_socket(agent.path, ProcessTable(), restarted):
+        async with await serve_agent_socket(
+            agent.path, ProcessTable(), restarted, credentials=known_jobs()
+        ):
             for _ in range(200):
                 if restarted.connections("g", "a"):
                     break
@@ -299,6 +310,10 @@ async def test_hooks_come_back_after_the_agent_restarts_knowing_where_they_stand
 
 async def test_an_agent_that_calls_no_hooks_refuses_them(tmp_path: Path) -> None:
     path = str(tmp_path / "agent.sock")
-    async with await serve_agent_socket(path, ProcessTable(), HookRegistry()):
+    async with await serve_agent_socket(
+        path, ProcessTable(), HookRegistry(), credentials=known_jobs()
+    ):
         with pytest.raises(FailedPrecondition, match="app\\+cuda"):
-            await asyncio.to_thread(serve_hooks, Recorder(), "g", "a", path, register=False)
+            await asyncio.to_thread(
+                serve_hooks, Recorder(), "g", "a", path, register=False, token=token_of("a")
+            )

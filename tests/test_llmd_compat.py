@@ -4,8 +4,11 @@ clients take turns unchanged, and our states map onto theirs."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
+import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -16,13 +19,23 @@ from temporalio.worker import Worker
 from tests.conftest import SimNodes
 from tests.gateways import start_gateway
 from tests.groups import acquire, join
+from tests.processes import detached, kill
+from timeshare.activities.processes import ProcessTable
+from timeshare.credentials import llmd_job_token
+from timeshare.errors import PermissionDenied
 from timeshare.models import GroupPolicy, GroupStatus, JobStatus
+from timeshare.registration import register_process
 from timeshare.v1 import llmd_compat_pb2 as llmd
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
+from timeshare.workers.agent_credentials import JobCredentials, group_lookup
+from timeshare.workers.agent_socket import serve_agent_socket
 from timeshare.workers.llmd_compat import CompatSettings, peer_address
 from timeshare.workers.llmd_status import GroupState, JobState, group_status_response
 
 METHOD = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/"
+# The gateway replicas' shared secret (TIMESHARE_LLMD_SECRET), from which each
+# llm-d job's token is derived.
+LLMD_SECRET = b"shared by the gateway replicas"
 # The generated stub types its methods for the blocking channel; on an
 # asyncio channel they return awaitables.
 Stub = Any
@@ -30,7 +43,7 @@ Stub = Any
 
 @pytest.fixture(scope="session")
 async def compat_gateway(temporal_address: str, scheduler: Worker) -> AsyncIterator[str]:
-    running = await start_gateway(temporal_address, CompatSettings())
+    running = await start_gateway(temporal_address, CompatSettings(secret=LLMD_SECRET))
     address = running.address
     yield address
     await running.close()
@@ -197,3 +210,30 @@ async def test_only_allowed_networks_and_groups_are_served(
     assert peer_address("ipv6:%5B::1%5D:5000") == ipaddress.ip_address("::1")
     assert peer_address("ipv6:[::ffff:10.0.0.5]:1") == ipaddress.ip_address("10.0.0.5")
     assert peer_address("unix:/run/x.sock") is None
+
+
+async def test_llmd_jobs_register_with_the_token_the_gateway_derives(
+    client: Client, sim_nodes: SimNodes, unique: str, llmd_stub: Stub, tmp_path: Path
+) -> None:
+    """llm-d clients carry no token, but their jobs' processes must prove
+    their job to a node agent like any other: with the token the gateway
+    derived for the job (`timeshare llmd-token`), never with the secret."""
+    group = await compat_group(client, sim_nodes, unique)
+    granted = await llmd_stub.Acquire(llmd.AcquireRequest(job_id="a", group_id=group))
+    assert granted.success  # job a joined by the gateway, with a derived token
+    processes, path = ProcessTable(), str(tmp_path / "agent.sock")
+    credentials = JobCredentials(group_lookup(client))
+    worker = detached(sys.executable, "-c", "import time; time.sleep(60)")
+    try:
+        async with await serve_agent_socket(path, processes, credentials=credentials):
+            register = functools.partial(register_process, group, "a", path, worker)
+            for token in (LLMD_SECRET.decode(), llmd_job_token(b"another secret", group, "a")):
+                with pytest.raises(PermissionDenied, match="wrong or missing job token"):
+                    await asyncio.to_thread(register, token=token)
+            assert processes.jobs(group) == []
+            derived = llmd_job_token(LLMD_SECRET, group, "a")
+            assert await asyncio.to_thread(register, token=derived) == worker
+            assert processes.processes(group, "a") == [worker]
+    finally:
+        kill(worker)
+    await llmd_stub.Yield(llmd.YieldRequest(job_id="a", group_id=group))

@@ -21,6 +21,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
 from tests.conftest import SimNodes
+from tests.credentials import known_jobs
 from tests.emulator.rig import REPO, CudaWorker, Emulator, nvml_device_memory, start_worker
 from tests.groups import acquire, eventually, group_on_one_node, heartbeat, join, release
 from tests.polling import async_check, wait_until_async
@@ -200,7 +201,9 @@ async def test_forget_releases_a_jobs_processes_by_hand(tmp_path: Path) -> None:
         table.register("g", "a", worker)
         await backend.checkpoint("g", "a")
         assert stopped(worker)
-        async with await serve_agent_socket(path, table, forget=agent.release_job):
+        async with await serve_agent_socket(
+            path, table, forget=agent.release_job, credentials=known_jobs()
+        ):
             done = await asyncio.to_thread(
                 subprocess.run,
                 [sys.executable, "-m", "timeshare", "forget", "--group=g", "--job=a",
@@ -225,6 +228,7 @@ async def test_forget_releases_a_jobs_processes_by_hand(tmp_path: Path) -> None:
             assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
         table.register("g", "a", worker)
         with pytest.raises(RegistrationRefused, match="only root or the owner"):
-            await forgotten({"group": "g", "job": "a"}, 4242, table, agent.release_job)
+            message = {"group": "g", "job": "a"}
+            await forgotten(message, 4242, table, agent.release_job, known_jobs())
     finally:
         kill(worker)

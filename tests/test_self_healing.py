@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
 
 import pytest
 from temporalio.client import (
@@ -14,8 +15,10 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
+from temporalio.worker import Worker
 
 from tests.conftest import SimNodes
+from tests.credentials import known_jobs, token_of
 from tests.groups import (
     Handle,
     acquire,
@@ -27,8 +30,16 @@ from tests.groups import (
     release,
 )
 from tests.processes import detached, kill
+from tests.test_replay import record, replayer
+from timeshare.activities.backend import BackendConfig, load_backend
+from timeshare.activities.hook_registry import HookRegistry
 from timeshare.activities.processes import ProcessTable
+from timeshare.activities.switch import SwitchActivities
+from timeshare.hooks import WorkloadHooks, serve_hooks
+from timeshare.hooks.protocol import EvictMode
 from timeshare.models import DrainInput, EvictInput, GroupPolicy, PauseInput
+from timeshare.names import node_task_queue
+from timeshare.workers.agent_socket import serve_agent_socket
 from timeshare.workflows.group import GroupWorkflow
 
 
@@ -240,3 +251,90 @@ async def test_a_leaving_job_whose_other_agent_is_gone_waits_for_a_drain(
     granted = await asyncio.wait_for(waiting, 60)
     assert granted.job == "b"
     assert backends[n2].running(group) == ["b"] and backends[n1].resident(group) == ["a"]
+
+
+class AlwaysFailing(WorkloadHooks):
+    """A job's own hooks, broken: its state can never be put away by them."""
+
+    def __init__(self) -> None:
+        self.evictions = 0
+
+    def evict(self, mode: EvictMode) -> None:
+        self.evictions += 1
+        raise RuntimeError("the engine will not sleep")
+
+    def admit(self) -> None:
+        pass
+
+
+@contextlib.asynccontextmanager
+async def hooked_node(
+    client: Client, group: str, node: str, tmp_path: Path
+) -> AsyncIterator[tuple[str, SwitchActivities]]:
+    """A node agent with backend app+sim (hooks first, then the simulated GPU),
+    its socket at the path yielded: a job's hooks are called on every switch."""
+    config = BackendConfig(
+        node=node, sim_state_bytes=2**20, sim_bandwidth_bytes_per_second=1e10,
+        hook_timeout_seconds=2.0,
+    )  # fmt: skip
+    backend = load_backend("app+sim", config)
+    processes, hooks = ProcessTable(), HookRegistry()
+    backend.attach(processes)
+    backend.attach_hooks(hooks)
+    agent = SwitchActivities(node, backend, processes)
+    path = str(tmp_path / "agent.sock")
+    async with await serve_agent_socket(path, processes, hooks, credentials=known_jobs(group)):
+        worker = Worker(
+            client, task_queue=node_task_queue(node), activities=[agent.switch, agent.release]
+        )
+        async with worker:
+            yield path, agent
+        hooks.close_all()
+
+
+async def test_a_job_whose_hook_always_fails_is_evicted_and_the_others_go_on(
+    client: Client, scheduler: Worker, tmp_path: Path, unique: str
+) -> None:
+    group, node = f"g-{unique}", f"n-{unique}"
+    async with hooked_node(client, group, node, tmp_path) as (path, _):
+        for job in ("bad", "a", "b"):
+            handle = await join(client, group, job, [node])
+        hooks = AlwaysFailing()
+        served = await asyncio.to_thread(
+            serve_hooks, hooks, group, "bad", path, register=False, token=token_of("bad")
+        )
+        try:
+            first = await acquire(handle, "bad")
+            await release(handle, "bad", first.epoch)
+            # The switch must put bad's state away, and its hook raises every
+            # time: after the switch activity's retries, bad is evicted, and a
+            # gets its turn (before, the group waited for as long as it failed).
+            granted = await acquire(handle, "a", timeout=45)
+            assert hooks.evictions >= 3
+            status = await handle.query(GroupWorkflow.status)
+            assert [j.job for j in status.jobs] == ["a", "b"] and status.evictions == 1
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await heartbeat(handle, "bad")
+            assert refusal_type(refused.value) == "ABORTED"
+            said = str(refused.value.cause)
+            assert "its workload hooks failed" in said and "the engine will not sleep" in said
+
+            # The rest of the group keeps taking turns, and bad's hooks are
+            # not called again: they cannot fail another switch.
+            calls = hooks.evictions
+            epochs = [granted.epoch]
+            await release(handle, "a", granted.epoch)
+            for job in ("b", "a", "b"):
+                turn = await acquire(handle, job, timeout=45)
+                epochs.append(turn.epoch)
+                await release(handle, job, turn.epoch)
+            assert epochs == sorted(epochs) and len(set(epochs)) == 4
+            assert hooks.evictions == calls
+        finally:
+            await asyncio.to_thread(served.close)
+    # The patched path is deterministic: its history replays (and is kept in
+    # tests/histories/ with TIMESHARE_RECORD_HISTORIES=1, for later changes).
+    history = await handle.fetch_history()
+    await handle.terminate()
+    await replayer().replay_workflow(history)
+    record(history, "group-hook-eviction")

@@ -245,6 +245,13 @@ class JobIdentity:
     def nodes(self) -> list[str]:
         return self.ref.nodes
 
+    @property
+    def token(self) -> str:
+        """The job's token from its Join: what the job's processes present to
+        their node agents (hand it to workers as TIMESHARE_JOB_TOKEN). A secret:
+        whoever holds it may act as the job."""
+        return self.ref.token
+
 
 def join_request(
     group: str | None,

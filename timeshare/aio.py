@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -14,6 +15,7 @@ import grpc
 import grpc.aio
 
 from timeshare import _protocol as protocol
+from timeshare.credentials import remember_job_token
 from timeshare.errors import Aborted, NotFound, TimeshareError, Unavailable, from_rpc_error
 from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
@@ -64,11 +66,21 @@ class Client:
         priority: int = 0,
     ) -> Job:
         request = protocol.join_request(group, job, nodes, policy, weight, priority)
-        if register:
-            await asyncio.to_thread(register_process, request.group, request.job)
         response = await self._call(self._stub.Join, request)
         handle = Job(self, protocol.job_ref(request, response))
         self._jobs.append(handle)
+        remember_job_token(handle.group, handle.name, handle.token)
+        if register:
+            # After the Join: the agent admits a process only with the job's token.
+            try:
+                await asyncio.to_thread(
+                    functools.partial(
+                        register_process, request.group, request.job, token=handle.token
+                    )
+                )
+            except TimeshareError:
+                await handle.leave()
+                raise
         return handle
 
     async def group_history(self, group: str) -> GroupHistory:

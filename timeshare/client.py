@@ -13,6 +13,7 @@ from typing import TypeVar
 import grpc
 
 from timeshare import _protocol as protocol
+from timeshare.credentials import remember_job_token
 from timeshare.errors import Aborted, NotFound, TimeshareError, Unavailable, from_rpc_error
 from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
@@ -68,10 +69,17 @@ class Client:
         ``register=True`` also registers this process with the local agent: only for a
         process that both uses the GPU and asks for turns (see register_process)."""
         request = protocol.join_request(group, job, nodes, policy, weight, priority)
-        if register:
-            register_process(request.group, request.job)
         handle = Job(self, protocol.job_ref(request, self._call(self._stub.Join, request)))
         self._jobs.append(handle)
+        # Registrations of this process's job processes present this token.
+        remember_job_token(handle.group, handle.name, handle.token)
+        if register:
+            # After the Join: the agent admits a process only with the job's token.
+            try:
+                register_process(request.group, request.job, token=handle.token)
+            except TimeshareError:
+                handle.leave()
+                raise
         return handle
 
     def group_history(self, group: str) -> GroupHistory:

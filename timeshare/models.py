@@ -160,6 +160,17 @@ class JobInput(BaseModel):
     token_hash: str
 
 
+class TokenCheck(BaseModel):
+    """Whether a job's token hash is the one on the group's record: how a node
+    agent checks a process that asks to join the job's switches."""
+
+    matches: bool
+    # Why not, in words (the job is unknown, was evicted, the token is wrong).
+    reason: str = ""
+    # Whether the job is in the group now, whatever the token.
+    member: bool = False
+
+
 class HeartbeatOutput(BaseModel):
     holding: bool
     epoch: int
@@ -263,6 +274,10 @@ RESTORE_FAILED = "RestoreFailed"
 # A process of the job, named in the failure's details, is in the driver's
 # terminal FAILED state: the workflow evicts that job (non-retryable).
 JOB_FAILED = "JobFailed"
+# The workload hooks of the job named in the details failed or hung while its
+# state was to leave the device (retryable): once the retries are spent, the
+# workflow evicts that job, and the switch goes on without it.
+HOOK_FAILED = "HookFailed"
 
 ActionName = Literal["checkpoint", "restore", "lock", "unlock", "noop"]
 

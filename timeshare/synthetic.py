@@ -106,7 +106,8 @@ def run_synthetic_job(
 ) -> SyntheticJobReport:
     report = SyntheticJobReport(spec=spec)
     time.sleep(spec.start_delay_seconds)
-    with timeshare.connect(spec.address) as client, _hooks_served(spec, report):
+    with contextlib.ExitStack() as open_until_done:
+        client = open_until_done.enter_context(timeshare.connect(spec.address))
 
         def join() -> timeshare.Job:
             return client.join(spec.group, spec.job, spec.nodes, spec.policy,
@@ -117,6 +118,8 @@ def run_synthetic_job(
         # process of the same name left behind, then take a new place.
         job.leave()
         job = join()
+        # Served once joined: the agent admits hooks only with the job's token.
+        open_until_done.enter_context(_hooks_served(spec, report))
         report.started = time.time()
         try:
             for iteration in range(spec.iterations):

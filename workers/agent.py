@@ -26,6 +26,7 @@ from timeshare.activities.switch import SwitchActivities
 from timeshare.instruments import GpuSample, observe_gpus
 from timeshare.models import NodeInfo
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE, node_task_queue
+from timeshare.workers.agent_credentials import JobCredentials, group_lookup
 from timeshare.workers.agent_socket import remove_socket, serve_agent_socket
 from timeshare.workers.service import StartupError, connect_temporal, ready
 from timeshare.workers.telemetry import Telemetry
@@ -48,6 +49,7 @@ async def serve_agent(
     config: BackendConfig,
     socket_path: str,
     telemetry: Telemetry | None = None,
+    socket_group: int | None = None,
 ) -> None:
     try:
         backend = load_backend(backend_name, config)
@@ -65,7 +67,12 @@ async def serve_agent(
     activities = SwitchActivities(config.node, backend, processes)
     activities.on_release.append(partial(drop_claim, client, config.node))
     registrations = await serve_agent_socket(
-        socket_path, processes, hooks, forget=activities.release_job
+        socket_path,
+        processes,
+        hooks,
+        forget=activities.release_job,
+        credentials=JobCredentials(group_lookup(client)),
+        socket_group=socket_group,
     )
     info = NodeInfo(
         node=config.node, backend=backend.name, simulated=backend.simulated, gpus=backend.gpus()

@@ -6,8 +6,14 @@ One JSON object per line each way. The process id comes from the kernel
 may register it on its behalf (`timeshare register --pid`, for launchers
 such as a Slurm prolog). A `register` conversation is one line each way; a
 `hooks` one stays open for the agent's calls (timeshare.hooks.protocol). A
-`forget` one (`timeshare forget`, root or the owner of the job's processes)
-releases a job's processes here by hand and drops its registrations."""
+`forget` one (`timeshare forget`, root or the owner of the job's processes,
+with the job's token while the job is in its group) releases a job's
+processes here by hand and drops its registrations.
+
+Registering into a job and serving its hooks take the job's token ("token"),
+checked against the group's record (workers/agent_credentials.py): on a node
+shared by tenants, reaching the socket is not belonging to a job. Who may
+reach the socket at all is its group (--socket-group), mode 0660."""
 
 from __future__ import annotations
 
@@ -24,11 +30,23 @@ from typing import Any
 from pydantic import ValidationError
 
 from timeshare.activities.hook_registry import HookConnection, HookRegistry
-from timeshare.activities.processes import ProcessTable, RegistrationRefused, owner
+from timeshare.activities.processes import (
+    NotPermitted,
+    ProcessTable,
+    RegistrationRefused,
+    owner,
+)
 from timeshare.hooks.protocol import MAX_LINE_BYTES, HookHello
 from timeshare.models import ReleaseOutput
 from timeshare.names import check_name
+from timeshare.workers.agent_credentials import JobCredentials
 from timeshare.workers.service import StartupError
+
+# Every conversation starts with one line from the process: a peer that says
+# nothing is answered and hung up on after this long, so that connections
+# nobody uses cannot pile up in the agent (any local user of the socket's
+# group can open them).
+FIRST_LINE_SECONDS = 10.0
 
 
 def peer_credentials(writer: asyncio.StreamWriter) -> tuple[int, int, int]:
@@ -54,27 +72,37 @@ def registration(message: dict[str, Any], peer_pid: int, peer_uid: int) -> tuple
     if message.get("pid") is not None:
         pid = int(message["pid"])
         if peer_uid != 0 and peer_uid != owner(pid):
-            raise RegistrationRefused(f"only root or the owner of process {pid} may register it")
+            raise NotPermitted(f"only root or the owner of process {pid} may register it")
     return group, job, pid
 
 
-def hook_connection(
-    message: dict[str, Any],
-    peer_pid: int,
-    hooks: HookRegistry,
-    processes: ProcessTable,
-    writer: asyncio.StreamWriter,
-) -> HookConnection:
-    """Admit a process's hooks (and, if it asks, register the process)."""
+def token_of(message: dict[str, Any]) -> str:
+    token = message.get("token")
+    return token if isinstance(token, str) else ""
+
+
+def hook_hello(message: dict[str, Any], hooks: HookRegistry) -> HookHello:
     if not hooks.accepting:
         raise RegistrationRefused(
             "this node's agent calls no workload hooks; run it with a backend that does "
             "(--backend app+cuda, or app)"
         )
     try:
-        hello = HookHello.model_validate(message)
+        return HookHello.model_validate(message)
     except ValidationError as error:
         raise RegistrationRefused(f"malformed hooks request: {error.errors()[0]['msg']}") from None
+
+
+def hook_connection(
+    message: dict[str, Any],
+    hello: HookHello,
+    peer_pid: int,
+    hooks: HookRegistry,
+    processes: ProcessTable,
+    writer: asyncio.StreamWriter,
+) -> HookConnection:
+    """Admit a process's hooks (and, if it asks, register the process); its
+    credential was checked already."""
     group, job = names(message)
     connection = HookConnection(group, job, peer_pid, hello.mode, hello.evicted, writer)
     # In the registry before the process is registered: a newcomer locked at
@@ -93,9 +121,14 @@ Forget = Callable[[str, str], Awaitable[ReleaseOutput]]
 
 
 async def forgotten(
-    message: dict[str, Any], peer_uid: int, processes: ProcessTable, forget: Forget | None
+    message: dict[str, Any],
+    peer_uid: int,
+    processes: ProcessTable,
+    forget: Forget | None,
+    credentials: JobCredentials,
 ) -> dict[str, Any]:
-    """Release a job's processes by hand and forget them (root or their owner)."""
+    """Release a job's processes by hand and forget them: root, or the owner
+    of all of them (with the job's token while the job is in its group)."""
     group, job = names(message)
     if forget is None:
         raise RegistrationRefused("this agent cannot release jobs")
@@ -105,9 +138,10 @@ async def forgotten(
     if peer_uid != 0:
         others = [pid for pid in pids if owner(pid) != peer_uid]
         if others:
-            raise RegistrationRefused(
+            raise NotPermitted(
                 f"only root or the owner of processes {others} may release job {group}/{job}"
             )
+        await credentials.verify_release(group, job, token_of(message))
     released = await forget(group, job)
     processes.forget(group, job)
     return {"ok": True, "released": released.model_dump()}
@@ -118,7 +152,12 @@ async def serve_agent_socket(
     processes: ProcessTable,
     hooks: HookRegistry | None = None,
     forget: Forget | None = None,
+    *,
+    credentials: JobCredentials,
+    socket_group: int | None = None,
 ) -> asyncio.AbstractServer:
+    """Serve the socket at ``path``, mode 0660, group ``socket_group`` (default:
+    the agent's own): the processes that may reach it."""
     socket_path = Path(path)
     hooks = hooks or HookRegistry()
     try:
@@ -132,14 +171,23 @@ async def serve_agent_socket(
         peer_pid, peer_uid, _ = peer_credentials(writer)
         connection = None
         try:
-            line = await reader.readline()
+            try:
+                line = await asyncio.wait_for(reader.readline(), FIRST_LINE_SECONDS)
+            except TimeoutError:
+                raise RegistrationRefused(
+                    f"said nothing within {FIRST_LINE_SECONDS:g} s; hanging up"
+                ) from None
             message = json.loads(line[:MAX_LINE_BYTES] or b"{}")
             op = message.get("op") if isinstance(message, dict) else None
             if op == "register":
                 group, job, pid = registration(message, peer_pid, peer_uid)
+                await credentials.verify(group, job, token_of(message))
                 processes.register(group, job, pid)
             elif op == "hooks":
-                connection = hook_connection(message, peer_pid, hooks, processes, writer)
+                hello = hook_hello(message, hooks)
+                group, job = names(message)
+                await credentials.verify(group, job, token_of(message))
+                connection = hook_connection(message, hello, peer_pid, hooks, processes, writer)
                 pid = peer_pid
             elif op == "forget":
                 pid = 0
@@ -149,8 +197,10 @@ async def serve_agent_socket(
                 )
             reply: dict[str, Any] = {"ok": True, "pid": pid}
             if op == "forget":
-                reply = await forgotten(message, peer_uid, processes, forget)
-        except (RegistrationRefused, ValueError, OSError) as error:
+                reply = await forgotten(message, peer_uid, processes, forget, credentials)
+        except RegistrationRefused as error:
+            reply = {"ok": False, "error": str(error), "code": error.code}
+        except (ValueError, OSError) as error:
             reply = {"ok": False, "error": str(error)}
         except Exception as error:  # a failed release: said to the caller, in one line
             reply = {"ok": False, "error": f"{type(error).__name__}: {error}"}
@@ -168,7 +218,16 @@ async def serve_agent_socket(
             writer.close()
 
     server = await asyncio.start_unix_server(handle, path=str(socket_path), limit=MAX_LINE_BYTES)
-    os.chmod(socket_path, 0o660)
+    try:
+        if socket_group is not None:
+            os.chown(socket_path, -1, socket_group)
+        os.chmod(socket_path, 0o660)
+    except OSError as error:
+        server.close()
+        hint = "; the agent must run as root or be a member of that group" if socket_group else ""
+        raise StartupError(
+            f"cannot set group {socket_group} and mode 0660 on agent socket {path}: {error}{hint}"
+        ) from None
     return server
 
 

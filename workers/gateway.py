@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import secrets
 import time
 import uuid
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from timeshare.credentials import token_hash
 from timeshare.instruments import record_grant, record_turn
 from timeshare.models import (
     AcquireInput,
@@ -73,10 +73,6 @@ Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TimeSlicer"].full_name
 MAX_MESSAGE_BYTES = 4 * 2**20
 DEFAULT_MAX_GROUPS = 1000
-
-
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 class TimeSlicerService(pb_grpc.TimeSlicerServicer):

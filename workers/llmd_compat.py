@@ -6,8 +6,6 @@ per job itself, and serves only the networks and groups the operator allows.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import ipaddress
 import os
 import secrets
@@ -21,6 +19,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from timeshare.credentials import llmd_job_token, token_hash
 from timeshare.models import AcquireInput, Grant, GroupPolicy, JobInput, JoinInput, YieldInput
 from timeshare.names import check_name
 from timeshare.refusals import Refusal
@@ -120,8 +119,9 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
         self._background: set[Any] = set()
 
     def _token_hash(self, group: str, job: str) -> str:
-        token = hmac.new(self._settings.secret, f"{group}/{job}".encode(), "sha256").hexdigest()
-        return hashlib.sha256(token.encode()).hexdigest()
+        # The job's token is derived, so that a job's node agents can check
+        # its processes' registrations like any job's (`timeshare llmd-token`).
+        return token_hash(llmd_job_token(self._settings.secret, group, job))
 
     async def _allowed(self, context: Context) -> None:
         peer = context.peer()
@@ -219,8 +219,8 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
         group = await self._served(context, request.group_id)
         job = convert.name("job", request.job_id)
         handle: GroupHandle = group_handle(self._client, group)
-        token_hash = self._token_hash(group, job)
-        beat_message = JobInput(job=job, token_hash=token_hash)
+        digest = self._token_hash(group, job)
+        beat_message = JobInput(job=job, token_hash=digest)
         try:
             beat = await within(
                 MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.heartbeat, beat_message)
@@ -228,7 +228,7 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
         except (WorkflowUpdateFailedError, RPCError) as refusal:
             if not await self._must_join(refusal, handle, job):
                 raise
-            await self._join(group, job, token_hash)  # only the token was unknown
+            await self._join(group, job, digest)  # only the token was unknown
             beat = await within(
                 MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.heartbeat, beat_message)
             )
@@ -237,7 +237,7 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
                 grpc.StatusCode.FAILED_PRECONDITION, f"job {job!r} does not hold group {group!r}"
             )
         # The epoch the job was granted, also while it is preempted.
-        message = YieldInput(job=job, token_hash=token_hash, epoch=beat.epoch)
+        message = YieldInput(job=job, token_hash=digest, epoch=beat.epoch)
         await within(MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.yield_turn, message))
         waiting = beat.waiting
         return llmd.YieldResponse(

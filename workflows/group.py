@@ -23,6 +23,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 with workflow.unsafe.imports_passed_through():
     from timeshare.history import GroupHistory
     from timeshare.models import (
+        HOOK_FAILED,
         JOB_FAILED,
         RESTORE_FAILED,
         AcquireInput,
@@ -41,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         SwitchInput,
         SwitchOutput,
         SwitchPhase,
+        TokenCheck,
         YieldInput,
         YieldOutput,
         check_phase,
@@ -84,6 +86,11 @@ POLICIES_PATCH = "timeshare-scheduling-policies"
 # group's next one, instead of a timer started and cancelled by every message:
 # two history events fewer per message.
 STEADY_TIMER_PATCH = "timeshare-steady-timer"
+# Schedulers before this change retried a switch whose checkpoint failed in a
+# job's own workload hooks for as long as the hooks failed, and the whole
+# group waited; from it on, that job is evicted once the switch activity's
+# retries are spent, and the switch goes on without it.
+HOOK_FAILURES_PATCH = "timeshare-evict-failing-hooks"
 
 
 class GroupInput(BaseModel):
@@ -108,6 +115,8 @@ class MoveFailure(BaseModel):
     restore_failed: bool
     # The job whose state the node found FAILED (terminal), if that was the cause.
     failed_job: str = ""
+    # The job whose own workload hooks failed its checkpoint, if that was the cause.
+    hook_job: str = ""
 
 
 @workflow.defn(name="GroupWorkflow")
@@ -468,6 +477,18 @@ class GroupWorkflow:
     def history(self) -> GroupHistory:
         return self._queue.history(self._now())
 
+    @workflow.query
+    def token_matches(self, input: JobInput) -> TokenCheck:
+        """Whether ``input.token_hash`` is the job's: node agents ask before a
+        process joins the job's switches. A query, so it adds nothing to the
+        history and changes nothing; hashes only, like every other message."""
+        member = input.job in self._queue.state.jobs
+        try:
+            self._queue.authenticate(input.job, input.token_hash)
+        except QueueError as refusal:
+            return TokenCheck(matches=False, reason=refusal.message, member=member)
+        return TokenCheck(matches=True, member=member)
+
     # -- switches -------------------------------------------------------------
 
     async def _switch(self) -> None:
@@ -487,6 +508,7 @@ class GroupWorkflow:
                     cause = "; ".join(f.cause for f in failures if f.failed_job == job)
                     self._queue.evict_failed(job, cause, self._now())
                 self._release_left_jobs()
+            self._evict_failing_hooks(failures)
             if not failures:
                 for output in results:
                     for job in output.gone if isinstance(output, SwitchOutput) else []:
@@ -536,6 +558,22 @@ class GroupWorkflow:
                 self._queue.set_switch_aside(self._now())
                 return
 
+    def _evict_failing_hooks(self, failures: list[MoveFailure]) -> None:
+        """A job whose own hooks failed its checkpoint through every retry is
+        evicted, and left out of the switch: its hooks fail its own turns
+        only, never the other jobs' (its agents then stop calling them)."""
+        failing = sorted({f.hook_job for f in failures if f.hook_job})
+        if not failing or not workflow.patched(HOOK_FAILURES_PATCH):
+            return
+        for job in failing:
+            cause = "; ".join(f"node {f.node}: {f.cause}" for f in failures if f.hook_job == job)
+            workflow.logger.warning(
+                "group %s: evicting job %s, whose workload hooks failed: %s",
+                self._queue.state.group, job, cause,
+            )  # fmt: skip
+            self._queue.evict_failed(job, f"its workload hooks failed: {cause}", self._now())
+        self._release_left_jobs()
+
     async def _quiesce(self, plan: SwitchPlan) -> list[MoveFailure]:
         """Stop every job that leaves several nodes on all of them first."""
         moves = plan.quiesce_moves()
@@ -582,13 +620,19 @@ class GroupWorkflow:
             else:
                 reason = str(cause or failure)
             restore_failed = isinstance(cause, ApplicationError) and cause.type == RESTORE_FAILED
-            failed_job = ""
+            failed_job = hook_job = ""
             if isinstance(cause, ApplicationError) and cause.type == JOB_FAILED and cause.details:
                 failed_job = str(cause.details[0])
+            if isinstance(cause, ApplicationError) and cause.type == HOOK_FAILED and cause.details:
+                hook_job = str(cause.details[0])
             if phase == "switch":
                 self._record_move(plan, move, started, None, reason)
             return MoveFailure(
-                node=move.node, cause=reason, restore_failed=restore_failed, failed_job=failed_job
+                node=move.node,
+                cause=reason,
+                restore_failed=restore_failed,
+                failed_job=failed_job,
+                hook_job=hook_job,
             )
         if phase == "switch":
             self._record_move(plan, move, started, output, "")

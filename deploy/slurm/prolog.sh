@@ -8,7 +8,8 @@
 #     epilog finds the job by that name),
 #   - sets TIMESHARE_NODES to the job's nodes unless the job set it,
 #   - if the step asked for it with TIMESHARE_REGISTER_TASK=1, registers the
-#     task's process (and so its children) with this node's agent.
+#     task's process (and so its children) with this node's agent, proving the
+#     job with the job's token from TIMESHARE_JOB_TOKEN (the job joined first).
 # A registration that fails fails the task: an unregistered GPU process would
 # keep its state on the GPUs while another job's state is restored there.
 set -uo pipefail

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from pydantic import BaseModel
 
 import timeshare
 from examples.grpo_toy.policy import rewards
+from timeshare.credentials import JOB_TOKEN_ENV
 
 
 class ToyResult(BaseModel):
@@ -39,12 +41,15 @@ class ToyResult(BaseModel):
 
 
 class Worker:
-    def __init__(self, seed: int, group: str, job: str) -> None:
+    def __init__(self, seed: int, group: str, job: str, token: str = "") -> None:
+        # The job's token, which the worker presents when it registers.
+        env = {**os.environ, JOB_TOKEN_ENV: token} if token else None
         self.process = subprocess.Popen(
             [sys.executable, "-m", "examples.grpo_toy.worker", str(seed), group, job],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=env,
         )
         # Read on the first command, inside a turn: a worker that registers
         # while another job holds the GPUs is frozen at once, and answers only
@@ -81,9 +86,10 @@ class Worker:
 def run_toy(
     steps: int, seed: int, job_name: str, group: str = "", address: str | None = None
 ) -> ToyResult:
-    worker = Worker(seed, group, job_name)
     client = timeshare.connect(address) if group else None
+    # Joined before the worker starts: it registers with the job's token.
     job = client.join(group, job_name) if client is not None else None
+    worker = Worker(seed, group, job_name, job.token if job is not None else "")
 
     @contextlib.contextmanager
     def gpu_phase() -> Iterator[None]:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import timeshare
 from tests.emulator.rig import CudaWorker, start_worker
+from timeshare.credentials import JOB_TOKEN_ENV
 
 WORK_SECONDS = 30.0
 
@@ -38,6 +39,10 @@ def main() -> None:
     address, group, job, node, socket_path, workdir, turns = sys.argv[1:8]
     directory = Path(workdir)
     env = {k: v for k, v in os.environ.items() if k.startswith(("TIMESHARE_EMULATOR", "LD_"))}
+    client = timeshare.connect(address)
+    # Joined first: the ranks register with the token the Join returned.
+    handle = client.join(group, job, [node])
+    env[JOB_TOKEN_ENV] = handle.token
     ranks = [
         start_worker(env, directory, f"{job}-rank{index}", children=1 if index == 0 else 0,
                      register=(socket_path, group, job))
@@ -50,8 +55,7 @@ def main() -> None:
     }
     done: list[dict[str, float | int]] = []
     try:
-        with timeshare.connect(address) as client:
-            handle = client.join(group, job, [node])
+        with client:
             (directory / f"{job}.joined").write_text("")
             for _ in range(int(turns)):
                 turn = handle.acquire()

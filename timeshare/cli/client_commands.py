@@ -63,7 +63,21 @@ def add_client_commands(commands: Subparsers) -> None:
     register.add_argument("--job", required=True)
     register.add_argument("--pid", type=PID, required=True)
     register.add_argument("--socket", help="agent socket (env TIMESHARE_AGENT_SOCKET)")
+    register.add_argument(
+        "--token",
+        help="the job's token, from its Join (env TIMESHARE_JOB_TOKEN, which other users "
+        "of the node cannot read in `ps` as they can a flag)",
+    )
     register.set_defaults(handler=run_register)
+
+    llmd = commands.add_parser(
+        "llmd-token",
+        help="print an llm-d compat job's token (its registration credential), derived from "
+        "the gateway's TIMESHARE_LLMD_SECRET",
+    )
+    llmd.add_argument("--group", required=True)
+    llmd.add_argument("--job", required=True)
+    llmd.set_defaults(handler=run_llmd_token)
 
     forget = commands.add_parser(
         "forget",
@@ -72,6 +86,11 @@ def add_client_commands(commands: Subparsers) -> None:
     forget.add_argument("--group", required=True)
     forget.add_argument("--job", required=True)
     forget.add_argument("--socket", help="agent socket (env TIMESHARE_AGENT_SOCKET)")
+    forget.add_argument(
+        "--token",
+        help="the job's token (env TIMESHARE_JOB_TOKEN): needed, but for root, while the job "
+        "is still in its group",
+    )
     forget.set_defaults(handler=run_forget)
 
     _synthetic_job_command(commands)
@@ -166,10 +185,33 @@ def run_register(args: argparse.Namespace) -> int:
     from timeshare.registration import register_process
 
     try:
-        pid = register_process(args.group, args.job, args.socket, pid=args.pid)
+        pid = register_process(args.group, args.job, args.socket, pid=args.pid, token=args.token)
     except TimeshareError as error:
         return fail(f"register: {error}")
     print(f"process {pid} registered to {args.group}/{args.job}")
+    return 0
+
+
+def run_llmd_token(args: argparse.Namespace) -> int:
+    """For the operator, who holds the gateway's secret: the job's own token,
+    to hand to that job alone (as TIMESHARE_JOB_TOKEN), never the secret."""
+    import os
+
+    from timeshare.credentials import llmd_job_token
+    from timeshare.names import check_name
+
+    try:
+        group, job = check_name("group", args.group), check_name("job", args.job)
+    except ValueError as error:
+        return fail(f"llmd-token: {error}", code=2)
+    secret = os.environ.get("TIMESHARE_LLMD_SECRET", "")
+    if not secret:
+        return fail(
+            "llmd-token: set TIMESHARE_LLMD_SECRET to the gateway's secret (the gateway's "
+            "--llmd-compat derives every job's token from it)",
+            code=2,
+        )
+    print(llmd_job_token(secret.encode(), group, job))
     return 0
 
 
@@ -186,7 +228,7 @@ def run_forget(args: argparse.Namespace) -> int:
     except ValueError as error:
         return fail(f"forget: {error}", code=2)
     try:
-        print(forget_job(group, job, args.socket))
+        print(forget_job(group, job, args.socket, token=args.token))
     except TimeshareError as error:
         return fail(f"forget: {error}")
     return 0

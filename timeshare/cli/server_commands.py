@@ -211,7 +211,9 @@ def run_agent(args: argparse.Namespace) -> int:
     config = backend_config(args)
     run_service(
         "agent",
-        lambda stop: serve_agent(stop, temporal, args.backend, config, args.socket, traced),
+        lambda stop: serve_agent(
+            stop, temporal, args.backend, config, args.socket, traced, args.socket_group
+        ),
     )
 
 

@@ -153,11 +153,37 @@ def job_state(text: str) -> str:
     return text
 
 
+def socket_group(text: str) -> int:
+    """NAME or GID of the group that may reach the agent's socket. A number is
+    taken as it is: in a container the group need not be in /etc/group."""
+    import grp
+
+    if text.isdigit():
+        return int(text)
+    try:
+        return grp.getgrnam(text).gr_gid
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"no group named {text!r} on this host; give a group of /etc/group or a numeric GID"
+        ) from None
+
+
+SOCKET = "registration socket"
 PROCESS = "process backends (freeze, cuda, cuda-checkpoint, app)"
 SIM = "sim backend (a SIMULATED GPU)"
 # Every agent flag that `timeshare up` passes on (all but the node's name, its
 # backend, its socket and its Temporal and telemetry settings, which `up` sets).
 AGENT_OPTIONS = [
+    AgentOption(
+        "--socket-group",
+        SOCKET,
+        {
+            "type": socket_group,
+            "metavar": "NAME|GID",
+            "help": "group that owns the socket (mode 0660): job processes need it, as a "
+            "supplementary group; default the agent's own group",
+        },
+    ),
     AgentOption(
         "--record", PROCESS, {"type": Path, "help": "append what a process backend did (JSONL)"}
     ),

@@ -6,11 +6,14 @@ state away and bring it back, and the agent calls it on every switch.
 
     hooks = serve_hooks(VllmHooks(llm), "grpo-pair", "job-a")
 
-The agent calls ``evict(mode)`` before the job's state leaves the GPU and
+The process presents the job's token (from a Join in this process, else
+TIMESHARE_JOB_TOKEN, or ``token=``): the agent serves no one else's hooks for
+a job. The agent calls ``evict(mode)`` before the job's state leaves the GPU and
 ``admit()`` once it is back, from a background thread that holds one
 connection to the agent's Unix socket (and reconnects if the agent restarts).
 A hook that raises fails the switch with its message; one that takes longer
-than the agent's hook timeout fails it too. Ready-made hooks live in
+than the agent's hook timeout fails it too. An evict hook that keeps failing
+gets its own job evicted, so the rest of the group goes on. Ready-made hooks live in
 submodules (vllm, sglang, torch_offload, nccl), imported only when used.
 
 The agent must run a backend that calls hooks: `--backend app+cuda` (hooks,

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from timeshare.errors import TimeshareError
 from timeshare.hooks.protocol import MAX_ERROR_CHARS, EvictMode, HookCall, HookHello, HookReply
-from timeshare.registration import agent_socket, open_agent_connection
+from timeshare.registration import agent_socket, open_agent_connection, presented_token
 
 if TYPE_CHECKING:
     from timeshare.hooks import WorkloadHooks
@@ -26,10 +26,13 @@ RECONNECT_MAX_SECONDS = 5.0
 class HookServer:
     """This process's hooks, served to the node agent until ``close()``."""
 
-    def __init__(self, hooks: WorkloadHooks, hello: HookHello, path: str) -> None:
+    def __init__(
+        self, hooks: WorkloadHooks, hello: HookHello, path: str, token: str | None = None
+    ) -> None:
         self.hooks = hooks
         self.hello = hello
         self.path = path
+        self._token = token
         # Where the job stands by the last hook that succeeded: a call that
         # would repeat it is answered without calling the hook again.
         self.evicted = False
@@ -63,7 +66,10 @@ class HookServer:
         self.close()
 
     def _connect(self) -> BinaryIO:
-        hello = self.hello.model_copy(update={"evicted": self.evicted})
+        # Looked up at every connection: a job that joined again in this
+        # process has a new token, and the old one no longer admits it.
+        token = presented_token(self.hello.group, self.hello.job, self._token)
+        hello = self.hello.model_copy(update={"evicted": self.evicted, "token": token})
         conn, lines, reply = open_agent_connection(self.path, hello.model_dump())
         with self._guard:
             self._socket = conn
@@ -131,6 +137,7 @@ def serve_hooks(
     *,
     mode: EvictMode = "offload",
     register: bool = True,
+    token: str | None = None,
 ) -> HookServer:
     """Serve ``hooks`` for ``job`` of ``group`` to this node's agent from a
     background thread; returns the running server (``close()`` withdraws them).
@@ -139,6 +146,8 @@ def serve_hooks(
     registers the process with the agent, as `register_process` does, so the
     checkpointing layers (cuda, freeze) act on it; leave it off for a helper
     process that only drives an engine running elsewhere (an HTTP server).
+    ``token`` is the job's token; by default the one a Join in this process
+    got, else TIMESHARE_JOB_TOKEN. The agent refuses hooks without it.
     """
     hello = HookHello(group=group, job=job, mode=mode, register_process=register)
-    return HookServer(hooks, hello, agent_socket(socket_path)).start()
+    return HookServer(hooks, hello, agent_socket(socket_path), token).start()

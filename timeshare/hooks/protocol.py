@@ -1,7 +1,7 @@
 """The workload hook protocol on the node agent's Unix socket: one JSON object
 per line each way, on one long-lived connection per process.
 
-    process -> agent  {"op": "hooks", "group": G, "job": J, "mode": "offload",
+    process -> agent  {"op": "hooks", "group": G, "job": J, "token": T, "mode": "offload",
                        "register_process": true, "evicted": false}
     agent -> process  {"ok": true, "pid": P}   or   {"ok": false, "error": "..."}
     agent -> process  {"id": 1, "call": "evict", "mode": "offload"}
@@ -9,7 +9,9 @@ per line each way, on one long-lived connection per process.
     agent -> process  {"id": 2, "call": "admit"}
     process -> agent  {"id": 2, "ok": true}
 
-The agent takes the process id from the kernel (SO_PEERCRED).
+The agent takes the process id from the kernel (SO_PEERCRED), and admits
+the hooks only with the job's token T (timeshare.credentials): without it, a
+process of another tenant could serve hooks that fail every switch of a job.
 ``register_process`` also registers the process as one of the job's, so the
 checkpointing layers (cuda, freeze) act on it; ``evicted`` tells an agent
 that restarted where the process stands. Closing the connection withdraws
@@ -35,6 +37,8 @@ class HookHello(BaseModel):
     op: Literal["hooks"] = "hooks"
     group: str
     job: str
+    # The job's token, checked by the agent against the group's record; never kept.
+    token: str = Field(default="", repr=False)
     # How this process wants to be evicted; the agent passes it to evict().
     mode: EvictMode = "offload"
     register_process: bool = True

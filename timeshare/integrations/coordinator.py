@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
+from timeshare.credentials import JOB_TOKEN_ENV
 from timeshare.errors import TimeshareError, class_for_code
 from timeshare.integrations.turns import ENV_GROUP, ENV_JOB, ENV_TURNS_FD, JobTurns, Result, Turns
 from timeshare.registration import register_process
@@ -227,8 +228,15 @@ def run_coordinated(
     turns = JobTurns.join(group, job, address)
     ours, theirs = socket.socketpair()
     child_env = dict(os.environ if env is None else env)
+    # The job's token: the command's GPU processes present it when they
+    # register or serve hooks (timeshare.credentials).
     child_env.update(
-        {ENV_TURNS_FD: str(theirs.fileno()), ENV_GROUP: turns.job.group, ENV_JOB: turns.job.name}
+        {
+            ENV_TURNS_FD: str(theirs.fileno()),
+            ENV_GROUP: turns.job.group,
+            ENV_JOB: turns.job.name,
+            JOB_TOKEN_ENV: turns.job.token,
+        }
     )
     try:
         process = subprocess.Popen(list(command), env=child_env, pass_fds=[theirs.fileno()])

@@ -31,7 +31,10 @@ waits free of cycles there); doing so raises.
 The callback runs in Slime's driver, which is never stopped: the pools' GPU
 processes (Megatron actors, SGLang servers) register with their nodes'
 agents (`timeshare register --group G --job J --pid PID` from the pod or
-launcher, or `timeshare.registration.register_process` inside the process).
+launcher, or `timeshare.registration.register_process` inside the process),
+each with the token of its pool's group's job (TIMESHARE_JOB_TOKEN; the
+driver's joined jobs carry them as ``.token``): the agents admit no process
+into a job without it.
 """
 
 from __future__ import annotations

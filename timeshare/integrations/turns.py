@@ -190,11 +190,11 @@ class JobTurns(Turns):
     def _enroll_now(self, hooks: WorkloadHooks | None) -> None:
         self.refuse_stopping_backends()
         if hooks is None:
-            register_process(self.job.group, self.job.name)
+            register_process(self.job.group, self.job.name, token=self.job.token)
             return
         from timeshare.hooks import serve_hooks
 
-        self._hooks = serve_hooks(hooks, self.job.group, self.job.name)
+        self._hooks = serve_hooks(hooks, self.job.group, self.job.name, token=self.job.token)
 
     def refuse_stopping_backends(self) -> None:
         """A process that asks for its own turns cannot be one that the

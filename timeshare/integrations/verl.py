@@ -126,7 +126,7 @@ def trainer_with_turns(base: type[Any], mode: str) -> type[Any]:
             hooks = ReplicaHooks(self, partial_rollout=mode != "sync")
             # This process drives the replicas; it is not itself a GPU process.
             self.timeshare_hook_server = serve_hooks(
-                hooks, turns.job.group, turns.job.name, register=False
+                hooks, turns.job.group, turns.job.name, register=False, token=turns.job.token
             )
 
         def on_init_end(self) -> None:
