@@ -9,7 +9,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from timeshare.models import JoinInput
+from timeshare.models import JoinInput, JoinOutput
 from timeshare.workers import group_client
 from timeshare.workers.gateway_errors import status_for
 
@@ -40,14 +40,15 @@ class RefusingTemporal:
     def __init__(self, refusals: int, message: str) -> None:
         self.refusals, self.message, self.calls = refusals, message, 0
 
-    async def execute_update_with_start_workflow(self, *args: Any, **kwargs: Any) -> str:
+    async def execute_update_with_start_workflow(self, *args: Any, **kwargs: Any) -> JoinOutput:
         self.calls += 1
         if self.calls <= self.refusals:
             raise RPCError(self.message, RPCStatusCode.FAILED_PRECONDITION, b"")
-        return "joined"
+        return JOINED
 
 
 JOIN = JoinInput(job="a", nodes=["n"], token_hash="hash-a")
+JOINED = JoinOutput(created=True, nodes=["n"])
 TRANSIENT = "Unable to perform workflow execution update due to unexpected workflow task failure."
 
 
@@ -56,7 +57,7 @@ async def test_a_join_refused_while_a_workflow_task_is_retried_is_sent_again(
 ) -> None:
     monkeypatch.setattr(group_client, "JOIN_RETRY_PAUSE_SECONDS", 0.01)
     temporal = RefusingTemporal(3, TRANSIENT)
-    assert await group_client.join_group(cast(Client, temporal), "g", JOIN) == "joined"
+    assert await group_client.join_group(cast(Client, temporal), "g", JOIN) == JOINED
     assert temporal.calls == 4
 
 
