@@ -436,9 +436,9 @@ class ProcessCheckpointBackend(Backend):
         if not errors:
             return locked
         await self._raise_if_failed(group, job, errors)
-        if any(isinstance(e, StateUnknown) for e in errors):
+        if any(isinstance(e, StateUnknown) for e in errors.values()):
             # A lock that may still take effect: nothing is "left running".
-            raise _first(errors, StateUnknown)
+            raise _first(list(errors.values()), StateUnknown)
         unlocked = await asyncio.gather(
             *(self._act_and_time("unlock", pid) for pid in locked), return_exceptions=True
         )
@@ -446,7 +446,8 @@ class ProcessCheckpointBackend(Backend):
             pid for pid, o in zip(locked, unlocked, strict=True) if isinstance(o, BaseException)
         ]
         raise BackendError(
-            f"job {group}/{job} could not be locked, left running: {_first(errors, BackendError)}"
+            f"job {group}/{job} could not be locked, left running: "
+            f"{_first(list(errors.values()), BackendError)}"
             + (f" (and processes {stuck} could not be unlocked again)" if stuck else "")
         )
 
@@ -478,8 +479,8 @@ class ProcessCheckpointBackend(Backend):
         self._record(group, job, done)
         if errors:
             await self._raise_if_failed(group, job, errors)
-            unknown = [e for e in errors if isinstance(e, StateUnknown)]
-            first = unknown[0] if unknown else _first(errors, BackendError)
+            unknown = [e for e in errors.values() if isinstance(e, StateUnknown)]
+            first = unknown[0] if unknown else _first(list(errors.values()), BackendError)
             ok = [rank.pid for rank in done]
             raise type(first)(
                 f"job {group}/{job}: {first}" + (f"; {action} of {ok} succeeded" if ok else "")
@@ -488,15 +489,15 @@ class ProcessCheckpointBackend(Backend):
 
     async def _still_there(
         self, pids: list[int], outcomes: list[float | BaseException]
-    ) -> list[BaseException]:
+    ) -> dict[int, BaseException]:
         """The failures of processes that still hold a CUDA context: one that
         exited meanwhile has no state left to move."""
-        errors = []
+        errors = {}
         for pid, outcome in zip(pids, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 gone = not alive(pid) or not await self._is_cuda(pid)
                 if isinstance(outcome, StateUnknown) or not gone:
-                    errors.append(outcome)
+                    errors[pid] = outcome
         return errors
 
     async def _check_all(self, group: str, job: str, wanted: CudaState, what: str) -> None:
@@ -511,15 +512,23 @@ class ProcessCheckpointBackend(Backend):
                 f"not {wanted}; the switch fails rather than report them moved"
             )
 
-    async def _raise_if_failed(self, group: str, job: str, errors: list[BaseException]) -> None:
-        """A failed call that left a process FAILED is terminal (JobFailed)."""
+    async def _raise_if_failed(
+        self, group: str, job: str, errors: dict[int, BaseException]
+    ) -> None:
+        """A failed call that left a process FAILED is terminal (JobFailed);
+        so is one whose process exited after it failed (as a FAILED process
+        does at its next CUDA call): the job has lost that rank."""
         try:
             await self.states(group, job)
         except JobFailed:
             raise
         except BackendError:
             pass
-        for error in errors:
+        exited = sorted(pid for pid, error in errors.items() if not alive(pid))
+        if exited:
+            self._failed.setdefault((group, job), set()).update(exited)
+            raise JobFailed(group, job, _failed_message(group, job, exited, self.node))
+        for error in errors.values():
             if not isinstance(error, BackendError):
                 raise error
 
