@@ -1,6 +1,6 @@
 """acquire_all: a job holding two groups at once (a trainer pool and a sampler
 pool during weight sync) cannot deadlock with others doing the same, however
-each lists its groups. Three jobs, each a member of two groups, take 80
+each lists its groups. Three jobs, each a member of two groups, take 200
 rounds of both-groups turns, each round listing the groups in a random
 order, beside a fourth job that takes plain turns in one group. Each job has
 nodes of its own (so turns need no switches after the first: the test is about
@@ -20,7 +20,7 @@ from tests.conftest import SimNodes
 from timeshare.errors import InvalidArgument
 from timeshare.models import GroupPolicy
 
-ROUNDS = 80
+ROUNDS = 200
 
 
 async def test_three_jobs_over_two_groups_never_deadlock(

@@ -19,8 +19,10 @@ from tests.polling import wait_until_async
 from timeshare.history import GroupHistory
 
 STATE_BYTES = 2**26
-# Sample 0.4 s, reward 0.6 s on the CPU, train 0.1 s: two turns an iteration.
-ITERATION = "gpu:0.4,cpu:0.6,gpu:0.1"
+# Sample 0.8 s, reward 1.2 s on the CPU, train 0.1 s: two turns an iteration,
+# the sample turn 0.7 s longer than the train turn, however slow the stack
+# (a turn's length in the history includes the grant's and the yield's trips).
+ITERATION = "gpu:0.8,cpu:1.2,gpu:0.1"
 TURNS_WANTED = 6
 
 
@@ -121,7 +123,7 @@ async def test_profiles_and_advice_from_live_group_histories(
     for job in document["jobs"]:
         phases = job["iteration"]
         gpu = [p["gpu"] for p in phases if p["gpu"] is not None]
-        # Two turns an iteration, the sample turn four times the train turn,
+        # Two turns an iteration, the sample turn eight times the train turn,
         # the reward between them the longest time off the GPU: the pattern,
         # whatever the stack's latencies add to each figure.
         assert len(gpu) == 2 and gpu[0] > 2 * gpu[1], phases
