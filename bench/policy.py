@@ -3,9 +3,12 @@
 
     python -m bench.policy            # 40 s per scenario
     python -m bench.policy --quick    # 12 s per scenario
+    python -m bench.policy --seconds S
 
-1. fairness: two jobs always want the GPU, one holding 0.6 s turns and the
-   other 0.1 s turns; Jain's index of their GPU-seconds under FIFO and fair.
+1. fairness: three jobs always want the GPU, one holding 0.6 s turns and two
+   holding 0.1 s turns; Jain's index of their GPU-seconds under FIFO and fair.
+   (With two such jobs every ordering alternates them: when one yields, the
+   other is the only waiter. Fair share orders waiters; it cannot preempt.)
 2. priority: three low-priority jobs keep the GPU busy; a high-priority job
    asks for a 0.2 s turn every second; p50 waits, against the same load with
    everyone at one priority.
@@ -64,18 +67,20 @@ async def fairness(stack: LocalStack, ordering: str, seconds: float) -> float:
     policy = GroupPolicy(ordering=ordering)  # type: ignore[arg-type]
     async with timeshare.aio.connect(stack.address) as api:
         long = await api.join(group, "long", [stack.node], policy=policy)
-        short = await api.join(group, "short", [stack.node])
+        shorts = [await api.join(group, f"short-{n}", [stack.node]) for n in range(2)]
         until = asyncio.get_running_loop().time() + seconds
         log = Log()
-        await asyncio.gather(busy(long, 0.6, until, log), busy(short, 0.1, until, log))
+        await asyncio.gather(
+            busy(long, 0.6, until, log), *(busy(short, 0.1, until, log) for short in shorts)
+        )
         status = await api.get_group(group)
-        for job in (long, short):
+        for job in (long, *shorts):
             await job.leave()
     return jain([j.held_seconds for j in status.jobs])
 
 
 async def priority(stack: LocalStack, prioritised: bool, seconds: float) -> tuple[float, float]:
-    group = f"prio-{prioritised}-{uuid.uuid4().hex[:6]}"
+    group = f"prio-{'on' if prioritised else 'off'}-{uuid.uuid4().hex[:6]}"
     async with timeshare.aio.connect(stack.address) as api:
         lows = [await api.join(group, f"low-{i}", [stack.node]) for i in range(3)]
         high = await api.join(group, "high", [stack.node], priority=5 if prioritised else 0)
@@ -101,7 +106,8 @@ async def priority(stack: LocalStack, prioritised: bool, seconds: float) -> tupl
 
 async def trainer_first(stack: LocalStack, variant: str, seconds: float) -> float:
     """The trainer's mean step time (0.5 s on the GPU, 0.5 s off it)."""
-    group = f"trainer-{variant}-{uuid.uuid4().hex[:6]}"
+    slug = "-".join(word for word in variant.split() if word != "+")
+    group = f"trainer-{slug}-{uuid.uuid4().hex[:6]}"
     policies = {
         "alone": GroupPolicy(),
         "fifo": GroupPolicy(ordering="fifo"),
@@ -154,8 +160,9 @@ async def run(stack: LocalStack, seconds: float) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description="Fair share, priorities and phase priority.")
     parser.add_argument("--quick", action="store_true", help="shorter scenarios")
+    parser.add_argument("--seconds", type=float, help="per scenario (default 40, quick 12)")
     args = parser.parse_args()
-    seconds = 12.0 if args.quick else 40.0
+    seconds = args.seconds or (12.0 if args.quick else 40.0)
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as scratch:
         stack = LocalStack(Path(scratch), state_gib=0.0)

@@ -195,7 +195,7 @@ def unique() -> str:
 LONG_FILES = [
     "test_faults.py", "test_chaos.py", "test_scale_bench.py", "test_packaging.py",
     "test_multigroup.py", "test_gpu_switch.py", "test_multinode.py", "test_end_to_end.py",
-    "test_trl_grpo.py", "test_emulator_end_to_end.py", "test_grpo_toy.py",
+    "test_trl_grpo.py", "test_emulator_end_to_end.py", "test_policy_bench.py", "test_grpo_toy.py",
 ]  # fmt: skip
 
 

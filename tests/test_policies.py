@@ -62,17 +62,21 @@ def hold(queue: LockQueue, job: str, start: float, seconds: float, phase: str = 
 
 
 def cycle(queue: LockQueue, turns: dict[str, float], grants: int) -> dict[str, float]:
-    """Every job always wants the GPU; each holds its own turn length. GPU-seconds per job."""
+    """Every job always wants the GPU; each holds its own turn length. As in
+    the workflow, the next turn is granted when the holder yields, before
+    that holder's next request arrives. GPU-seconds per job."""
     now = 0.0
     for job in turns:
         queue.request(job, f"{job}-0", now=now)
+    holder = grant_next(queue, now)
     for n in range(grants):
-        holder = grant_next(queue, now)
         turn = queue.state.turn
-        assert turn is not None
+        assert turn is not None and turn.job == holder
         now += turns[holder]
         queue.release(holder, turn.epoch, now=now)
+        following = grant_next(queue, now)
         queue.request(holder, f"{holder}-{n + 1}", now=now)
+        holder = following
     return {job: entry.held_seconds for job, entry in queue.state.jobs.items()}
 
 
@@ -81,17 +85,31 @@ def jain(values: list[float]) -> float:
 
 
 def test_fair_share_evens_out_gpu_time_where_fifo_gives_it_to_long_turns() -> None:
-    turns = {"long": 0.6, "short": 0.1}
-    fifo = cycle(group(GroupPolicy(ordering="fifo"), long=(1, 0), short=(1, 0)), turns, 200)
-    fair = cycle(group(long=(1, 0), short=(1, 0)), turns, 200)
-    assert fifo["long"] == pytest.approx(6 * fifo["short"], rel=0.05)
+    turns = {"long": 0.6, "short-a": 0.1, "short-b": 0.1}
+    fifo = cycle(group(GroupPolicy(ordering="fifo"), **dict.fromkeys(turns, (1, 0))), turns, 300)
+    fair = cycle(group(**dict.fromkeys(turns, (1, 0))), turns, 300)
+    assert fifo["long"] == pytest.approx(6 * fifo["short-a"], rel=0.05)
     assert jain(list(fifo.values())) < 0.8
     assert jain(list(fair.values())) > 0.99
 
 
+def test_two_jobs_that_always_want_the_gpu_alternate_whatever_the_ordering() -> None:
+    # Work-conserving: when one yields, the other is the only waiter and gets
+    # the GPU; no ordering of waiters can change a share between two jobs.
+    turns = {"long": 0.6, "short": 0.1}
+    for policy in (GroupPolicy(ordering="fifo"), GroupPolicy()):
+        used = cycle(group(policy, long=(1, 0), short=(1, 0)), turns, 200)
+        assert used["long"] == pytest.approx(6 * used["short"], rel=0.05)
+
+
 def test_weights_scale_the_share() -> None:
-    used = cycle(group(heavy=(3, 0), light=(1, 0)), {"heavy": 0.1, "light": 0.1}, 400)
-    assert used["heavy"] == pytest.approx(3 * used["light"], rel=0.05)
+    # (A job never waits at its own yield, so no weight gets it more than
+    # every other turn: here its share is 2/5, within that.)
+    lights = {f"light-{n}": 0.1 for n in range(3)}
+    turns = {"heavy": 0.1, **lights}
+    used = cycle(group(heavy=(2, 0), **dict.fromkeys(lights, (1, 0))), turns, 500)
+    for light in lights:
+        assert used["heavy"] == pytest.approx(2 * used[light], rel=0.05)
 
 
 def test_a_newcomer_starts_level_with_the_least_served_member() -> None:
