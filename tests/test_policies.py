@@ -294,8 +294,9 @@ def test_a_bad_phase_or_weight_is_refused() -> None:
 def test_fair_shares_stay_within_one_turn_of_each_other(
     weights: list[float], lengths: list[float]
 ) -> None:
-    """Jobs that always want the GPU: after every turn, no two shares differ by
-    more than T / w_min (T the longest turn): the bound docs and ordering.py state."""
+    """Jobs that are all waiting at every grant (each asks again as it yields):
+    after every turn, no two shares differ by more than T / w_min (T the
+    longest turn), the bound the docs and ordering.py state."""
     names = [f"j{i}" for i in range(len(weights))]
     queue = group(None, **{name: (weight, 0) for name, weight in zip(names, weights, strict=True)})
     now = 0.0
