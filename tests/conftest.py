@@ -188,14 +188,18 @@ def unique() -> str:
     return uuid.uuid4().hex[:8]
 
 
-# Test files that run for tens of seconds (whole stacks, benchmarks, real
-# trainers), slowest first: run first, so that `make test`'s test processes
-# (pytest-xdist, a file to a process) end together rather than one of them
-# finishing a long file alone.
+# Test files that run for ten seconds or more (whole stacks, benchmarks, real
+# trainers), roughly slowest first: run first, so that `make test`'s test
+# processes (pytest-xdist, a file to a process) end together rather than one
+# of them finishing a long file alone.
 LONG_FILES = [
     "test_faults.py", "test_chaos.py", "test_scale_bench.py", "test_packaging.py",
     "test_multigroup.py", "test_gpu_switch.py", "test_multinode.py", "test_end_to_end.py",
     "test_trl_grpo.py", "test_emulator_end_to_end.py", "test_policy_bench.py", "test_grpo_toy.py",
+    "test_conformance.py", "test_self_healing.py", "test_turn_watch.py", "test_access.py",
+    "test_checkpoint_backends.py", "test_lockqueue.py", "test_rpc_fuzz.py", "test_tenants.py",
+    "test_replay.py", "test_placement_live.py", "test_agent_restart.py", "test_replicas.py",
+    "test_observability.py", "test_deploy.py",
 ]  # fmt: skip
 
 
