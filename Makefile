@@ -29,10 +29,11 @@ demo: install
 
 # Three test processes (most tests wait on stacks of processes more than they
 # compute), each with its own Temporal dev server and workers, a test
-# file to one of them at a time (module fixtures stay in one process).
+# file to one of them at a time (module fixtures stay in one process), in the
+# order of tests/conftest.py (its long files first), not by number of tests.
 TEST_WORKERS ?= 3
 test: install chromium
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Headless Chromium for the report's browser test (pytest marker `browser`): installed
 # here with apt when this is root on Debian/Ubuntu and it is missing; elsewhere the test
