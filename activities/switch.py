@@ -361,12 +361,16 @@ async def _step(action: Awaitable[BackendAction], failure_type: str) -> BackendA
 @contextlib.asynccontextmanager
 async def _heartbeating() -> AsyncIterator[None]:
     """Heartbeat while the backend works, so a dead agent is noticed within
-    the heartbeat timeout rather than the activity's whole time limit."""
+    the heartbeat timeout rather than the activity's whole time limit. The
+    first beat waits a period: a switch that ends sooner (most do) sends
+    none, and its completion does not queue behind a heartbeat call."""
+    timeout = activity.info().heartbeat_timeout
+    period = min(HEARTBEAT_SECONDS, timeout.total_seconds() / 3) if timeout else HEARTBEAT_SECONDS
 
     async def beat() -> None:
         while True:
+            await asyncio.sleep(period)
             activity.heartbeat()
-            await asyncio.sleep(HEARTBEAT_SECONDS)
 
     task = asyncio.create_task(beat())
     try:

@@ -239,7 +239,8 @@ def test_a_turn_granted_as_its_caller_left_is_given_back() -> None:
 
 class LockQueueMachine(RuleBasedStateMachine):
     """Random interleavings of join, acquire, yield, heartbeat, lease expiry,
-    turn-limit preemption, leave, eviction, timeout and failed switches.
+    turn-limit preemption, leave, eviction, timeout, failed switches and
+    prefetches (switches nobody asked for yet).
 
     Beside the queue, the machine keeps what the nodes really hold, moved only
     by switches as an agent would move it; the invariants are checked against
@@ -357,6 +358,32 @@ class LockQueueMachine(RuleBasedStateMachine):
         else:
             self.move_state(plan.moves, [move.node for move in plan.moves])
             self.queue.finish_switch(self.tick())
+        self.record()
+
+    @rule(job=jobs)
+    def prefetch(self, job: str) -> None:
+        """Any job may be brought in ahead of its request while the group is
+        idle (which one is worth it is LockQueue.prefetch_target's guess)."""
+        with contextlib.suppress(QueueError):
+            self.queue.begin_prefetch(job, self.tick())
+
+    @precondition(
+        lambda self: self.queue.state.switching is not None and self.queue.state.switching.prefetch
+    )
+    @rule(ok=st.booleans(), data=st.data())
+    def end_prefetch(self, ok: bool, data: st.DataObject) -> None:
+        plan = self.queue.state.switching
+        assert plan is not None
+        nodes = [move.node for move in plan.moves]
+        if ok:
+            self.move_state(plan.moves, nodes)
+            self.queue.finish_switch(self.tick(), restored=True)
+        else:
+            failed = data.draw(st.lists(st.sampled_from(nodes), min_size=1, unique=True))
+            done = [node for node in nodes if node not in failed]
+            self.move_state(plan.moves, done)
+            self.queue.switch_failed("checkpoint fails", done, failed)
+            self.queue.abort_switch("", self.tick())
         self.record()
 
     def move_state(self, moves: list[StoredMove], nodes: list[str]) -> None:

@@ -25,6 +25,7 @@ import timeshare.aio
 from bench.stack import free_port, timeshare_command
 from tests.conftest import REPO, SimNodes, wait_for_line
 from tests.gateways import RunningGateway, start_gateway
+from timeshare.models import GroupPolicy
 from timeshare.names import group_workflow_id
 from timeshare.workers.service import connect_temporal
 from timeshare.workers.telemetry import Telemetry
@@ -76,8 +77,10 @@ async def traced(
 
 async def take_turns(address: str, group: str, node: str) -> None:
     api = timeshare.aio.connect(address)
+    # No prefetch: every switch is one a turn asked for, so they can be counted.
+    policy = GroupPolicy(prefetch="off")
     try:
-        a = await api.join(group, "a", [node])
+        a = await api.join(group, "a", [node], policy)
         b = await api.join(group, "b", [node])
         for _ in range(TURNS_EACH):
             for job in (a, b):

@@ -19,6 +19,7 @@ CoResidency = Literal["auto", "off"]
 # fair: the next turn goes to the waiter with the least GPU time for its weight;
 # fifo: to the first that asked. Either within a priority (see docs/user-guide.md).
 Ordering = Literal["fair", "fifo"]
+Prefetch = Literal["auto", "off"]
 PHASE_MAX_CHARS = 63
 PRIORITY_LIMIT = 1000
 MAX_GPUS_PER_NODE = 256
@@ -42,6 +43,9 @@ class GroupPolicy(BaseModel):
     # Continue as new after this many grants even if Temporal does not ask; 0 = only when asked.
     continue_as_new_every: int = Field(default=0, ge=0)
     co_residency: CoResidency = "auto"
+    # "auto": while the GPUs sit idle, the job expected to ask next is
+    # brought onto them ahead of its request (see LockQueue.prefetch_target).
+    prefetch: Prefetch = "auto"
     ordering: Ordering = "fair"
     # Fair share remembers at most this much unused GPU time (per unit of
     # weight) for a job that comes back after a while away.

@@ -149,10 +149,11 @@ def _phases(spec: SyntheticJobSpec) -> list[tuple[str, bool, float, str]]:
     if spec.iteration is not None:
         return [("gpu" if p.on_gpu else "cpu", p.on_gpu, p.seconds, p.phase)
                 for p in spec.iteration]  # fmt: skip
+    # Each acquire names its phase, as the framework integrations do.
     return [
-        ("sample", True, spec.sample_seconds, ""),
+        ("sample", True, spec.sample_seconds, "sample"),
         ("reward", False, spec.reward_seconds, ""),
-        ("train", True, spec.train_seconds, ""),
+        ("train", True, spec.train_seconds, "train"),
     ]
 
 

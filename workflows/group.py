@@ -91,6 +91,10 @@ STEADY_TIMER_PATCH = "timeshare-steady-timer"
 # group waited; from it on, that job is evicted once the switch activity's
 # retries are spent, and the switch goes on without it.
 HOOK_FAILURES_PATCH = "timeshare-evict-failing-hooks"
+# From this change on, an idle group brings the job expected to ask next onto
+# its nodes before it asks (GroupPolicy.prefetch); a group created before it
+# replays with the policy's new default, so the patch, not the policy, decides.
+PREFETCH_PATCH = "timeshare-prefetch"
 
 
 class GroupInput(BaseModel):
@@ -170,6 +174,10 @@ class GroupWorkflow:
                 await self._continue_as_new(input.group)
             elif self._queue.needs_switch():
                 await self._switch()
+            else:
+                target = self._queue.prefetch_target(self._now())
+                if target is not None and workflow.patched(PREFETCH_PATCH):
+                    await self._switch(prefetch=target)
 
     def _arm(self, deadline: float | None) -> None:
         """Keep the timer that rings first at or before ``deadline``; a timer
@@ -491,8 +499,15 @@ class GroupWorkflow:
 
     # -- switches -------------------------------------------------------------
 
-    async def _switch(self) -> None:
-        plan = self._queue.begin_switch(self._now(), whole_jobs=workflow.patched(WHOLE_JOBS_PATCH))
+    async def _switch(self, prefetch: str = "") -> None:
+        """Carry out the next switch: to the next waiter, or with ``prefetch``,
+        bringing that job onto its nodes before it asks."""
+        whole_jobs = workflow.patched(WHOLE_JOBS_PATCH)
+        plan = (
+            self._queue.begin_prefetch(prefetch, self._now(), whole_jobs)
+            if prefetch
+            else self._queue.begin_switch(self._now(), whole_jobs=whole_jobs)
+        )
         while True:
             self._publish()
             results: list[SwitchOutput | MoveFailure] = []

@@ -59,6 +59,7 @@ class StoredPolicy(StoredModel):
     agent_timeout_seconds: float = 30.0
     continue_as_new_every: int = 0
     co_residency: Literal["auto", "off"] = "auto"
+    prefetch: Literal["auto", "off"] = "off"
     gpus: list[int] = Field(default_factory=list)
     ordering: Literal["fair", "fifo"] = "fifo"
     fair_credit_seconds: float = 60.0
@@ -77,7 +78,7 @@ class StoredPolicy(StoredModel):
 
 
 # StoredPolicy's defaults that differ from GroupPolicy's, on purpose.
-LEGACY_DEFAULTS = {"idle_lease_seconds", "ordering"}
+LEGACY_DEFAULTS = {"idle_lease_seconds", "ordering", "prefetch"}
 
 
 class StoredGrant(StoredModel):
@@ -158,6 +159,14 @@ class JobEntry(StoredModel):
     priority: int = 0
     # GPU-seconds used divided by weight: fair ordering serves the least first.
     share_seconds: float = 0.0
+    # When the job last yielded, and the phase of that turn (0: it has asked
+    # since); how long after a turn of each phase it asked again (a running
+    # mean): when it is expected to ask next, for prefetch.
+    yielded_at: float = 0.0
+    yielded_phase: str = ""
+    ask_gaps: dict[str, float] = Field(default_factory=dict)
+    # Its state was brought back ahead of its request: its next grant says so.
+    restored_ahead: bool = False
 
 
 class Waiter(StoredModel):
@@ -186,6 +195,9 @@ class SwitchPlan(StoredModel):
     number: int = 0
     # Planned by a scheduler whose jobs leave as a whole (quiesce first).
     whole_jobs: bool = False
+    # Brings ``waiter.job`` (which has not asked: ticket 0) onto its nodes
+    # ahead of its request; nobody is granted when it finishes.
+    prefetch: bool = False
 
     def quiesce_moves(self) -> list[StoredMove]:
         """Where jobs that leave more than one node must first be stopped:

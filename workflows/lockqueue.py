@@ -19,6 +19,9 @@ Rules:
   on while another's state is gone);
 - when the next job is already resident everywhere it runs, the grant is
   immediate and no node is touched (the lazy, "deferred snapshot" path);
+- while nobody holds or waits, the job expected to ask first may be brought
+  onto its nodes ahead of its request (prefetch), so that its request is
+  granted at once; nobody is granted when that switch ends;
 - every joined job holds a lease renewed by its messages; a job whose lease
   runs out is evicted, its turn (if any) passes on, and its next call is told
   why;
@@ -59,6 +62,10 @@ LEGACY, IDLE, HELD = "legacy", "idle", "held"
 # Marks a node whose state a failed switch left uncertain: any job needs a
 # switch there before it may be granted.
 UNKNOWN_RESIDENT = "?"
+# Phases whose ask gaps a job keeps (the oldest is forgotten first).
+MAX_PHASES_REMEMBERED = 16
+# An expected request this late (beyond its own gap) is no longer expected.
+PREFETCH_LATE_SECONDS = 1.0
 
 
 class QueueError(Exception):
@@ -299,6 +306,7 @@ class LockQueue:
                 if waiter.request_id == request_id:
                     waiter.call_id = call_id
         else:
+            self._note_ask(self.state.jobs[job], now)
             self.state.queue.append(
                 Waiter(
                     job=job,
@@ -405,6 +413,8 @@ class LockQueue:
             return 0.0
         assert turn is not None
         held = self._charge(job, turn, now) if entry is not None else 0.0
+        if entry is not None:
+            entry.yielded_at, entry.yielded_phase = now, turn.phase
         self._end_turn(turn, now, "")
         self.state.turn = None
         self.state.since = now
@@ -559,6 +569,9 @@ class LockQueue:
         waiter = self._next_waiter(now)
         if not self.needs_switch() or waiter is None:
             raise QueueError(Refusal.FAILED_PRECONDITION, "no switch is due")
+        return self._begin(waiter, now, whole_jobs, prefetch=False)
+
+    def _begin(self, waiter: Waiter, now: float, whole_jobs: bool, prefetch: bool) -> SwitchPlan:
         self.state.plans += 1
         moves = self.moves_for(waiter.job)
         if whole_jobs:
@@ -570,10 +583,67 @@ class LockQueue:
             started_at=now,
             number=self.state.plans,
             whole_jobs=whole_jobs,
+            prefetch=prefetch,
         )
         self.state.switching = plan
         self.state.since = now
         return plan
+
+    # -- prefetch -------------------------------------------------------------
+
+    def _idle(self) -> bool:
+        """Nobody holds, waits or is being switched in, and the group may grant."""
+        s = self.state
+        return s.turn is None and s.switching is None and not s.queue and not s.paused
+
+    def expected_ask(self, job: str, now: float) -> float | None:
+        """When the job is expected to ask again: as long after its last yield
+        as it took after its recent turns of the same phase (RL jobs repeat
+        their phases); None when unknown, or long overdue."""
+        entry = self.state.jobs[job]
+        gap = entry.ask_gaps.get(entry.yielded_phase)
+        if not entry.yielded_at or gap is None:
+            return None
+        expected = entry.yielded_at + gap
+        return expected if now <= expected + gap + PREFETCH_LATE_SECONDS else None
+
+    def prefetch_target(self, now: float) -> str | None:
+        """The job worth bringing onto its nodes now, ahead of its request:
+        while the group is idle, the job expected to ask first, if it is not
+        resident already and every job it would evict is expected later."""
+        s = self.state
+        if not self.policies or s.policy.prefetch != "auto" or not self._idle():
+            return None
+        expected = {job: self.expected_ask(job, now) for job in s.jobs}
+        known = {job: at for job, at in expected.items() if at is not None}
+        if not known:
+            return None
+        target = min(known, key=lambda job: (known[job], job))
+        moves = self.moves_for(target)
+        if not moves or set(s.drained).intersection(s.jobs[target].nodes):
+            return None
+        evicted = {job for move in moves + self._leaving_elsewhere(moves) for job in move.evict}
+        if any(known.get(job, known[target]) <= known[target] for job in evicted):
+            return None
+        return target
+
+    def begin_prefetch(self, job: str, now: float, whole_jobs: bool = True) -> SwitchPlan:
+        """Plan the switch that brings ``job`` onto its nodes before it asks."""
+        self._clock = max(self._clock, now)
+        if not self._idle() or job not in self.state.jobs or not self.moves_for(job):
+            raise QueueError(Refusal.FAILED_PRECONDITION, f"no prefetch of job {job!r} is due")
+        return self._begin(Waiter(job=job, request_id="", ticket=0, since=now), now, whole_jobs,
+                           prefetch=True)  # fmt: skip
+
+    def _note_ask(self, entry: JobEntry, now: float) -> None:
+        if not entry.yielded_at:
+            return
+        gap = max(0.0, now - entry.yielded_at)
+        before = entry.ask_gaps.pop(entry.yielded_phase, None)
+        entry.ask_gaps[entry.yielded_phase] = gap if before is None else (before + gap) / 2
+        while len(entry.ask_gaps) > MAX_PHASES_REMEMBERED:
+            del entry.ask_gaps[next(iter(entry.ask_gaps))]
+        entry.yielded_at = 0.0
 
     def switch_target_waits(self) -> bool:
         plan = self.state.switching
@@ -636,6 +706,9 @@ class LockQueue:
         plan = self._plan()
         for move in plan.moves:
             self._now_resident(move)
+        prefetched = self.state.jobs.get(plan.waiter.job) if plan.prefetch else None
+        if prefetched is not None and restored:
+            prefetched.restored_ahead = True
         self.state.switching = None
         self.state.degraded_cause = ""
         self.state.switches += 1
@@ -912,6 +985,7 @@ class LockQueue:
         entry.turns += 1
         entry.waited_seconds += waited
         entry.preempted = False
+        restored_ahead, entry.restored_ahead = entry.restored_ahead, False
         after_switch = switched is not None and switched[0] == waiter.ticket
         switch_seconds = switched[1] if switched and after_switch else 0.0
         self.state.since = now
@@ -924,7 +998,7 @@ class LockQueue:
             waited_seconds=waited,
             switch_seconds=switch_seconds,
             resumes_epoch=waiter.resumes_epoch,
-            context_restored=bool(switched and after_switch and switched[2]),
+            context_restored=bool(switched and after_switch and switched[2]) or restored_ahead,
             phase=waiter.phase,
         )
         self.state.recent_turns.append(

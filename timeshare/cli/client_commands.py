@@ -139,6 +139,7 @@ def _synthetic_job_command(commands: Subparsers) -> None:
     job.add_argument("--lease-seconds", type=PERIOD, help="group policy, if this job makes it")
     job.add_argument("--agent-timeout-seconds", type=PERIOD, help="group policy, likewise")
     job.add_argument("--co-residency", choices=["auto", "off"], help="group policy, likewise")
+    job.add_argument("--prefetch", choices=["auto", "off"], help="group policy, likewise")
     job.add_argument("--weight", type=WEIGHT, default=1.0, help="the job's weight (fair share)")
     job.add_argument("--priority", type=PRIORITY, default=0, help="the job's priority")
     job.add_argument("--ordering", choices=["fair", "fifo"], help="group policy, likewise")
@@ -260,6 +261,7 @@ def run_synthetic_job(args: argparse.Namespace) -> int:
             lease_seconds=args.lease_seconds or 30.0,
             agent_timeout_seconds=args.agent_timeout_seconds or 30.0,
             co_residency=args.co_residency or "auto",
+            prefetch=args.prefetch or "auto",
             ordering=args.ordering or "fair",
         ),
         hooks=args.hooks,

@@ -1,0 +1,193 @@
+"""Prefetch: while a group's GPUs sit idle, the job expected to ask next is
+brought onto them before it asks, so that its acquire is granted at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from temporalio.client import Client
+
+from tests.conftest import SimNodes
+from tests.groups import acquire, eventually, group_on_one_node, release
+from timeshare.models import GroupPolicy
+from timeshare.workflows.group_state import RULES_POLICIES, GroupState, StoredPolicy
+from timeshare.workflows.lockqueue import LockQueue, QueueError
+
+# A GRPO-like job: sampling, the reward on the CPU, then training and at once
+# the next iteration's sampling; two such jobs take turns.
+REWARD_SECONDS = 1.5
+# How long each turn of the live test is held.
+HOLD_SECONDS = 0.3
+
+
+def policy_queue(prefetch: str = "auto", rules: int = RULES_POLICIES) -> LockQueue:
+    policy = StoredPolicy.stored(GroupPolicy(prefetch=prefetch))  # type: ignore[arg-type]
+    queue = LockQueue(GroupState(group="g", rules=rules, policy=policy))
+    for job in ("a", "b"):
+        queue.join(job, ["n1"], f"hash-{job}", now=0.0)
+    return queue
+
+
+def turn(queue: LockQueue, job: str, phase: str, at: float, hold: float = 0.5) -> float:
+    """The job asks at ``at``, is switched in if it must be, holds, yields;
+    returns when it yielded."""
+    queue.request(job, f"{job}-{phase}-{at}", now=at, phase=phase)
+    if queue.needs_switch():
+        queue.begin_switch(now=at)
+        queue.finish_switch(now=at, restored=True)
+    granted = queue.state.turn
+    assert granted is not None and granted.job == job
+    queue.release(job, granted.epoch, now=at + hold)
+    return at + hold
+
+
+def block(queue: LockQueue, job: str, at: float) -> float:
+    """Training, then at once sampling: returns when the job yielded."""
+    return turn(queue, job, "sample", turn(queue, job, "train", at))
+
+
+def learned(queue: LockQueue) -> float:
+    """Both jobs have shown their pattern: each asks for training 1.5 s
+    after it yields sampling, and for sampling as soon as it yields training.
+    b yielded sampling just now (4.5, returned); a is due at 5.0, b at 6.0."""
+    a_done = block(queue, "a", 0.0)  # a: 0.0 - 1.0
+    b_done = block(queue, "b", a_done)  # b: 1.0 - 2.0
+    a_done = block(queue, "a", a_done + REWARD_SECONDS)  # a: 2.5 - 3.5
+    return block(queue, "b", b_done + REWARD_SECONDS)  # b: 3.5 - 4.5
+
+
+def test_an_idle_gpu_takes_in_the_job_expected_to_ask_next() -> None:
+    queue = policy_queue()
+    now = learned(queue)
+    assert now == pytest.approx(4.5)
+    assert queue.expected_ask("a", now) == pytest.approx(5.0)
+    assert queue.expected_ask("b", now) == pytest.approx(6.0)
+    assert queue.prefetch_target(now) == "a"
+    plan = queue.begin_prefetch("a", now)
+    assert plan.prefetch and [(m.node, m.admit, m.evict) for m in plan.moves] == [
+        ("n1", "a", ["b"])
+    ]
+    assert queue.status(now).state == "switching"
+    assert queue.finish_switch(now + 0.1, restored=True) is None
+    assert queue.state.turn is None and queue.state.resident == {"n1": "a"}
+    assert queue.prefetch_target(now + 0.1) is None  # a is there already
+    grant = queue.request("a", "a-train", now=5.0, phase="train")
+    assert grant is not None and grant.switch_seconds == 0.0
+    # Its state did come back from host memory, ahead of the request.
+    assert grant.context_restored
+
+
+def test_no_prefetch_while_the_yielder_is_expected_back_first() -> None:
+    queue = policy_queue()
+    now = learned(queue)
+    # a trains and yields: it is expected to ask for sampling at once.
+    yielded = turn(queue, "a", "train", now + 0.5)
+    assert queue.expected_ask("a", yielded) == pytest.approx(yielded)
+    assert queue.prefetch_target(yielded) is None
+
+
+def test_a_job_that_asks_during_a_prefetch_waits_and_is_switched_back() -> None:
+    queue = policy_queue()
+    now = learned(queue)
+    queue.begin_prefetch("a", now)
+    assert queue.request("b", "b-early", now=now + 0.05, phase="train") is None
+    assert not queue.needs_switch()  # the prefetch completes first
+    assert queue.finish_switch(now + 0.1) is None
+    assert queue.needs_switch()
+    plan = queue.begin_switch(now + 0.1)
+    assert [(m.node, m.admit, m.evict) for m in plan.moves] == [("n1", "b", ["a"])]
+    grant = queue.finish_switch(now + 0.2)
+    assert grant is not None and grant.job == "b"
+
+
+def test_the_prefetched_job_asking_meanwhile_is_granted_when_it_ends() -> None:
+    queue = policy_queue()
+    now = learned(queue)
+    queue.begin_prefetch("a", now)
+    assert queue.request("a", "a-early", now=now + 0.05, phase="train") is None
+    grant = queue.finish_switch(now + 0.1, restored=True)
+    # Not the prefetch's grant: a's own request, granted once a was there.
+    assert grant is None
+    turn_now = queue.state.turn
+    assert turn_now is not None and turn_now.job == "a" and turn_now.context_restored
+
+
+def test_a_failed_prefetch_refuses_nobody_and_leaves_what_the_node_said() -> None:
+    queue = policy_queue()
+    now = learned(queue)
+    queue.begin_prefetch("a", now)
+    queue.switch_failed("restore failed", done=[], failed=["n1"])
+    queue.abort_switch("restore failed", now + 0.1)
+    assert queue.state.switching is None and not queue.state.aborted_requests
+    assert set(queue.state.jobs) == {"a", "b"}
+    # The node's state is uncertain: the next grant there switches first.
+    grant = queue.request("b", "b-next", now=now + 1.0, phase="train")
+    assert grant is None and queue.needs_switch()
+
+
+@pytest.mark.parametrize(
+    ("prefetch", "rules"), [("off", RULES_POLICIES), ("auto", 1)], ids=["off", "legacy group"]
+)
+def test_groups_without_prefetch_never_plan_one(prefetch: str, rules: int) -> None:
+    queue = policy_queue(prefetch, rules)
+    now = learned(queue)
+    assert queue.prefetch_target(now) is None
+
+
+def test_nothing_is_prefetched_without_a_pattern_or_for_an_overdue_job() -> None:
+    queue = policy_queue()
+    turn(queue, "a", "sample", 0.0)
+    assert queue.prefetch_target(0.5) is None  # nobody has asked twice
+    learned(queue)
+    # a was due at 5.0; long after, it is no longer expected.
+    assert queue.expected_ask("a", 20.0) is None
+
+
+def test_no_prefetch_while_a_request_waits_or_a_turn_is_held() -> None:
+    queue = policy_queue()
+    now = learned(queue)
+    queue.request("b", "b-held", now=now, phase="train")
+    assert queue.state.turn is not None
+    assert queue.prefetch_target(now) is None
+    with pytest.raises(QueueError, match="no prefetch"):
+        queue.begin_prefetch("a", now)
+
+
+def test_ask_gaps_are_kept_per_phase_and_bounded() -> None:
+    queue = policy_queue()
+    for index in range(40):
+        at = index * 2.0
+        turn(queue, "a", f"phase-{index}", at)
+    gaps = queue.state.jobs["a"].ask_gaps
+    assert len(gaps) == 16 and "phase-38" in gaps and "phase-0" not in gaps
+    assert gaps["phase-38"] == pytest.approx(1.5)
+
+
+async def test_the_workflow_brings_the_next_job_in_before_it_asks(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    """a and b take turns, each asking again as soon as the other yields; when
+    b yields, a is expected first, so a's state comes back before a asks,
+    and a's acquire is granted with no switch."""
+    handle, backend = await group_on_one_node(client, sim_nodes, unique)
+    holder = "a"
+    grant = await acquire(handle, holder, phase="rollout")
+    for _ in range(3):
+        await asyncio.sleep(HOLD_SECONDS)
+        await release(handle, holder, grant.epoch)
+        holder = "b" if holder == "a" else "a"
+        grant = await acquire(handle, holder, phase="rollout")
+    assert holder == "b"
+    await asyncio.sleep(HOLD_SECONDS)
+    await release(handle, "b", grant.epoch)
+    status = await eventually(
+        handle, lambda s: s.resident.get(f"n-{unique}") == "a" and s.state == "idle"
+    )
+    assert status.holder == "" and status.queue == []
+    asked = time.time()
+    grant = await acquire(handle, "a", phase="rollout")
+    assert grant.switch_seconds == 0.0 and grant.context_restored
+    restores = [e for e in backend.events if e["event"] == "restore" and e["job"] == "a"]
+    assert restores[-1]["end"] <= asked
