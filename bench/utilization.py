@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from bench.stack import LocalStack
 from timeshare.status import table
 from timeshare.synthetic import SyntheticJobReport, load_report
-from timeshare.timeline import utilisation
+from timeshare.timeline import GPU_PHASES, utilisation
 
 ITERATION_SECONDS = 2.5
 # Sampler and trainer split the GPU time 60:40.
@@ -71,8 +71,14 @@ class Result(BaseModel):
     overhead_frac: float
     alone_iteration_s: float
     shared_iteration_s: float
-    # Simulated device state moved (checkpoints and restores), per hand-over.
+    # Simulated device state moved (checkpoints and restores), per switch.
     moved_gib_per_switch: float
+    # Switches made ahead of a request (prefetch), of all the group made.
+    switches: int = 0
+    prefetched: int = 0
+    # Busy while every job runs: the run without its ends (one job starting
+    # or finishing alone).
+    all_running_util: float = 0.0
 
     @property
     def slowdown(self) -> float:
@@ -102,6 +108,7 @@ def measure(stack: LocalStack, profile: Profile, iterations: int, workdir: Path)
         e["bytes"] for e in stack.record()
         if e.get("group") == group and e["event"] in ("checkpoint", "restore")
     )  # fmt: skip
+    switches = stack.group(group).switches
     return Result(
         profile=profile,
         baseline_util=figures.dedicated_utilisation,
@@ -111,8 +118,22 @@ def measure(stack: LocalStack, profile: Profile, iterations: int, workdir: Path)
         overhead_frac=idle_while_waiting(reports) / figures.span_seconds - switch_frac,
         alone_iteration_s=alone,
         shared_iteration_s=shared,
-        moved_gib_per_switch=moved / 2**30 / max(1, figures.switches),
+        moved_gib_per_switch=moved / 2**30 / max(1, switches),
+        switches=switches,
+        prefetched=max(0, switches - figures.switches),
+        all_running_util=busy_while_all_run(reports),
     )
+
+
+def busy_while_all_run(reports: list[SyntheticJobReport]) -> float:
+    """The GPU's busy fraction from the last job's start to the first job's end."""
+    start = max(r.started for r in reports)
+    end = min(r.finished for r in reports)
+    busy = sum(
+        max(0.0, min(p.end, end) - max(p.start, start))
+        for r in reports for p in r.phases if p.phase in GPU_PHASES
+    )  # fmt: skip
+    return busy / (end - start) if end > start else 0.0
 
 
 def idle_while_waiting(reports: list[SyntheticJobReport], step: float = 0.001) -> float:
@@ -177,13 +198,14 @@ def main() -> None:
             f"{r.shared_util:.0%}", f"{r.ideal_util:.0%}", f"{r.switch_frac:.1%}",
             f"{r.overhead_frac:.1%}", f"{r.alone_iteration_s:.2f}", f"{r.shared_iteration_s:.2f}",
             f"{r.slowdown:.2f}x", f"{r.moved_gib_per_switch:.2f}",
+            f"{r.switches} ({r.prefetched})", f"{r.all_running_util:.0%}",
         ]
         for r in results
     ]  # fmt: skip
     print()
     headers = ["jobs", "duty", "variant", "busy alone", "busy shared", "ideal", "switching",
                "sched. overhead", "iter alone s", "iter shared s", "slowdown",
-               "GiB moved/switch"]  # fmt: skip
+               "GiB moved/switch", "switches (ahead)", "busy, all running"]  # fmt: skip
     print(table(headers, rows))
     d = results[0]
     by_variant = {
@@ -192,6 +214,7 @@ def main() -> None:
     print(
         f"baseline_util={d.baseline_util:.3f} shared_util={d.shared_util:.3f} "
         f"ideal_util={d.ideal_util:.3f} switch_frac={d.switch_frac:.3f} slowdown={d.slowdown:.3f} "
+        f"all_running_util={d.all_running_util:.3f} prefetched={d.prefetched}/{d.switches} "
         f"co_resident_util={by_variant['co-resident'].shared_util:.3f} "
         f"co_resident_switch_frac={by_variant['co-resident'].switch_frac:.3f} "
         f"discard_util={by_variant['discard'].shared_util:.3f} "

@@ -180,12 +180,23 @@ class JobRef:
         return max(0.2, self.lease_seconds / 3)
 
     def acquire_request(self, timeout: float | None, phase: str = "") -> pb.AcquireRequest:
-        if timeout is not None and (math.isnan(timeout) or timeout < 0):
-            raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout}")
         if self.epoch is not None:
             raise FailedPrecondition(
                 f"job {self.job!r} already holds the turn (epoch {self.epoch}); yield it first"
             )
+        return self._ask(timeout, phase, 0)
+
+    def next_turn_request(self, timeout: float | None, phase: str = "") -> pb.AcquireRequest:
+        """An acquire that gives back the turn held, in the same message."""
+        if self.epoch is None:
+            raise FailedPrecondition(
+                f"job {self.job!r} does not hold the turn; acquire it instead of next_turn"
+            )
+        return self._ask(timeout, phase, self.epoch)
+
+    def _ask(self, timeout: float | None, phase: str, yield_epoch: int) -> pb.AcquireRequest:
+        if timeout is not None and (math.isnan(timeout) or timeout < 0):
+            raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout}")
         return pb.AcquireRequest(
             group=self.group,
             job=self.job,
@@ -193,6 +204,7 @@ class JobRef:
             request_id=uuid.uuid4().hex,
             timeout_seconds=timeout or 0.0,
             phase=phase,
+            yield_epoch=yield_epoch,
         )
 
     def granted(self, response: pb.AcquireResponse) -> Turn:

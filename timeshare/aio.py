@@ -16,7 +16,14 @@ import grpc.aio
 
 from timeshare import _protocol as protocol
 from timeshare.credentials import remember_job_token
-from timeshare.errors import Aborted, NotFound, TimeshareError, Unavailable, from_rpc_error
+from timeshare.errors import (
+    Aborted,
+    InvalidArgument,
+    NotFound,
+    TimeshareError,
+    Unavailable,
+    from_rpc_error,
+)
 from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
 from timeshare.registration import register_process
@@ -223,7 +230,22 @@ class Job(protocol.JobIdentity):
                 await watch
 
     async def acquire(self, timeout: float | None = None, phase: str = "") -> protocol.Turn:
-        request = self.ref.acquire_request(timeout, phase)
+        return await self._ask(self.ref.acquire_request(timeout, phase), timeout)
+
+    async def next_turn(self, timeout: float | None = None, phase: str = "") -> protocol.Turn:
+        """Give the turn back and ask for the next in one message (see the
+        blocking client's Job.next_turn)."""
+        request = self.ref.next_turn_request(timeout, phase)
+        await self._end_watch()
+        self._turn = None
+        try:
+            return await self._ask(request, timeout)
+        except TimeshareError as error:
+            if not isinstance(error, InvalidArgument):
+                self.ref.yielded()
+            raise
+
+    async def _ask(self, request: pb.AcquireRequest, timeout: float | None) -> protocol.Turn:
         clock = asyncio.get_running_loop().time
         deadline = protocol.AcquireDeadline(timeout, clock())
         self._lease.acquiring += 1

@@ -119,6 +119,9 @@ class AcquireInput(BaseModel):
     # What the job will do with the turn ("rollout", "train"): recorded, and
     # weighed by the group's phase_priority.
     phase: str = ""
+    # Non-zero: the turn of this epoch, which the job holds, is given back
+    # first, in the same message (Job.next_turn).
+    yield_epoch: int = 0
 
 
 class Grant(BaseModel):
@@ -138,23 +141,26 @@ class Grant(BaseModel):
     phase: str = ""
 
 
+class YieldOutput(BaseModel):
+    held_seconds: float
+    # The phase of the turn given back.
+    phase: str = ""
+
+
 class AcquireResult(BaseModel):
     """An acquire either granted, or still waiting and to be asked again: waits
     are bounded so no update stays open across continue-as-new."""
 
     grant: Grant | None = None
+    # The turn the same message gave back first (AcquireInput.yield_epoch),
+    # in the answer of the call that gave it back.
+    yielded: YieldOutput | None = None
 
 
 class YieldInput(BaseModel):
     job: str
     token_hash: str
     epoch: int
-
-
-class YieldOutput(BaseModel):
-    held_seconds: float
-    # The phase of the turn given back.
-    phase: str = ""
 
 
 class JobInput(BaseModel):

@@ -121,15 +121,23 @@ def run_synthetic_job(
         # Served once joined: the agent admits hooks only with the job's token.
         open_until_done.enter_context(_hooks_served(spec, report))
         report.started = time.time()
+        phases = _phases(spec)
+        steps = [(i, phase) for i in range(spec.iterations) for phase in phases]
+        holding = False
         try:
-            for iteration in range(spec.iterations):
-                for name, on_gpu, seconds, asked_for in _phases(spec):
-                    if on_gpu:
-                        _gpu_phase(job, report, name, iteration, seconds, asked_for)
-                    else:
-                        start = time.time()
-                        time.sleep(seconds)
-                        report.phases.append(PhaseRecord(phase=name, start=start, end=time.time()))
+            for index, (iteration, (name, on_gpu, seconds, asked_for)) in enumerate(steps):
+                if on_gpu:
+                    # GPU phases back to back (training, then the next
+                    # sampling) pass the turn on in one message.
+                    keep = index + 1 < len(steps) and steps[index + 1][1][1]
+                    _gpu_phase(job, report, name, iteration, seconds, asked_for, holding, keep)
+                    holding = keep
+                else:
+                    start = time.time()
+                    time.sleep(seconds)
+                    report.phases.append(PhaseRecord(phase=name, start=start, end=time.time()))
+                if (index + 1) % len(phases):
+                    continue
                 last = report.turns[-1]
                 print(
                     f"{spec.job}: iteration {iteration + 1}/{spec.iterations} done "
@@ -164,15 +172,26 @@ def _gpu_phase(
     iteration: int,
     seconds: float,
     asked_for: str = "",
+    holding: bool = False,
+    keep: bool = False,
 ) -> None:
+    """One GPU phase in a turn of its own: asked for (or, ``holding`` the
+    previous phase's turn, passed on with Job.next_turn), worked, and given
+    back unless ``keep`` (the next phase is on the GPU too)."""
     requested = time.time()
-    turn = job.acquire(phase=asked_for)
+    if holding:
+        turn = job.next_turn(phase=asked_for)
+        report.turns[-1].yielded = requested
+    else:
+        turn = job.acquire(phase=asked_for)
     granted = time.time()
     work_start = time.time()
     time.sleep(seconds)  # stands for the sampler's or trainer's GPU kernels
     work_end = time.time()
-    job.yield_()
-    yielded = time.time()
+    yielded = work_end  # a kept turn is given back when the next phase asks
+    if not keep:
+        job.yield_()
+        yielded = time.time()
     report.phases.append(PhaseRecord(phase=phase, start=work_start, end=work_end))
     report.turns.append(
         TurnRecord(

@@ -31,6 +31,7 @@ from timeshare.models import (
     NodeRecord,
     PauseInput,
     YieldInput,
+    YieldOutput,
 )
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
@@ -161,8 +162,13 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
                 request.timeout_seconds, context.time_remaining()
             ),
             phase=convert.phase(request.phase),
+            yield_epoch=request.yield_epoch,
         )
-        grant = await acquire_or_withdraw(handle, message, self._background)
+
+        def yielded(given_back: YieldOutput) -> None:
+            record_turn(request.group, message.job, given_back.held_seconds, given_back.phase)
+
+        grant = await acquire_or_withdraw(handle, message, self._background, yielded)
         record_grant(request.group, message.job, grant.waited_seconds, grant.phase)
         return pb.AcquireResponse(
             epoch=grant.resumes_epoch or grant.epoch,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Callable
 
 from temporalio.client import (
     Client,
@@ -20,7 +21,15 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from timeshare.models import AcquireInput, Grant, GroupPolicy, JoinInput, JoinOutput, NodeRecord
+from timeshare.models import (
+    AcquireInput,
+    Grant,
+    GroupPolicy,
+    JoinInput,
+    JoinOutput,
+    NodeRecord,
+    YieldOutput,
+)
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE, group_workflow_id
 from timeshare.workers.gateway_errors import workflow_task_failed
 from timeshare.workflows.group import CancelAcquireInput, GroupInput, GroupWorkflow
@@ -107,13 +116,16 @@ async def join_group(
 
 
 async def acquire_or_withdraw(
-    handle: GroupHandle, message: AcquireInput, background: set[asyncio.Task[None]]
+    handle: GroupHandle,
+    message: AcquireInput,
+    background: set[asyncio.Task[None]],
+    on_yielded: Callable[[YieldOutput], None] | None = None,
 ) -> Grant:
     """acquire_turn for a gRPC caller: if the caller goes away, its place in
     the queue is given back (in a task kept in ``background``)."""
     message = message.model_copy(update={"call_id": uuid.uuid4().hex})
     try:
-        return await acquire_turn(handle, message)
+        return await acquire_turn(handle, message, on_yielded)
     except (asyncio.CancelledError, WorkflowUpdateRPCTimeoutOrCancelledError):
         withdrawal = asyncio.get_running_loop().create_task(withdraw(handle, message))
         background.add(withdrawal)
@@ -135,8 +147,13 @@ async def withdraw(handle: GroupHandle, message: AcquireInput) -> None:
         )
 
 
-async def acquire_turn(handle: GroupHandle, message: AcquireInput) -> Grant:
-    """Wait for the turn, sending the same request again after every bounded wait."""
+async def acquire_turn(
+    handle: GroupHandle,
+    message: AcquireInput,
+    on_yielded: Callable[[YieldOutput], None] | None = None,
+) -> Grant:
+    """Wait for the turn, sending the same request again after every bounded
+    wait. ``on_yielded`` hears of the turn the message gave back first, if any."""
     clock = asyncio.get_running_loop().time
     deadline = clock() + message.timeout_seconds if message.timeout_seconds > 0 else None
     attempt = 0
@@ -157,6 +174,8 @@ async def acquire_turn(handle: GroupHandle, message: AcquireInput) -> Grant:
             if not (isinstance(cause, ApplicationError) and cause.type == RUN_ENDED_FAILURE):
                 raise
             result = None
+        if result is not None and result.yielded is not None and on_yielded is not None:
+            on_yielded(result.yielded)
         if result is not None and result.grant is not None:
             return result.grant
         attempt += 1

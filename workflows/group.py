@@ -355,12 +355,18 @@ class GroupWorkflow:
     async def acquire(self, input: AcquireInput) -> AcquireResult:
         job, request_id = input.job, input.request_id
         with self._handling("acquire"):
+            # Given back by this call, not by an earlier one of the same request.
+            yielded = (
+                self._give_back(job, input.yield_epoch)
+                if input.yield_epoch and self._queue.state.released.get(job) != input.yield_epoch
+                else None
+            )
             grant = self._queue.request(
                 job, request_id, self._now(), input.call_id, input.trace_context, input.phase
             )
             self._mark_changed()
         if grant is not None:
-            return AcquireResult(grant=grant.as_grant())
+            return AcquireResult(grant=grant.as_grant(), yielded=yielded)
         final = 0 < input.timeout_seconds <= ACQUIRE_WAIT_SLICE_SECONDS
         wait = input.timeout_seconds if final else ACQUIRE_WAIT_SLICE_SECONDS
         try:
@@ -383,9 +389,9 @@ class GroupWorkflow:
         with self._handling("acquire"):
             grant = self._queue.grant_for(job, request_id)
             if grant is not None:
-                return AcquireResult(grant=grant.as_grant())
+                return AcquireResult(grant=grant.as_grant(), yielded=yielded)
             if self._queue.is_waiting(job, request_id):
-                return AcquireResult(grant=None)
+                return AcquireResult(grant=None, yielded=yielded)
             self._queue.raise_if_aborted(request_id)
         raise ApplicationError(
             f"job {job!r} left the group before its turn came",
@@ -397,7 +403,9 @@ class GroupWorkflow:
     def _check_acquire(self, input: AcquireInput) -> None:
         with self._handling("acquire"):
             self._queue.authenticate(input.job, input.token_hash)
-            self._queue.check_acquire(input.job, input.request_id)
+            if input.yield_epoch:
+                self._queue.check_release(input.job, input.yield_epoch)
+            self._queue.check_acquire(input.job, input.request_id, input.yield_epoch)
             try:
                 check_phase(input.phase)
             except ValueError as error:
@@ -417,11 +425,15 @@ class GroupWorkflow:
     @workflow.update(name="yield")
     def yield_turn(self, input: YieldInput) -> YieldOutput:
         with self._handling("yield"):
-            turn = self._queue.state.turn
-            phase = turn.phase if turn is not None and turn.job == input.job else ""
-            held = self._queue.release(input.job, input.epoch, self._now())
+            given_back = self._give_back(input.job, input.epoch)
             self._mark_changed()
-            return YieldOutput(held_seconds=held, phase=phase)
+            return given_back
+
+    def _give_back(self, job: str, epoch: int) -> YieldOutput:
+        turn = self._queue.state.turn
+        phase = turn.phase if turn is not None and turn.job == job else ""
+        held = self._queue.release(job, epoch, self._now())
+        return YieldOutput(held_seconds=held, phase=phase)
 
     @yield_turn.validator
     def _check_yield(self, input: YieldInput) -> None:

@@ -259,8 +259,9 @@ class LockQueue:
 
     # -- acquire ------------------------------------------------------------
 
-    def check_acquire(self, job: str, request_id: str) -> None:
-        """Refuse an acquire that cannot be served, without changing anything."""
+    def check_acquire(self, job: str, request_id: str, yielding: int = 0) -> None:
+        """Refuse an acquire that cannot be served, without changing anything.
+        ``yielding``: the epoch of the turn the same message gives back first."""
         if not request_id:
             raise QueueError(Refusal.INVALID_ARGUMENT, "request_id must not be empty")
         if request_id in self.state.aborted_requests:
@@ -271,7 +272,13 @@ class LockQueue:
                 f"request {request_id!r} of job {job!r} was granted and yielded already",
             )
         turn = self.state.turn
-        if turn is not None and turn.job == job and turn.request_id != request_id:
+        given_back = (turn.epoch, turn.resumes_epoch or -1) if turn is not None else ()
+        if (
+            turn is not None
+            and turn.job == job
+            and turn.request_id != request_id
+            and (yielding not in given_back)
+        ):
             raise QueueError(
                 Refusal.FAILED_PRECONDITION,
                 f"job {job!r} already holds the turn (epoch {turn.epoch}); yield it first",

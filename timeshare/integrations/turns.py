@@ -179,6 +179,19 @@ class JobTurns(Turns):
         self.job.acquire(phase=phase)
         self._granted_at = time.time()
 
+    def handover(self, phase: str) -> None:
+        """As Turns.handover, in one message (Job.next_turn): with nobody
+        waiting the job keeps its GPUs and nothing moves."""
+        if not self.holding:
+            self.acquire(phase)
+            return
+        granted_at, self._granted_at = self._granted_at, None
+        if granted_at is not None:
+            self.records.append(TurnRecord(self.phase, granted_at, time.time()))
+        self.job.next_turn(phase=phase)
+        self._granted_at = time.time()
+        self.phase = phase
+
     def _release(self) -> None:
         granted_at, self._granted_at = self._granted_at, None
         # The turn's use ends when it is given back: once the yield is

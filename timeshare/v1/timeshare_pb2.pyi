@@ -233,6 +233,7 @@ class AcquireRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     PHASE_FIELD_NUMBER: _builtins.int
+    YIELD_EPOCH_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     job: _builtins.str
     job_token: _builtins.str
@@ -244,6 +245,11 @@ class AcquireRequest(_message.Message):
     """What the turn is for ("rollout", "train"; free text): recorded in the
     group's history and metrics, and weighed by the group's phase_priority.
     """
+    yield_epoch: _builtins.int
+    """Non-zero: the job gives back the turn of this epoch, which it holds, in
+    the same message, before it asks (the client's Job.next_turn). With
+    nobody waiting it keeps its GPUs: one round trip, nothing moves.
+    """
     def __init__(
         self,
         *,
@@ -253,10 +259,11 @@ class AcquireRequest(_message.Message):
         request_id: _builtins.str = ...,
         timeout_seconds: _builtins.float = ...,
         phase: _builtins.str = ...,
+        yield_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "job", b"job", "job_token", b"job_token", "phase", b"phase", "request_id", b"request_id", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "job", b"job", "job_token", b"job_token", "phase", b"phase", "request_id", b"request_id", "timeout_seconds", b"timeout_seconds", "yield_epoch", b"yield_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
