@@ -191,3 +191,12 @@ async def test_the_workflow_brings_the_next_job_in_before_it_asks(
     assert grant.switch_seconds == 0.0 and grant.context_restored
     restores = [e for e in backend.events if e["event"] == "restore" and e["job"] == "a"]
     assert restores[-1]["end"] <= asked
+
+
+def test_a_job_that_stopped_asking_is_not_expected_for_long() -> None:
+    queue = policy_queue()
+    learned(queue)
+    # a is due at 5.0 after a gap of 1.5 s: still expected a little after,
+    assert queue.expected_ask("a", 5.2) == pytest.approx(5.0)
+    # no longer once it is late by more than a quarter of its gap.
+    assert queue.expected_ask("a", 5.5) is None

@@ -64,8 +64,11 @@ LEGACY, IDLE, HELD = "legacy", "idle", "held"
 UNKNOWN_RESIDENT = "?"
 # Phases whose ask gaps a job keeps (the oldest is forgotten first).
 MAX_PHASES_REMEMBERED = 16
-# An expected request this late (beyond its own gap) is no longer expected.
-PREFETCH_LATE_SECONDS = 1.0
+# A request later than expected by more than this share of its usual gap,
+# plus this many seconds, is no longer expected: a job that stopped asking
+# is not brought in again and again ahead of the job that does ask.
+PREFETCH_LATE_SHARE = 0.25
+PREFETCH_LATE_SECONDS = 0.05
 
 
 class QueueError(Exception):
@@ -612,7 +615,8 @@ class LockQueue:
         if not entry.yielded_at or gap is None:
             return None
         expected = entry.yielded_at + gap
-        return expected if now <= expected + gap + PREFETCH_LATE_SECONDS else None
+        late = PREFETCH_LATE_SHARE * gap + PREFETCH_LATE_SECONDS
+        return expected if now <= expected + late else None
 
     def prefetch_target(self, now: float) -> str | None:
         """The job worth bringing onto its nodes now, ahead of its request:
