@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from datetime import timedelta
 
 import pytest
 from pydantic import BaseModel
@@ -22,7 +23,7 @@ from tests.polling import wait_until_async
 from tests.test_replay import HISTORIES
 from timeshare.models import JobInput, YieldInput
 from timeshare.names import SCHEDULER_TASK_QUEUE
-from timeshare.workflows.group import GroupWorkflow
+from timeshare.workflows.group import ACQUIRE_WAIT_SLICE_SECONDS, GroupWorkflow
 from timeshare.workflows.registry import NodeRegistryWorkflow
 from timeshare.workflows.sandbox import workflow_runner
 
@@ -191,3 +192,22 @@ async def test_a_job_on_two_nodes_is_stopped_on_both_before_either_checkpoints(
     await replayer.replay_workflow(history)
     if os.environ.get("TIMESHARE_RECORD_HISTORIES") == "1":  # see tests/test_replay.py
         (HISTORIES / "group-two-nodes.json").write_text(history.to_json())
+
+
+async def test_a_waiting_acquire_starts_no_timer_of_its_own(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    """Its wait slice ends by the group's one timer: no 60 s timer started
+    and cancelled per waiting acquire."""
+    handle, _ = await group_on_one_node(client, sim_nodes, unique)
+    first = await acquire(handle, "a")
+    waiting = asyncio.create_task(acquire(handle, "b"))
+    await eventually(handle, lambda s: s.queue == ["b"])
+    await release(handle, "a", first.epoch)
+    await waiting
+    timers = [
+        event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
+        async for event in handle.fetch_history_events()
+        if event.HasField("timer_started_event_attributes")
+    ]
+    assert timers and timedelta(seconds=ACQUIRE_WAIT_SLICE_SECONDS) not in timers
