@@ -30,6 +30,10 @@ DYNAMIC_CONFIG = {
     "matching.numTaskqueueReadPartitions": "1",
     "matching.numTaskqueueWritePartitions": "1",
 }
+# The file in write-ahead-log mode, every commit still synced: one fsync per
+# transaction instead of the rollback journal's two or more, and readers
+# (visibility, polls) no longer wait for the writer. As durable as before.
+SQLITE_PRAGMAS = {"journal_mode": "wal", "synchronous": "full"}
 STARTUP_SECONDS = 60.0
 
 
@@ -66,6 +70,8 @@ def dev_server_command(port: int, ui_port: int, data_dir: Path, ip: str = "127.0
         command += ["--search-attribute", f"{name}={kind}"]
     for key, value in DYNAMIC_CONFIG.items():
         command += ["--dynamic-config-value", f"{key}={value}"]
+    for pragma, value in SQLITE_PRAGMAS.items():
+        command += ["--sqlite-pragma", f"{pragma}={value}"]
     return command
 
 
