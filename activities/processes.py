@@ -48,9 +48,23 @@ def _stat(pid: int) -> list[str]:
         return []
 
 
+# include/linux/sched.h: set as the process begins to exit, before its memory and
+# files are let go; /proc shows it running (R, D) until it is a zombie, so a peer can
+# see its sockets closed while its state still reads as alive.
+PF_EXITING = 0x4
+STAT_FLAGS = 6  # proc(5) field (9), counted from the state, field (3)
+
+
+def _living(fields: list[str]) -> bool:
+    """Runs (or is stopped) and is not on its way out: a killed process whose
+    exit has begun is not alive, though its state has not yet turned Z."""
+    if not fields or fields[0] in ("Z", "X"):
+        return False
+    return len(fields) <= STAT_FLAGS or not int(fields[STAT_FLAGS]) & PF_EXITING
+
+
 def alive(pid: int) -> bool:
-    fields = _stat(pid)
-    return bool(fields) and fields[0] not in ("Z", "X")
+    return _living(_stat(pid))
 
 
 def stopped(pid: int) -> bool:
@@ -62,8 +76,7 @@ def start_time(pid: int) -> str:
     """When the living process started, in clock ticks since boot ("" if gone):
     with its id, it names one process, since ids are reused."""
     fields = _stat(pid)
-    alive = bool(fields) and fields[0] not in ("Z", "X")
-    return fields[19] if alive and len(fields) > 19 else ""
+    return fields[19] if _living(fields) and len(fields) > 19 else ""
 
 
 def parent(pid: int) -> int:
