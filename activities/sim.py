@@ -254,13 +254,17 @@ class SimBackend(Backend):
             moved = size - dropped
             self._check_host_room(group, job, moved * len(state.devices))
             start = time.time()
+            seconds = moved * len(state.devices) / self.bandwidth
             if state.location == "running":
                 self._stop_running(group, job, state, start)
-                # Stopped from the first byte: an agent that dies mid-checkpoint
-                # comes back to a job on the device that does not run.
                 state.location = "locked"
-                self._save()
-            await asyncio.sleep(moved * len(state.devices) / self.bandwidth)
+                if seconds > 0:
+                    # Stopped from the first byte: an agent that dies mid-checkpoint
+                    # comes back to a job on the device that does not run. (A move
+                    # that takes no time has no in-between for a crash to find.)
+                    self._save()
+            if seconds > 0:
+                await asyncio.sleep(seconds)
             end = time.time()
             since = state.resident_since if state.resident_since is not None else start
             self.jobs[(group, job)] = SimJob(
@@ -310,14 +314,15 @@ class SimBackend(Backend):
             # A job never checkpointed has no host copy to bring back.
             moved = state.host_bytes * len(devices) if state is not None else 0
             rebuild = state.rebuild_bytes * len(devices) if state is not None else 0
-            # From the first byte of a restore the device holds part of the
-            # job: a crash mid-restore must not forget it.
-            self.jobs[key] = SimJob(location="locked", resident_since=start, devices=devices)
-            self._save()
             seconds = moved / self.bandwidth
             if rebuild and self.rebuild_rate > 0:
                 seconds += rebuild / self.rebuild_rate
-            await asyncio.sleep(seconds)
+            if seconds > 0:
+                # From the first byte of a restore the device holds part of the
+                # job: a crash mid-restore must not forget it.
+                self.jobs[key] = SimJob(location="locked", resident_since=start, devices=devices)
+                self._save()
+                await asyncio.sleep(seconds)
             end = time.time()
             self.jobs[key] = SimJob(
                 location="running", resident_since=start, running_since=end, devices=devices

@@ -10,15 +10,18 @@ Temporal."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +67,21 @@ def free_port() -> int:
         return chosen
 
 
+def device_memory_dir(fallback: Path) -> Path:
+    """Where simulated GPUs keep what they hold: in memory that outlives the
+    agent but not the machine, as a GPU's does, so a tmpfs (/dev/shm); on a
+    disk every switch's state file waited for a journal commit (1.3 ms p50,
+    2.9 ms p90 per write here, against 0.4 and 1.2 on tmpfs, while the
+    embedded Temporal syncs its database). Removed by stop_all, or at the
+    latest when this process exits."""
+    try:
+        made = Path(tempfile.mkdtemp(prefix="timeshare-sim-", dir="/dev/shm"))
+    except OSError:
+        return fallback
+    atexit.register(shutil.rmtree, made, True)
+    return made
+
+
 def timeshare_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "timeshare", *args]
 
@@ -97,10 +115,14 @@ class LocalStack:
     # Each group's simulated GPUs per node (sim backend).
     sim_gpus: int = 1
     more_gateway_ports: list[int] = field(default_factory=list)
+    # What the simulated GPUs hold (None: device_memory_dir).
+    device_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if self.schedulers < 1 or self.gateways < 1:
             raise ValueError("a stack needs at least one scheduler and one gateway")
+        if self.device_dir is None:
+            self.device_dir = device_memory_dir(self.workdir)
         while len(self.more_gateway_ports) < self.gateways - 1:
             self.more_gateway_ports.append(free_port())
 
@@ -158,9 +180,10 @@ class LocalStack:
     def record_path(self) -> Path:
         return self._node_file(self.node, "residency", ".jsonl")
 
-    def _node_file(self, node: str, stem: str, suffix: str) -> Path:
+    def _node_file(self, node: str, stem: str, suffix: str, under: Path | None = None) -> Path:
         # `node`'s files keep the names they had before there were more nodes.
-        return self.workdir / (f"{stem}{suffix}" if node == self.node else f"{stem}-{node}{suffix}")
+        name = f"{stem}{suffix}" if node == self.node else f"{stem}-{node}{suffix}"
+        return (under or self.workdir) / name
 
     @property
     def socket_path(self) -> Path:
@@ -191,7 +214,7 @@ class LocalStack:
             *([f"--sim-capacity-gib={self.capacity_gib}"] if self.capacity_gib else []),
             *[f"--sim-job-state={job}={gib}" for job, gib in self.job_state_gib.items()],
             f"--sim-record={self._node_file(node, 'residency', '.jsonl')}",
-            f"--sim-state={self._node_file(node, 'sim-state', '.json')}",
+            f"--sim-state={self._node_file(node, 'sim-state', '.json', self.device_dir)}",
             f"--record={self._node_file(node, 'process-record', '.jsonl')}",
             f"--sim-gpus={self.sim_gpus}",
             f"--socket={self.socket_for(node)}", *self.agent_options,
@@ -202,6 +225,8 @@ class LocalStack:
         log_path = self.workdir / f"{name}.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
         env = self.agent_env if name in self.agents else None
+        if name in self.agents and self.device_dir is not None:
+            self.device_dir.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as log:
             self.processes[name] = spawn(
                 self.commands()[name], stdout=log, timeshare_child=True, env=env
@@ -244,6 +269,8 @@ class LocalStack:
         for name in (*reversed(parts), "temporal"):
             if name in self.processes:
                 stop_process(self.processes[name], grace=30)
+        if self.device_dir is not None and self.device_dir != self.workdir:
+            shutil.rmtree(self.device_dir, ignore_errors=True)
 
     def job(
         self, group: str, job: str, report: Path, *options: str, nodes: list[str] | None = None

@@ -9,6 +9,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
@@ -142,3 +143,32 @@ async def test_an_agent_that_dies_mid_checkpoint_leaves_a_stopped_job_on_the_dev
     assert [e["event"] for e in record if e["job"] == "a"] == [
         "restore", "running", "checkpoint", "resident"]  # fmt: skip
     assert overlaps(record) == 0
+
+
+@pytest.mark.parametrize(("state", "writes"), [(0, 1), (STATE, 2)])
+async def test_a_move_with_an_in_between_is_written_at_its_start_too(
+    tmp_path: Path, state: int, writes: int
+) -> None:
+    """A move that takes time writes the device's state as it begins (what a
+    crash mid-move must find) and as it ends; one that takes none, only once:
+    two writes to disk per switch were a tenth of a zero-byte hand-over."""
+    config = BackendConfig(
+        node="n", sim_state_bytes=state, sim_bandwidth_bytes_per_second=STATE * 100,
+        sim_state_path=str(tmp_path / "gpu.json"),
+    )  # fmt: skip
+    sim = SimBackend(config)
+    await sim.restore("g", "a")  # admitted: nothing to bring back
+    saves: list[str] = []
+    save = sim._save
+
+    def counted() -> None:
+        saves.append("save")
+        save()
+
+    sim._save = counted  # type: ignore[method-assign]
+    await sim.checkpoint("g", "a")
+    assert len(saves) == writes
+    assert SimBackend(config).resident("g") == []  # what was written last is where it is
+    await sim.restore("g", "a")
+    assert len(saves) == 2 * writes
+    assert SimBackend(config).running("g") == ["a"]
