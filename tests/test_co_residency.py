@@ -13,6 +13,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
+from bench.sim_switch import switch_times
 from bench.stack import overlaps
 from tests.conftest import SimNodes
 from tests.groups import acquire, join, release
@@ -172,3 +173,9 @@ async def test_a_move_with_an_in_between_is_written_at_its_start_too(
     await sim.restore("g", "a")
     assert len(saves) == 2 * writes
     assert SimBackend(config).running("g") == ["a"]
+
+
+async def test_the_sim_switch_benchmark_times_each_switch_and_cleans_up(tmp_path: Path) -> None:
+    times = await switch_times(tmp_path, 3)
+    assert len(times) == 3 and all(ms > 0 for ms in times)
+    assert list(tmp_path.iterdir()) == []
