@@ -5,6 +5,7 @@ scheduler and node-agent workers for workflow tests."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from timeshare.activities.processes import ProcessTable
 from timeshare.activities.sim import SimBackend
 from timeshare.activities.switch import SwitchActivities
 from timeshare.names import SCHEDULER_TASK_QUEUE, node_task_queue
+from timeshare.workers.device_memory import sim_state_path
 from timeshare.workers.service import connect_temporal
 from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.registry import NodeRegistryWorkflow
@@ -250,3 +252,11 @@ async def api(gateway: str) -> AsyncIterator[timeshare.aio.Client]:
     client = timeshare.aio.connect(gateway)
     yield client
     await client.close()
+
+
+def forget_simulated_gpus(data_dir: Path, node: str) -> None:
+    """Remove what a test's `timeshare up` left in device memory (/dev/shm),
+    which, like a GPU's, outlives the stack until the machine restarts."""
+    held = sim_state_path(data_dir, node)
+    if held.parent != data_dir:
+        shutil.rmtree(held.parent, ignore_errors=True)

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.stack import free_port, timeshare_command
-from tests.conftest import REPO, start_until_ready
+from tests.conftest import REPO, forget_simulated_gpus, start_until_ready
 from timeshare.synthetic import SyntheticJobReport, TurnRecord, load_report
+from timeshare.workers.device_memory import sim_state_path
 from timeshare.workers.temporal_server import temporal_binary
 
 JOBS = ["job-0", "job-1", "job-2"]
@@ -78,9 +79,15 @@ def test_three_jobs_take_turns_without_overlap(tmp_path: Path) -> None:
         )  # fmt: skip
         assert describe.returncode == 0, describe.stderr
         assert "GroupWorkflow" in describe.stdout
+        # What the simulated GPU held is in memory that outlives the agent
+        # but not the machine, as a GPU's is; not in the data directory.
+        held = sim_state_path(tmp_path / "data", "e2e-node")
+        assert held.exists()
+        assert held.parent == tmp_path / "data" or not list((tmp_path / "data").glob("sim-*"))
     finally:
         up.send_signal(signal.SIGINT)
         assert up.wait(60) == 0
+        forget_simulated_gpus(tmp_path / "data", "e2e-node")
     leftovers = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert leftovers.stdout == "", "processes outlived `timeshare up`"
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from bench.stack import free_port
-from tests.conftest import REPO, SimNodes, start_until_ready
+from tests.conftest import REPO, SimNodes, forget_simulated_gpus, start_until_ready
 
 GENERIC_NAMES = {"workflows", "activities", "workers"}
 # A turn taken with the installed client; prints the epoch it was granted.
@@ -226,3 +226,4 @@ def test_the_sdist_with_the_server_extra_runs_the_stack(
         except subprocess.TimeoutExpired:
             stack.kill()
             stack.wait()
+        forget_simulated_gpus(tmp_path / "data", "packaged")

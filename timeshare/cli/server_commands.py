@@ -218,12 +218,14 @@ def run_agent(args: argparse.Namespace) -> int:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    from timeshare.workers.device_memory import sim_state_path
     from timeshare.workers.service import run_service
     from timeshare.workers.up import StackOptions, serve_stack
 
-    # The stack's own files live in its data directory unless told otherwise.
-    if args.sim_state is None:
-        args.sim_state = args.data_dir / f"sim-state-{args.node}.json"
+    # The stack's own files live in its data directory unless told otherwise;
+    # what its simulated GPU holds lives in memory, as a GPU's does.
+    if args.sim_state is None and "sim" in args.backend.split("+"):
+        args.sim_state = sim_state_path(args.data_dir, args.node)
     options = StackOptions(
         data_dir=args.data_dir,
         port=args.port,
