@@ -1,6 +1,7 @@
 """Hand-over latency: re-acquire with nobody waiting, and a hand-over from A's
 yield to waiting B's acquire returning, on one node with zero-byte switches
-(sim backend), next to Temporal's own floors measured on the same server.
+(sim backend), next to Temporal's own floors measured on the same server,
+and where a hand-over's time goes hop by hop (bench.handoff_segments).
 
     python -m bench.handoff           # 200 iterations each
     python -m bench.handoff --quick   # 40
@@ -13,12 +14,18 @@ import asyncio
 import tempfile
 import threading
 import time
+from datetime import UTC
 from pathlib import Path
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
 
 import timeshare
 from bench.floors import measure_floors
+from bench.handoff_segments import SEGMENTS, Event, all_segments
 from bench.stack import LocalStack
 from bench.stats import p50_p90_p99
+from timeshare.names import group_workflow_id
 from timeshare.status import table
 from timeshare.workers.service import connect_temporal
 
@@ -45,9 +52,11 @@ def wait_until_queued(client: timeshare.Client, job: timeshare.Job) -> None:
     raise RuntimeError(f"{job.name} never queued")
 
 
-def acquire_and_note_time(job: timeshare.Job, granted: list[tuple[float, timeshare.Turn]]) -> None:
+def acquire_and_note_time(
+    job: timeshare.Job, granted: list[tuple[float, float, timeshare.Turn]]
+) -> None:
     turn = job.acquire()
-    granted.append((time.perf_counter(), turn))
+    granted.append((time.perf_counter(), time.time(), turn))
 
 
 def measure_handoff(
@@ -56,24 +65,55 @@ def measure_handoff(
     b: timeshare.Job,
     iterations: int,
     switches: list[float] | None = None,
+    wall_clock: list[tuple[float, float]] | None = None,
 ) -> list[float]:
     """Milliseconds from A's yield to waiting B's acquire returning; the
-    scheduler's own switch seconds of each hand-over go to ``switches``."""
+    scheduler's own switch seconds of each hand-over go to ``switches``, and
+    the wall-clock times of the yield call and the grant to ``wall_clock``."""
     timings = []
     for _ in range(iterations):
         a.acquire()
-        granted: list[tuple[float, timeshare.Turn]] = []
+        granted: list[tuple[float, float, timeshare.Turn]] = []
         waiter = threading.Thread(target=acquire_and_note_time, args=(b, granted))
         waiter.start()
         wait_until_queued(client, b)
-        start = time.perf_counter()
+        yielded_at, start = time.time(), time.perf_counter()
         a.yield_()
         waiter.join()
-        timings.append((granted[0][0] - start) * 1000)
+        returned, returned_at, turn = granted[0]
+        timings.append((returned - start) * 1000)
         if switches is not None:
-            switches.append(granted[0][1].switch_seconds)
+            switches.append(turn.switch_seconds)
+        if wall_clock is not None:
+            wall_clock.append((yielded_at, returned_at))
         b.yield_()
     return timings
+
+
+async def group_events(client: Client) -> list[Event]:
+    handle = client.get_workflow_handle(group_workflow_id(GROUP))
+    return [
+        Event(
+            event.event_time.ToDatetime(tzinfo=UTC).timestamp(),
+            EventType.Name(event.event_type).removeprefix("EVENT_TYPE_"),
+            event.activity_task_scheduled_event_attributes.activity_type.name,
+        )
+        async for event in handle.fetch_history_events()
+    ]
+
+
+def print_segments(found: list[list[float]], handoffs: int) -> None:
+    """The p50 of each hop; the hops do not add up to the hand-over's p50
+    (each has its own median, and the few tenths of a millisecond between
+    one hop's end and the next's start are in none)."""
+    print()
+    print(f"where a hand-over's time goes ({len(found)} of {handoffs} hand-overs, "
+          "from the group's history timestamps):")  # fmt: skip
+    rows = []
+    for index, name in enumerate(SEGMENTS):
+        p50, p90, _ = p50_p90_p99([each[index] for each in found])
+        rows.append([name, f"{p50:.1f}", f"{p90:.1f}"])
+    print(table(["hop", "p50 ms", "p90 ms"], rows))
 
 
 def main() -> None:
@@ -92,15 +132,15 @@ def main() -> None:
                 b = client.join(GROUP, "job-b", [stack.node])
                 reacquire = measure_reacquire(a, iterations)
                 print("re-acquire done", flush=True)
-                handoff = measure_handoff(client, a, b, iterations)
+                wall_clock: list[tuple[float, float]] = []
+                handoff = measure_handoff(client, a, b, iterations, wall_clock=wall_clock)
                 print("hand-over done", flush=True)
 
-            async def floors() -> dict[str, list[float]]:
-                return await measure_floors(
-                    await connect_temporal(stack.temporal, "default"), iterations
-                )
+            async def floors_and_history() -> tuple[dict[str, list[float]], list[Event]]:
+                temporal = await connect_temporal(stack.temporal, "default")
+                return await measure_floors(temporal, iterations), await group_events(temporal)
 
-            floor = asyncio.run(floors())
+            floor, events = asyncio.run(floors_and_history())
         finally:
             stack.stop_all()
     rows = []
@@ -114,6 +154,7 @@ def main() -> None:
         rows.append([name, f"{p50:.1f}", f"{p90:.1f}", f"{p99:.1f}"])
     print()
     print(table(["measure", "p50 ms", "p90 ms", "p99 ms"], rows))
+    print_segments(all_segments(events, wall_clock), len(wall_clock))
     re50, ho50, ho99 = p50_p90_p99(reacquire)[0], p50_p90_p99(handoff)[0], p50_p90_p99(handoff)[2]
     up50 = p50_p90_p99(floor["update"])[0]
     act50 = p50_p90_p99(floor["update+activity"])[0]
