@@ -32,6 +32,7 @@ from bench.procstat import descendants
 from timeshare.activities.processes import alive
 from timeshare.models import GroupStatus
 from timeshare.workers.children import spawn, stop_process
+from timeshare.workers.device_memory import DEVICE_MEMORY_ROOT
 
 READY_SECONDS = 90.0
 
@@ -75,7 +76,7 @@ def device_memory_dir(fallback: Path) -> Path:
     embedded Temporal syncs its database). Removed by stop_all, or at the
     latest when this process exits."""
     try:
-        made = Path(tempfile.mkdtemp(prefix="timeshare-sim-", dir="/dev/shm"))
+        made = Path(tempfile.mkdtemp(prefix="timeshare-sim-", dir=DEVICE_MEMORY_ROOT))
     except OSError:
         return fallback
     atexit.register(shutil.rmtree, made, True)
