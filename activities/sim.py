@@ -91,6 +91,8 @@ class SimBackend(Backend):
         self.host_bytes = config.sim_host_memory_bytes
         self.record_path = Path(config.sim_record_path) if config.sim_record_path else None
         self.state_path = Path(config.sim_state_path) if config.sim_state_path else None
+        if self.state_path is not None:
+            self.state_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.jobs: dict[JobKey, SimJob] = {}
         # The GPUs each group's policy claims (all of them when it names none).
         self.placement: dict[str, list[int]] = {}

@@ -27,10 +27,9 @@ def sim_state_path(data_dir: Path, node: str, root: Path = DEVICE_MEMORY_ROOT) -
     name = f"sim-state-{node}.json"
     digest = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:16]
     folder = root / f"timeshare-sim-{digest}"
-    try:
-        folder.mkdir(mode=0o700, exist_ok=True)
-    except OSError:
-        return data_dir / name
-    if not os.access(folder, os.W_OK):  # made by another user
+    # Made by the sim backend when it starts, so a stack that fails before
+    # its agent runs leaves nothing here.
+    where = folder if folder.exists() else root
+    if not (where.is_dir() and os.access(where, os.W_OK)):  # no tmpfs, or another user's
         return data_dir / name
     return folder / name
