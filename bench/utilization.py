@@ -8,12 +8,15 @@ iteration. Also sweeps 2, 3 and 4 jobs at duty cycles of 40 % and 25 %; then
 the same jobs with co-residency (the simulated GPU has room for two jobs'
 state: a switch is a lock and an unlock until a third job needs the room),
 and with workload hooks asking for discard mode (half of each job's state,
-its KV cache say, is dropped instead of moved, and rebuilt at once).
+its KV cache say, is dropped instead of moved, and rebuilt at once). The
+jobs give each turn back with Job.yield_nowait, starting their CPU phase at
+once; the full run repeats the default profile with blocking yields
+(Job.yield_, the answer awaited first) beside it.
 
 The agent runs `app+sim`: the app layer calls the hooks of jobs that serve
 them and does nothing for the others.
 
-    python -m bench.utilization           # about 3 minutes
+    python -m bench.utilization           # about 5 minutes
     python -m bench.utilization --quick   # about 1 minute
 """
 
@@ -40,7 +43,7 @@ BANDWIDTH_GBPS = 20.0
 # Room for two jobs' state on the simulated GPU (used only where a group's
 # policy allows co-residency).
 CAPACITY_GIB = 2 * STATE_GIB
-Variant = Literal["", "co-resident", "discard"]
+Variant = Literal["", "co-resident", "discard", "blocking-yields"]
 
 
 class Profile(BaseModel):
@@ -55,7 +58,8 @@ class Profile(BaseModel):
     def options(self) -> list[str]:
         co_residency = "auto" if self.variant == "co-resident" else "off"
         hooks = ["--hooks=discard"] if self.variant == "discard" else []
-        return [f"--co-residency={co_residency}", *hooks]
+        blocking = ["--blocking-yields"] if self.variant == "blocking-yields" else []
+        return [f"--co-residency={co_residency}", *hooks, *blocking]
 
     def phases(self) -> tuple[float, float, float]:
         gpu = ITERATION_SECONDS * self.duty
@@ -167,6 +171,9 @@ def main() -> None:
         Profile(jobs=3, duty=0.4, variant="co-resident"),
         Profile(jobs=2, duty=0.4, variant="discard"),
     ]
+    if not args.quick:
+        # The default profile as before Job.yield_nowait, side by side.
+        profiles.append(Profile(jobs=2, duty=0.4, variant="blocking-yields"))
     sample, reward, train = profiles[0].phases()
     print(
         f"default profile: 2 jobs; per iteration sample {sample:.2f} s + train {train:.2f} s "
@@ -219,6 +226,11 @@ def main() -> None:
         f"co_resident_switch_frac={by_variant['co-resident'].switch_frac:.3f} "
         f"discard_util={by_variant['discard'].shared_util:.3f} "
         f"discard_switch_frac={by_variant['discard'].switch_frac:.3f}"
+        + (
+            f" blocking_yields_util={by_variant['blocking-yields'].shared_util:.3f}"
+            if "blocking-yields" in by_variant
+            else ""
+        )
     )
 
 

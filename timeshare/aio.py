@@ -124,6 +124,8 @@ class Client:
 
     async def close(self) -> None:
         for job in list(self._jobs):
+            with contextlib.suppress(Exception):  # closing: nobody is left to tell
+                await job.finish_yield()
             await job.stop_heartbeats()
         await self._channel.close()
 
@@ -157,6 +159,8 @@ class Job(protocol.JobIdentity):
         self.yield_requested = asyncio.Event()
         self._turn: protocol.Turn | None = None
         self._watch: asyncio.Task[None] | None = None
+        # A yield_nowait() whose answer has not been awaited yet, and its epoch.
+        self._yielding: tuple[asyncio.Task[float], int] | None = None
         self._heartbeats = loop.create_task(self._renew())
 
     async def _send(
@@ -230,11 +234,13 @@ class Job(protocol.JobIdentity):
                 await watch
 
     async def acquire(self, timeout: float | None = None, phase: str = "") -> protocol.Turn:
+        await self._settle_yield()
         return await self._ask(self.ref.acquire_request(timeout, phase), timeout)
 
     async def next_turn(self, timeout: float | None = None, phase: str = "") -> protocol.Turn:
         """Give the turn back and ask for the next in one message (see the
         blocking client's Job.next_turn)."""
+        await self._settle_yield()
         request = self.ref.next_turn_request(timeout, phase)
         await self._end_watch()
         self._turn = None
@@ -269,20 +275,57 @@ class Job(protocol.JobIdentity):
         return turn
 
     async def yield_(self) -> float:
+        await self._settle_yield()
         await self._end_watch()
         self._turn = None
         try:
-            response = await self._client._call_idempotent(
-                self._stub.Yield, self.ref.yield_request()
-            )
+            held = await self._give_back(self.ref.yield_request())
         except Aborted:
             self.ref.yielded()
             raise
-        self._lease.sent(asyncio.get_running_loop().time())
         self.ref.yielded()
-        return response.held_seconds
+        return held
 
     release = yield_
+
+    async def _give_back(self, request: pb.YieldRequest) -> float:
+        response = await self._client._call_idempotent(self._stub.Yield, request)
+        self._lease.sent(asyncio.get_running_loop().time())
+        return response.held_seconds
+
+    async def yield_nowait(self) -> None:
+        """Give the GPUs back without awaiting the scheduler's answer (see
+        the blocking client's Job.yield_nowait): returns once the yield is on
+        its way; the job's next call awaits the answer first and raises the
+        yield's failure, if any."""
+        await self._settle_yield()
+        request = self.ref.yield_request()
+        await self._end_watch()
+        self._turn = None
+        task = asyncio.get_running_loop().create_task(self._give_back(request))
+        self._yielding = (task, request.epoch)
+        self.ref.yielded()
+
+    async def finish_yield(self) -> float | None:
+        """Await the answer to a ``yield_nowait()``: the seconds the turn was
+        held, or None when none was pending; raises its failure."""
+        pending = self._yielding
+        await self._settle_yield()
+        return None if pending is None else pending[0].result()
+
+    async def _settle_yield(self) -> None:
+        pending, self._yielding = self._yielding, None
+        if pending is None:
+            return
+        task, epoch = pending
+        try:
+            await task
+        except Aborted:
+            raise
+        except Exception:
+            # The scheduler has not recorded it: the turn is still the job's.
+            self.ref.epoch = epoch
+            raise
 
     @asynccontextmanager
     async def turn(
@@ -295,9 +338,13 @@ class Job(protocol.JobIdentity):
             await self.yield_()
 
     async def heartbeat(self) -> pb.HeartbeatResponse:
+        await self._settle_yield()
         return await self._send(self._stub.Heartbeat, self.ref.heartbeat_request())
 
     async def leave(self) -> None:
+        # Leaving gives the turn back whatever became of a pending yield.
+        with contextlib.suppress(Exception):
+            await self._settle_yield()
         await self.stop_heartbeats()
         await self._client._call_idempotent(self._stub.Leave, self.ref.leave_request())
         self.ref.yielded()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
@@ -125,6 +125,8 @@ class Client:
 
     def close(self) -> None:
         for job in list(self._jobs):
+            with suppress(Exception):  # closing: nobody is left to tell
+                job.finish_yield()
             job.stop_heartbeats()
         self._channel.close()
 
@@ -158,6 +160,8 @@ class Job(protocol.JobIdentity):
         self._wake = threading.Event()
         self._callbacks: list[Callable[[protocol.Turn], None]] = []
         self._watch: _TurnWatch | None = None
+        # A yield_nowait() whose answer has not been waited for yet.
+        self._yielding: _BackgroundYield | None = None
         self._renewals = threading.Thread(
             target=self._renew, name=f"timeshare-lease-{ref.job}", daemon=True
         )
@@ -218,6 +222,7 @@ class Job(protocol.JobIdentity):
     def acquire(self, timeout: float | None = None, phase: str = "") -> protocol.Turn:
         """Block until this job holds the group's GPUs; its state is back on its nodes.
         ``phase`` ("rollout", "train") names what the turn is for."""
+        self._settle_yield()
         return self._ask(self.ref.acquire_request(timeout, phase), timeout)
 
     def next_turn(self, timeout: float | None = None, phase: str = "") -> protocol.Turn:
@@ -225,6 +230,7 @@ class Job(protocol.JobIdentity):
         done, sampling next): with nobody waiting the job keeps its GPUs and
         nothing moves, in one round trip instead of a yield and an acquire;
         with others waiting they go first, as after ``yield_()``."""
+        self._settle_yield()
         request = self.ref.next_turn_request(timeout, phase)
         self._end_watch()
         try:
@@ -268,6 +274,7 @@ class Job(protocol.JobIdentity):
 
     def yield_(self) -> float:
         """Give the GPUs back; returns the seconds this turn was held."""
+        self._settle_yield()
         self._end_watch()
         try:
             response = self._client._call_idempotent(self._stub.Yield, self.ref.yield_request())
@@ -280,6 +287,39 @@ class Job(protocol.JobIdentity):
 
     release = yield_
 
+    def yield_nowait(self) -> None:
+        """Give the GPUs back without waiting for the scheduler's answer: the
+        job's CPU work (rewards, data loading) starts while the yield travels,
+        a round trip sooner. The job must stay off the GPUs from here on, as
+        after ``yield_()``. Its next call (acquire, next_turn, yield, heartbeat)
+        waits for the answer first and raises the yield's failure, if any:
+        Aborted if the job was evicted meanwhile; any other, with the turn
+        still the job's to give back. ``finish_yield()`` waits for it alone."""
+        self._settle_yield()
+        request = self.ref.yield_request()
+        self._end_watch()
+        self._yielding = _BackgroundYield(self, request)
+        self.ref.yielded()
+
+    def finish_yield(self) -> float | None:
+        """Wait for the answer to a ``yield_nowait()``: the seconds the turn
+        was held, or None when none was pending; raises its failure."""
+        pending = self._yielding
+        self._settle_yield()
+        return None if pending is None else pending.held_seconds
+
+    def _settle_yield(self) -> None:
+        pending, self._yielding = self._yielding, None
+        if pending is None:
+            return
+        pending.wait()
+        if pending.error is None:
+            return
+        if not isinstance(pending.error, Aborted):
+            # The scheduler has not recorded it: the turn is still the job's.
+            self.ref.epoch = pending.request.epoch
+        raise pending.error
+
     @contextmanager
     def turn(self, timeout: float | None = None, phase: str = "") -> Iterator[protocol.Turn]:
         """``with job.turn(): trainer.step()`` — acquire, then always yield."""
@@ -290,13 +330,43 @@ class Job(protocol.JobIdentity):
             self.yield_()
 
     def heartbeat(self) -> pb.HeartbeatResponse:
+        self._settle_yield()
         return self._send(self._stub.Heartbeat, self.ref.heartbeat_request())
 
     def leave(self) -> None:
+        # Leaving gives the turn back whatever became of a pending yield.
+        with suppress(Exception):
+            self._settle_yield()
         self.stop_heartbeats()
         self._client._call_idempotent(self._stub.Leave, self.ref.leave_request())
         self.ref.yielded()
         self._client._forget(self)
+
+
+class _BackgroundYield:
+    """One ``Job.yield_nowait()``: its Yield call, in a thread of its own."""
+
+    def __init__(self, job: Job, request: pb.YieldRequest) -> None:
+        self.job, self.request = job, request
+        self.held_seconds: float | None = None
+        self.error: Exception | None = None
+        self._thread = threading.Thread(
+            target=self._send, name=f"timeshare-yield-{job.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _send(self) -> None:
+        job = self.job
+        try:
+            response = job._client._call_idempotent(job._stub.Yield, self.request)
+        except Exception as error:  # raised in the job's own thread by its next call
+            self.error = error
+            return
+        job._lease.sent(_now())
+        self.held_seconds = response.held_seconds
+
+    def wait(self) -> None:
+        self._thread.join()
 
 
 class _TurnWatch:

@@ -42,6 +42,9 @@ class SyntheticJobSpec(BaseModel):
     # Serve workload hooks to the agent, asking to be evicted this way.
     hooks: EvictMode | None = None
     agent_socket: str | None = None
+    # Wait for each yield before the CPU phase after it (Job.yield_) instead
+    # of starting that phase at once (Job.yield_nowait).
+    blocking_yields: bool = False
 
 
 class TurnRecord(BaseModel):
@@ -130,7 +133,8 @@ def run_synthetic_job(
                     # GPU phases back to back (training, then the next
                     # sampling) pass the turn on in one message.
                     keep = index + 1 < len(steps) and steps[index + 1][1][1]
-                    _gpu_phase(job, report, name, iteration, seconds, asked_for, holding, keep)
+                    _gpu_phase(job, report, name, iteration, seconds, asked_for, holding, keep,
+                               spec.blocking_yields)  # fmt: skip
                     holding = keep
                 else:
                     start = time.time()
@@ -174,10 +178,12 @@ def _gpu_phase(
     asked_for: str = "",
     holding: bool = False,
     keep: bool = False,
+    blocking_yield: bool = False,
 ) -> None:
     """One GPU phase in a turn of its own: asked for (or, ``holding`` the
     previous phase's turn, passed on with Job.next_turn), worked, and given
-    back unless ``keep`` (the next phase is on the GPU too)."""
+    back unless ``keep`` (the next phase is on the GPU too): by default
+    without waiting for the answer, so the CPU phase after it starts at once."""
     requested = time.time()
     if holding:
         turn = job.next_turn(phase=asked_for)
@@ -190,7 +196,7 @@ def _gpu_phase(
     work_end = time.time()
     yielded = work_end  # a kept turn is given back when the next phase asks
     if not keep:
-        job.yield_()
+        job.yield_() if blocking_yield else job.yield_nowait()
         yielded = time.time()
     report.phases.append(PhaseRecord(phase=phase, start=work_start, end=work_end))
     report.turns.append(

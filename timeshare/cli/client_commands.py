@@ -148,6 +148,11 @@ def _synthetic_job_command(commands: Subparsers) -> None:
         help="serve workload hooks to the agent, asking to be evicted this way",
     )  # fmt: skip
     job.add_argument("--agent-socket", help="the agent's socket, for --hooks")
+    job.add_argument(
+        "--blocking-yields", action="store_true",
+        help="wait for each yield's answer before the CPU phase after it (Job.yield_) "
+        "instead of starting that phase at once (Job.yield_nowait)",
+    )  # fmt: skip
     job.set_defaults(handler=run_synthetic_job)
 
 
@@ -268,6 +273,7 @@ def run_synthetic_job(args: argparse.Namespace) -> int:
         agent_socket=args.agent_socket,
         weight=args.weight,
         priority=args.priority,
+        blocking_yields=args.blocking_yields,
     )
     # SIGTERM unwinds like Ctrl-C, so the job leaves its group on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
