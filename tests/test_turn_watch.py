@@ -22,6 +22,8 @@ from timeshare.models import GroupPolicy
 from timeshare.names import group_workflow_id
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
+from timeshare.workers import turn_watch
+from timeshare.workers.turn_watch import GroupFacts, GroupPoller, TurnWatches
 
 
 async def heartbeats_in_history(client: Client, group: str) -> int:
@@ -171,3 +173,47 @@ async def test_a_watch_notices_when_the_turn_is_no_longer_held(
         await wait_until_async(released, "the watch to see the turn given back", every=0.0)
         stream.cancel()
     await a.leave()
+
+
+async def test_a_watch_that_starts_its_groups_poller_shares_its_first_read(
+    api: timeshare.aio.Client,
+    client: Client,
+    sim_nodes: SimNodes,
+    unique: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One describe opens the watch and starts the poller, not two; a second
+    watch of the same group still reads afresh (the poller may be mid-read)."""
+    group, node = f"g-{unique}", f"n-{unique}"
+    await sim_nodes.start(node)
+    a = await api.join(group, "a", [node])
+    b = await api.join(group, "b", [node])
+    turn = await a.acquire()
+    readers: list[GroupPoller] = []
+    real_read = GroupPoller.read
+
+    async def counted(poller: GroupPoller) -> GroupFacts:
+        readers.append(poller)
+        return await real_read(poller)
+
+    monkeypatch.setattr(GroupPoller, "read", counted)
+    # No periodic read within the test: only the ones a watch makes.
+    monkeypatch.setattr(turn_watch, "POLL_SECONDS", 60.0)
+    monkeypatch.setattr(turn_watch, "SLOW_POLL_SECONDS", 60.0)
+    # This test's own watches (the gateway serving `a` has pollers of its own).
+    watches = TurnWatches(client)
+    first = watches.notices(group, "a", turn.epoch)
+    second = watches.notices(group, "b", 0)
+    try:
+        notice = await anext(first)
+        assert notice.holding and notice.epoch == turn.epoch
+        ours = watches._pollers[group]
+        assert readers.count(ours) == 1
+        assert not (await anext(second)).holding
+        assert readers.count(ours) == 2
+    finally:
+        for watch in (second, first):
+            await watch.aclose()
+    await a.yield_()
+    await a.leave()
+    await b.leave()

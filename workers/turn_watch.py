@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from temporalio.client import Client
@@ -61,18 +61,25 @@ class GroupPoller:
     """Reads one group's published facts every POLL_SECONDS while anyone watches."""
 
     def __init__(self, client: Client, group: str, every: float = POLL_SECONDS) -> None:
+        self.group = group
         self._handle = client.get_workflow_handle(group_workflow_id(group))
         self.every = every
         self.facts = GroupFacts()
         self.version = 0
         self.error: BaseException | None = None
+        # Reads done since the poller started.
+        self.reads = 0
         self.watchers = 0
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._poll())
+    def start(self) -> bool:
+        """Start polling unless it runs; whether this call started it."""
+        if self._task is not None and not self._task.done():
+            return False
+        self.reads = 0
+        self._task = asyncio.get_running_loop().create_task(self._poll())
+        return True
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -90,17 +97,33 @@ class GroupPoller:
             yield_epoch=int(await description.memo_value(YIELD_EPOCH_MEMO, 0)),
         )
 
+    async def first_read(self) -> GroupFacts:
+        """The facts of the poller's first read, for the watch that started it:
+        read after the watch began, so fresh, and one describe serves both.
+        Falls back to a read of its own if that one does not come."""
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self.reads > 0), KEEPALIVE_SECONDS
+                )
+        if self.reads == 0:
+            return await self.read()
+        if self.error is not None:
+            raise self.error
+        return self.facts
+
     async def _poll(self) -> None:
         while True:
             try:
                 facts, error = await self.read(), None
             except RPCError as failure:
                 facts, error = self.facts, failure
-            if facts != self.facts or error is not self.error:
-                async with self._changed:
+            async with self._changed:
+                self.reads += 1
+                if facts != self.facts or error is not self.error:
                     self.facts, self.error = facts, error
                     self.version += 1
-                    self._changed.notify_all()
+                self._changed.notify_all()
             await asyncio.sleep(self.every)
 
     async def wait_past(self, version: int, timeout: float) -> None:
@@ -142,31 +165,35 @@ class TurnWatches:
         return every
 
     @contextlib.asynccontextmanager
-    async def polling(self, group: str) -> AsyncIterator[GroupPoller]:
+    async def polling(self, group: str) -> AsyncIterator[tuple[GroupPoller, bool]]:
+        """The group's poller, and whether this watch started it."""
         poller = self._pollers.get(group)
         if poller is None:
             every = await self.interval(group)
             poller = self._pollers.get(group) or GroupPoller(self._client, group, every)
             self._pollers[group] = poller
         poller.watchers += 1
-        poller.start()
+        started = poller.start()
         try:
-            yield poller
+            yield poller, started
         finally:
             poller.watchers -= 1
             if poller.watchers == 0:
                 del self._pollers[group]
                 await poller.stop()
 
-    async def notices(self, group: str, job: str, epoch: int) -> AsyncIterator[pb.TurnNotice]:
+    async def notices(
+        self, group: str, job: str, epoch: int
+    ) -> AsyncGenerator[pb.TurnNotice, None]:
         """The watch of one turn: a notice at once, then on every change and at
         least every KEEPALIVE_SECONDS. Raises GroupNotFound for a group that
         does not run."""
-        async with self.polling(group) as poller:
+        async with self.polling(group) as (poller, started):
             # The first notice is read fresh: a new turn must not be told of
-            # the previous one's facts.
+            # the previous one's facts. A poller already running may be in
+            # the middle of a read begun before this turn was granted.
             try:
-                facts = await poller.read()
+                facts = await (poller.first_read() if started else poller.read())
             except RPCError as error:
                 if error.status == RPCStatusCode.NOT_FOUND:
                     raise GroupNotFound(group) from None
