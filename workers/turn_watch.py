@@ -61,7 +61,6 @@ class GroupPoller:
     """Reads one group's published facts every POLL_SECONDS while anyone watches."""
 
     def __init__(self, client: Client, group: str, every: float = POLL_SECONDS) -> None:
-        self.group = group
         self._handle = client.get_workflow_handle(group_workflow_id(group))
         self.every = every
         self.facts = GroupFacts()
