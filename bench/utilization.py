@@ -18,11 +18,13 @@ them and does nothing for the others.
 
     python -m bench.utilization           # about 5 minutes
     python -m bench.utilization --quick   # about 1 minute
+    python -m bench.utilization --pairs 4 # yield_nowait against blocking yields, 4 min
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Literal
@@ -157,11 +159,62 @@ def idle_while_waiting(reports: list[SyntheticJobReport], step: float = 0.001) -
     return sum(1 for w, g in zip(waiting, working, strict=True) if w and not g) * step
 
 
+def run_profiles(profiles: list[Profile], iterations: int) -> list[Result]:
+    """Each profile in turn, on one stack."""
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        stack = LocalStack(
+            Path(scratch), backend="app+sim", state_gib=STATE_GIB, bandwidth_gbps=BANDWIDTH_GBPS,
+            capacity_gib=CAPACITY_GIB,
+        )  # fmt: skip
+        try:
+            stack.start_all()
+            for profile in profiles:
+                results.append(measure(stack, profile, iterations, Path(scratch)))
+                r = results[-1]
+                print(f"{profile.jobs} jobs at {profile.duty:.0%} {profile.variant}: "
+                      f"{r.baseline_util:.0%} -> {r.shared_util:.0%}", flush=True)  # fmt: skip
+        finally:
+            stack.stop_all()
+    return results
+
+
+def compare_yields(pairs: int, iterations: int) -> None:
+    """The default profile with Job.yield_nowait and with blocking yields,
+    alternately ``pairs`` times on one stack: a ratio on a noisy machine."""
+    default, blocking = Profile(jobs=2, duty=0.4), Profile(jobs=2, duty=0.4,
+                                                           variant="blocking-yields")  # fmt: skip
+    results = run_profiles([default, blocking] * pairs, iterations)
+    rows = []
+    for name, runs in (("yield_nowait", results[0::2]), ("blocking yields", results[1::2])):
+        rows.append([
+            name, " ".join(f"{r.shared_util:.3f}" for r in runs),
+            f"{statistics.median(r.shared_util for r in runs):.3f}",
+            f"{statistics.median(r.all_running_util for r in runs):.3f}",
+            f"{statistics.median(r.shared_iteration_s for r in runs):.3f}",
+        ])  # fmt: skip
+    print()
+    print(table(["yields", "busy shared, each run", "median", "median busy, all running",
+                 "median iteration s"], rows))  # fmt: skip
+    nowait = statistics.median(r.shared_util for r in results[0::2])
+    waited = statistics.median(r.shared_util for r in results[1::2])
+    print(f"pairs={pairs} nowait_util={nowait:.3f} blocking_util={waited:.3f} "
+          f"gain={nowait - waited:+.3f}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="GPU busy fraction with and without sharing.")
     parser.add_argument("--quick", action="store_true", help="fewer iterations and profiles")
+    parser.add_argument(
+        "--pairs", type=int, metavar="N",
+        help="only the default profile, with yield_nowait and with blocking yields, "
+        "alternately N times",
+    )  # fmt: skip
     args = parser.parse_args()
     iterations = 4 if args.quick else 10
+    if args.pairs:
+        compare_yields(args.pairs, iterations)
+        return
     profiles = [Profile(jobs=2, duty=0.4)]
     sweep = [(2, 0.25), (3, 0.4), (3, 0.25)] if args.quick else [
         (2, 0.25), (3, 0.4), (3, 0.25), (4, 0.4), (4, 0.25)]  # fmt: skip
@@ -183,21 +236,7 @@ def main() -> None:
         f"{iterations} iterations per job",
         flush=True,
     )
-    results = []
-    with tempfile.TemporaryDirectory() as scratch:
-        stack = LocalStack(
-            Path(scratch), backend="app+sim", state_gib=STATE_GIB, bandwidth_gbps=BANDWIDTH_GBPS,
-            capacity_gib=CAPACITY_GIB,
-        )  # fmt: skip
-        try:
-            stack.start_all()
-            for profile in profiles:
-                results.append(measure(stack, profile, iterations, Path(scratch)))
-                r = results[-1]
-                print(f"{profile.jobs} jobs at {profile.duty:.0%} {profile.variant}: "
-                      f"{r.baseline_util:.0%} -> {r.shared_util:.0%}", flush=True)  # fmt: skip
-        finally:
-            stack.stop_all()
+    results = run_profiles(profiles, iterations)
     rows = [
         [
             str(r.profile.jobs), f"{r.profile.duty:.0%}", r.profile.variant or "-",
