@@ -16,7 +16,9 @@ server, sim backend, one node, zero-byte switches. In one run, on one server:
     python -m bench.scale --profile DIR       # py-spy of the schedulers at 50 groups
 
 worker_cpu_ratio: the scheduler's CPU per hand-over at 50 groups over the
-floor's trivial update plus update awaiting a remote activity.
+floor's trivial update plus update awaiting a remote activity. At that size
+(or the first) it also prints what the server did per hand-over, from
+Temporal's own request counters (bench.temporal_operations).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import os
 import platform
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from bench.floors import FloorCpu, measure_floor_cpu
@@ -36,6 +40,7 @@ from bench.procstat import load_average
 from bench.profiling import Profiler, read_profile
 from bench.scale_load import LoadResult, run_load
 from bench.stack import LocalStack
+from bench.temporal_operations import TemporalOperations
 from bench.watch_cost import WatchCost, measure_watch_cost
 from timeshare.models import MAX_GPUS_PER_NODE
 from timeshare.status import table
@@ -164,6 +169,7 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
     print(f"watches of {watch.groups} held turns: Temporal {watched['temporal']:.2f} cores, "
           f"gateway {watched['gateway']:.2f} (load {load_average()})", flush=True)  # fmt: skip
     results: list[LoadResult] = []
+    operations: dict[int, TemporalOperations] = {}
     sizes = list(args.sizes) if args.sizes else []
     next_size = SEARCH_STEP
     while True:
@@ -178,9 +184,10 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
             for part in (*stack.scheduler_parts, *stack.gateway_parts):
                 pid = stack.processes[part].pid
                 profiling.enter_context(Profiler(pid, args.profile / f"{part}.txt"))
+        operations[groups] = TemporalOperations(stack.temporal_metrics_port)
         result = await run_load(
             stack.addresses, stack_pids(stack), groups, args.jobs_per_group, stack.node,
-            args.period, args.seconds, args.seed, during=profiling,
+            args.period, args.seconds, args.seed, during=both(profiling, operations[groups]),
         )  # fmt: skip
         results.append(result)
         print(f"{groups} groups: {result.handoffs_per_s:.1f} hand-overs/s, p99 "
@@ -192,7 +199,24 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
             result.p99_ms >= P99_LIMIT_MS or result.evictions or result.lost or groups >= SEARCH_MAX
         ):
             break
-    report(args, stack, floor, sandboxed, idle, watch, results)
+    report(args, stack, floor, sandboxed, idle, watch, results, operations)
+
+
+@contextlib.contextmanager
+def both(first: AbstractContextManager[object], second: AbstractContextManager[object]
+         ) -> Iterator[None]:  # fmt: skip
+    with first, second:
+        yield
+
+
+def print_operations(operations: TemporalOperations, result: LoadResult) -> None:
+    print(f"Temporal's requests per hand-over at {result.groups} groups "
+          "(a call counts in each service it passes through):")  # fmt: skip
+    if operations.error:
+        print(f"  not read: {operations.error}")
+        return
+    print(table(["counter", "service", "operation", "per hand-over"],
+                operations.rows(result.handoffs)))  # fmt: skip
 
 
 def report(
@@ -203,6 +227,7 @@ def report(
     idle: IdleHistory,
     watch: WatchCost,
     results: list[LoadResult],
+    operations: dict[int, TemporalOperations],
 ) -> None:
     print()
     print_floor(floor, sandboxed)
@@ -220,6 +245,9 @@ def report(
     parts = [*stack.scheduler_parts, *stack.gateway_parts, "temporal", "agent", "bench"]
     print_loads(results, parts, stack.scheduler_parts)
     reference = next((r for r in results if r.groups == REFERENCE_GROUPS), results[0])
+    at_reference = operations[reference.groups]
+    print()
+    print_operations(at_reference, reference)
     if args.profile is not None:
         print()
         units = {
@@ -244,6 +272,10 @@ def report(
         f"history_events_per_idle_job_hour={idle.now_per_job_hour:.2f} "
         f"history_events_per_idle_job_hour_before={idle.before_per_job_hour:.0f} "
         f"watch_temporal_cores_per_100_groups={watch.watched['temporal'] * 100 / watch.groups:.2f}"
+        f" temporal_requests_per_handoff="
+        f"{at_reference.total('service_requests', 'frontend') / max(1, reference.handoffs):.2f}"
+        f" temporal_store_requests_per_handoff="
+        f"{at_reference.total('persistence_requests') / max(1, reference.handoffs):.2f}"
     )
 
 

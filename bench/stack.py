@@ -103,6 +103,8 @@ class LocalStack:
     job_state_gib: dict[str, float] = field(default_factory=dict)
     temporal_port: int = field(default_factory=free_port)
     ui_port: int = field(default_factory=free_port)
+    # Temporal's own Prometheus metrics (bench.temporal_operations reads them).
+    temporal_metrics_port: int = field(default_factory=free_port)
     gateway_port: int = field(default_factory=free_port)
     # Replicas: scheduler workers on the one task queue, gateways on ports of their own.
     schedulers: int = 1
@@ -199,6 +201,7 @@ class LocalStack:
             "temporal": timeshare_command(
                 "temporal", f"--port={self.temporal_port}", f"--ui-port={self.ui_port}",
                 f"--data-dir={self.workdir / 'data'}",
+                f"--metrics-port={self.temporal_metrics_port}",
             ),
             **{part: timeshare_command("scheduler", *common) for part in self.scheduler_parts},
             **{

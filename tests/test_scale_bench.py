@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from bench.temporal_operations import parse
 from tests.conftest import REPO
 
 
@@ -29,9 +30,37 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
         "lost_leases",
         "history_events_per_idle_job_hour",
         "history_events_per_idle_job_hour_before",
+        "temporal_requests_per_handoff",
+        "temporal_store_requests_per_handoff",
     ):
         assert key in figures, output  # fmt: skip
     assert figures["groups"] == "2" and figures["lost_leases"] == "0", output
     # The old heartbeat wrote history that the count saw; renewals now write less.
     before = float(figures["history_events_per_idle_job_hour_before"])
     assert before > float(figures["history_events_per_idle_job_hour"]) >= 0, output
+    # What the server did, from its own counters: updates and workflow tasks at least.
+    assert float(figures["temporal_requests_per_handoff"]) > 0, output
+    assert "UpdateWorkflowExecution" in run.stdout and "RespondWorkflowTaskCompleted" in run.stdout
+
+
+def test_temporal_request_counters_are_summed_per_service_and_operation() -> None:
+    page = "\n".join(
+        [
+            "# HELP service_requests service_requests counter",
+            'service_requests{namespace="default",operation="UpdateWorkflowExecution",'
+            'service_name="frontend"} 7',
+            'service_requests{namespace="_unknown_",operation="UpdateWorkflowExecution",'
+            'service_name="frontend"} 2',
+            'service_requests{namespace="default",operation="UpdateWorkflowExecution",'
+            'service_name="history"} 9',
+            'persistence_requests{namespace="default",operation="UpdateWorkflowExecution",'
+            'service_name="history"} 4e+00',
+            'service_latency_bucket{operation="X",le="0.1"} 3',
+        ]
+    )
+    counts = parse(page)
+    assert counts == {
+        ("service_requests", "frontend", "UpdateWorkflowExecution"): 9,
+        ("service_requests", "history", "UpdateWorkflowExecution"): 9,
+        ("persistence_requests", "history", "UpdateWorkflowExecution"): 4,
+    }

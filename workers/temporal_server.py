@@ -50,7 +50,10 @@ def temporal_binary() -> Path:
     )
 
 
-def dev_server_command(port: int, ui_port: int, data_dir: Path, ip: str = "127.0.0.1") -> list[str]:
+def dev_server_command(
+    port: int, ui_port: int, data_dir: Path, ip: str = "127.0.0.1", metrics_port: int | None = None
+) -> list[str]:
+    """``metrics_port``: serve Temporal's own Prometheus metrics there."""
     command = [
         str(temporal_binary()),
         "server",
@@ -72,6 +75,8 @@ def dev_server_command(port: int, ui_port: int, data_dir: Path, ip: str = "127.0
         command += ["--dynamic-config-value", f"{key}={value}"]
     for pragma, value in SQLITE_PRAGMAS.items():
         command += ["--sqlite-pragma", f"{pragma}={value}"]
+    if metrics_port is not None:
+        command += ["--metrics-port", str(metrics_port)]
     return command
 
 
@@ -105,19 +110,25 @@ async def wait_until_listening(
     raise StartupError(f"the Temporal dev server did not listen on {port} within {timeout:g} s")
 
 
-async def serve_temporal(stop: asyncio.Event, port: int, ui_port: int, data_dir: Path) -> None:
+async def serve_temporal(
+    stop: asyncio.Event, port: int, ui_port: int, data_dir: Path, metrics_port: int | None = None
+) -> None:
     check_port_free(port, "Temporal gRPC")
     check_port_free(ui_port, "Temporal Web UI")
+    if metrics_port is not None:
+        check_port_free(metrics_port, "Temporal metrics")
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "temporal.log"
-    command = dev_server_command(port, ui_port, data_dir)
+    command = dev_server_command(port, ui_port, data_dir, metrics_port=metrics_port)
     with log_path.open("ab") as log:
         process = spawn(command, stdout=log)
     try:
         await wait_until_listening(port, process, log_path, STARTUP_SECONDS)
+        metrics = "" if metrics_port is None else f", metrics http://localhost:{metrics_port}/metrics"
         ready(
             "temporal",
-            f"localhost:{port}, Web UI http://localhost:{ui_port}, data {data_dir / 'temporal.db'}",
+            f"localhost:{port}, Web UI http://localhost:{ui_port}{metrics}, "
+            f"data {data_dir / 'temporal.db'}",
         )
         while not stop.is_set() and process.poll() is None:
             with contextlib.suppress(asyncio.TimeoutError):

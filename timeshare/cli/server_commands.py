@@ -36,6 +36,9 @@ def add_server_commands(commands: Subparsers) -> None:
     temporal.add_argument("--port", type=PORT, default=7233)
     temporal.add_argument("--ui-port", type=PORT, default=8233)
     temporal.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
+    temporal.add_argument(
+        "--metrics-port", type=PORT, help="serve Temporal's own Prometheus metrics on this port"
+    )
     temporal.set_defaults(handler=run_temporal, server=True)
 
     scheduler = commands.add_parser("scheduler", help="run the scheduler worker")
@@ -132,7 +135,10 @@ def run_temporal(args: argparse.Namespace) -> int:
     from timeshare.workers.temporal_server import serve_temporal
 
     run_service(
-        "temporal", lambda stop: serve_temporal(stop, args.port, args.ui_port, args.data_dir)
+        "temporal",
+        lambda stop: serve_temporal(
+            stop, args.port, args.ui_port, args.data_dir, args.metrics_port
+        ),
     )
 
 

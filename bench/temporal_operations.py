@@ -1,0 +1,86 @@
+"""What Temporal's server does for a load: its own Prometheus counters of
+requests to each of its services and to its store (`temporal server
+start-dev --metrics-port`, which bench.stack turns on), read before and
+after a window, so a benchmark can say what one hand-over costs the server.
+
+The dev server runs every service in one process, so one client call counts
+in each service it passes through (an update: frontend, then history); the
+rows keep the services apart.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+from collections import Counter
+from types import TracebackType
+
+SAMPLE = re.compile(r"^(service_requests|persistence_requests)\{([^}]*)\} (\S+)$")
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+# (metric, service, operation)
+Key = tuple[str, str, str]
+
+
+def parse(text: str) -> Counter[Key]:
+    """The request counters in a Prometheus text page, summed over namespaces."""
+    counts: Counter[Key] = Counter()
+    for line in text.splitlines():
+        sample = SAMPLE.match(line)
+        if sample is None:
+            continue
+        labels = dict(LABEL.findall(sample.group(2)))
+        key = (sample.group(1), labels.get("service_name", ""), labels.get("operation", ""))
+        counts[key] += int(float(sample.group(3)))
+    return counts
+
+
+def read(port: int) -> Counter[Key]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+        return parse(page.read().decode())
+
+
+class TemporalOperations:
+    """The server's requests between entering and leaving; ``counts`` stays
+    empty, and ``error`` says why, when its metrics cannot be read."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.counts: Counter[Key] = Counter()
+        self.error = ""
+        self._before: Counter[Key] | None = None
+
+    def __enter__(self) -> TemporalOperations:
+        try:
+            self._before = read(self.port)
+        except (urllib.error.URLError, OSError) as error:
+            self.error = f"Temporal's metrics on port {self.port}: {error}"
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._before is None:
+            return
+        try:
+            after = read(self.port)
+        except (urllib.error.URLError, OSError) as failure:
+            self.error = f"Temporal's metrics on port {self.port}: {failure}"
+            return
+        after.subtract(self._before)
+        self.counts = +after
+
+    def total(self, metric: str, service: str = "") -> int:
+        return sum(
+            n
+            for (m, s, _), n in self.counts.items()
+            if m == metric and (not service or s == service)
+        )
+
+    def rows(self, per: int, most: int = 14) -> list[list[str]]:
+        """The busiest operations: [metric, service, operation, count per ``per`` events]."""
+        ranked = self.counts.most_common(most)
+        return [[m, s, op, f"{n / max(1, per):.2f}"] for (m, s, op), n in ranked]
