@@ -101,7 +101,7 @@ async def test_the_blocking_client_gives_back_in_a_thread(
             b_turn = b.acquire()
             assert b_turn.epoch == first.epoch + 1
             b.yield_nowait()
-            a_turn = a.acquire()  # sent once b's yield is recorded
+            a_turn = a.acquire()  # granted once b's yield is recorded
             assert a_turn.epoch == b_turn.epoch + 1
             assert a.finish_yield() is None  # a's acquire waited for its yield
             assert b.finish_yield() is not None

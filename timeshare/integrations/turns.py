@@ -194,12 +194,11 @@ class JobTurns(Turns):
 
     def _release(self) -> None:
         granted_at, self._granted_at = self._granted_at, None
-        # The turn's use ends when it is given back. The framework's CPU work
-        # after it (rewards, logging) does not wait for the scheduler's
-        # answer; the next acquire does, and raises the yield's failure.
+        # The turn's use ends when it is given back: once the yield is
+        # recorded, the next job's switch may begin before yield_() returns.
         if granted_at is not None:
             self.records.append(TurnRecord(self.phase, granted_at, time.time()))
-        self.job.yield_nowait()
+        self.job.yield_()
 
     def _enroll_now(self, hooks: WorkloadHooks | None) -> None:
         self.refuse_stopping_backends()
