@@ -124,7 +124,9 @@ async def serve_temporal(
         process = spawn(command, stdout=log)
     try:
         await wait_until_listening(port, process, log_path, STARTUP_SECONDS)
-        metrics = "" if metrics_port is None else f", metrics http://localhost:{metrics_port}/metrics"
+        metrics = (
+            "" if metrics_port is None else f", metrics http://localhost:{metrics_port}/metrics"
+        )
         ready(
             "temporal",
             f"localhost:{port}, Web UI http://localhost:{ui_port}{metrics}, "
