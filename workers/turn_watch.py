@@ -66,19 +66,21 @@ class GroupPoller:
         self.facts = GroupFacts()
         self.version = 0
         self.error: BaseException | None = None
-        # Reads done since the poller started.
-        self.reads = 0
         self.watchers = 0
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> bool:
-        """Start polling unless it runs; whether this call started it."""
+        """Start polling unless it runs; whether this call started it. The
+        first read is a period away: the watch that starts the poller reads
+        at once itself, and seeds the poller with what it read."""
         if self._task is not None and not self._task.done():
             return False
-        self.reads = 0
         self._task = asyncio.get_running_loop().create_task(self._poll())
         return True
+
+    def seed(self, facts: GroupFacts) -> None:
+        self.facts, self.error = facts, None
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -96,34 +98,18 @@ class GroupPoller:
             yield_epoch=int(await description.memo_value(YIELD_EPOCH_MEMO, 0)),
         )
 
-    async def first_read(self) -> GroupFacts:
-        """The facts of the poller's first read, for the watch that started it:
-        read after the watch began, so fresh, and one describe serves both.
-        Falls back to a read of its own if that one does not come."""
-        async with self._changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self.reads > 0), KEEPALIVE_SECONDS
-                )
-        if self.reads == 0:
-            return await self.read()
-        if self.error is not None:
-            raise self.error
-        return self.facts
-
     async def _poll(self) -> None:
         while True:
+            await asyncio.sleep(self.every)
             try:
                 facts, error = await self.read(), None
             except RPCError as failure:
                 facts, error = self.facts, failure
-            async with self._changed:
-                self.reads += 1
-                if facts != self.facts or error is not self.error:
+            if facts != self.facts or error is not self.error:
+                async with self._changed:
                     self.facts, self.error = facts, error
                     self.version += 1
-                self._changed.notify_all()
-            await asyncio.sleep(self.every)
+                    self._changed.notify_all()
 
     async def wait_past(self, version: int, timeout: float) -> None:
         """Until the facts change after ``version``, or ``timeout`` passes."""
@@ -189,14 +175,16 @@ class TurnWatches:
         does not run."""
         async with self.polling(group) as (poller, started):
             # The first notice is read fresh: a new turn must not be told of
-            # the previous one's facts. A poller already running may be in
-            # the middle of a read begun before this turn was granted.
+            # the previous one's facts. A poller this watch started reads a
+            # period later, so this one read serves both.
             try:
-                facts = await (poller.first_read() if started else poller.read())
+                facts = await poller.read()
             except RPCError as error:
                 if error.status == RPCStatusCode.NOT_FOUND:
                     raise GroupNotFound(group) from None
                 raise
+            if started:
+                poller.seed(facts)
             version = poller.version
             while True:
                 holding = facts.holder == job
