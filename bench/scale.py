@@ -187,7 +187,8 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
         operations[groups] = TemporalOperations(stack.temporal_metrics_port)
         result = await run_load(
             stack.addresses, stack_pids(stack), groups, args.jobs_per_group, stack.node,
-            args.period, args.seconds, args.seed, during=both(profiling, operations[groups]),
+            args.period, args.seconds, args.seed,
+            during=both(profiling, operations[groups].window()),
         )  # fmt: skip
         results.append(result)
         print(f"{groups} groups: {result.handoffs_per_s:.1f} hand-overs/s, p99 "

@@ -14,7 +14,8 @@ import re
 import urllib.error
 import urllib.request
 from collections import Counter
-from types import TracebackType
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 SAMPLE = re.compile(r"^(service_requests|persistence_requests)\{([^}]*)\} (\S+)$")
 LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -41,37 +42,29 @@ def read(port: int) -> Counter[Key]:
 
 
 class TemporalOperations:
-    """The server's requests between entering and leaving; ``counts`` stays
+    """The server's requests over a window (``window()``); ``counts`` stays
     empty, and ``error`` says why, when its metrics cannot be read."""
 
     def __init__(self, port: int) -> None:
         self.port = port
         self.counts: Counter[Key] = Counter()
         self.error = ""
-        self._before: Counter[Key] | None = None
 
-    def __enter__(self) -> TemporalOperations:
+    @contextmanager
+    def window(self) -> Iterator[None]:
+        before = self._read()
+        yield
+        after = self._read()
+        if before is not None and after is not None:
+            after.subtract(before)
+            self.counts = +after
+
+    def _read(self) -> Counter[Key] | None:
         try:
-            self._before = read(self.port)
+            return read(self.port)
         except (urllib.error.URLError, OSError) as error:
             self.error = f"Temporal's metrics on port {self.port}: {error}"
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._before is None:
-            return
-        try:
-            after = read(self.port)
-        except (urllib.error.URLError, OSError) as failure:
-            self.error = f"Temporal's metrics on port {self.port}: {failure}"
-            return
-        after.subtract(self._before)
-        self.counts = +after
+            return None
 
     def total(self, metric: str, service: str = "") -> int:
         return sum(
