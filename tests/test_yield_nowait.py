@@ -15,12 +15,19 @@ from tests.test_gateway import queued, two_jobs
 from timeshare import errors
 
 
+async def a_holds(
+    api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str
+) -> tuple[str, timeshare.aio.Job, timeshare.aio.Job, timeshare.Turn]:
+    """A group of jobs a and b on a sim node of their own; a holds the turn."""
+    group = f"g-{unique}"
+    a, b = await two_jobs(api, sim_nodes, group, f"n-{unique}")
+    return group, a, b, await a.acquire()
+
+
 async def test_the_turn_goes_to_the_waiter_and_the_answer_comes_later(
     api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str
 ) -> None:
-    group, node = f"g-{unique}", f"n-{unique}"
-    a, b = await two_jobs(api, sim_nodes, group, node)
-    held = await a.acquire()
+    group, a, b, held = await a_holds(api, sim_nodes, unique)
     waiting = asyncio.create_task(b.acquire())
     await queued(api, group, ["b"])
     await a.yield_nowait()
@@ -37,9 +44,7 @@ async def test_the_next_acquire_is_sent_after_the_yield(
     api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str
 ) -> None:
     """Sent before it, the acquire would be refused: the job still holds."""
-    group, node = f"g-{unique}", f"n-{unique}"
-    a, _ = await two_jobs(api, sim_nodes, group, node)
-    first = await a.acquire()
+    group, a, _, first = await a_holds(api, sim_nodes, unique)
     for round_ in range(1, 4):
         await a.yield_nowait()
         turn = await a.acquire()
@@ -53,9 +58,7 @@ async def test_the_next_acquire_is_sent_after_the_yield(
 async def test_a_refused_yield_is_raised_by_the_next_call_and_the_turn_stays_the_jobs(
     api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str
 ) -> None:
-    group, node = f"g-{unique}", f"n-{unique}"
-    a, _ = await two_jobs(api, sim_nodes, group, node)
-    held = await a.acquire()
+    group, a, _, held = await a_holds(api, sim_nodes, unique)
     token = a.ref.token
     a.ref.token = "not-the-job-token"
     await a.yield_nowait()
@@ -74,9 +77,7 @@ async def test_a_refused_yield_is_raised_by_the_next_call_and_the_turn_stays_the
 async def test_an_evicted_job_hears_it_at_its_next_call(
     api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str
 ) -> None:
-    group, node = f"g-{unique}", f"n-{unique}"
-    a, _ = await two_jobs(api, sim_nodes, group, node)
-    await a.acquire()
+    group, a, _, _ = await a_holds(api, sim_nodes, unique)
     await api.evict(group, "a", reason="maintenance")
     await a.yield_nowait()
     with pytest.raises(errors.Aborted, match="maintenance"):

@@ -320,11 +320,10 @@ class Job(protocol.JobIdentity):
         task, epoch = pending
         try:
             await task
-        except Aborted:
-            raise
-        except Exception:
-            # The scheduler has not recorded it: the turn is still the job's.
-            self.ref.epoch = epoch
+        except Exception as error:
+            if not isinstance(error, Aborted):
+                # The scheduler has not recorded it: the turn is still the job's.
+                self.ref.epoch = epoch
             raise
 
     @asynccontextmanager
