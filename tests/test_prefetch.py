@@ -11,7 +11,8 @@ from temporalio.client import Client
 
 from tests.conftest import SimNodes
 from tests.groups import acquire, eventually, group_on_one_node, release
-from timeshare.models import GroupPolicy
+from timeshare.models import GroupPolicy, JobInput
+from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.group_state import RULES_POLICIES, GroupState, StoredPolicy
 from timeshare.workflows.lockqueue import LockQueue, QueueError
 
@@ -136,6 +137,21 @@ def test_groups_without_prefetch_never_plan_one(prefetch: str, rules: int) -> No
     assert queue.prefetch_target(now) is None
 
 
+def test_a_job_that_left_gives_its_memory_to_the_job_expected_next() -> None:
+    queue = policy_queue()
+    now = learned(queue)
+    # a trains and yields, expected back at once: nothing moves for b ...
+    yielded = turn(queue, "a", "train", now + 0.5)
+    assert queue.prefetch_target(yielded) is None
+    # ... until a leaves: it never asks again, so b comes in before it asks.
+    queue.leave("a", yielded)
+    assert queue.state.resident == {"n1": "a"}
+    assert queue.prefetch_target(yielded, departed_ask_never=False) is None  # the old rule
+    assert queue.prefetch_target(yielded) == "b"
+    plan = queue.begin_prefetch("b", yielded)
+    assert [(m.node, m.admit, m.evict) for m in plan.moves] == [("n1", "b", ["a"])]
+
+
 def test_nothing_is_prefetched_without_a_pattern_or_for_an_overdue_job() -> None:
     queue = policy_queue()
     turn(queue, "a", "sample", 0.0)
@@ -200,3 +216,31 @@ def test_a_job_that_stopped_asking_is_not_expected_for_long() -> None:
     assert queue.expected_ask("a", 5.2) == pytest.approx(5.0)
     # no longer once it is late by more than a quarter of its gap.
     assert queue.expected_ask("a", 5.5) is None
+
+
+async def test_the_workflow_brings_the_next_job_in_when_the_holder_leaves(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    """a trains and would sample at once, so its state stays while it is
+    expected back; when a leaves instead, b's state comes back before b asks."""
+    handle, backend = await group_on_one_node(client, sim_nodes, unique)
+    grant = await acquire(handle, "b", phase="sample")
+    await release(handle, "b", grant.epoch)
+    for phase in ("train", "sample"):
+        grant = await acquire(handle, "a", phase=phase)
+        await release(handle, "a", grant.epoch)
+    # b asks again a reward phase after its last yield: a gap it will repeat.
+    await asyncio.sleep(REWARD_SECONDS)
+    grant = await acquire(handle, "b", phase="sample")
+    await release(handle, "b", grant.epoch)
+    grant = await acquire(handle, "a", phase="train")
+    await release(handle, "a", grant.epoch)
+    node = f"n-{unique}"
+    assert (await handle.query(GroupWorkflow.status)).resident.get(node) == "a"
+    await handle.execute_update(GroupWorkflow.leave, JobInput(job="a", token_hash="hash-a"))
+    await eventually(handle, lambda s: s.resident.get(node) == "b" and s.state == "idle")
+    asked = time.time()
+    grant = await acquire(handle, "b", phase="sample")
+    assert grant.switch_seconds == 0.0 and grant.context_restored
+    restores = [e for e in backend.events if e["event"] == "restore" and e["job"] == "b"]
+    assert restores[-1]["end"] <= asked

@@ -99,6 +99,10 @@ PREFETCH_PATCH = "timeshare-prefetch"
 # timer instead of a timer of its own: two history events (a start and a
 # cancel) fewer per acquire that waits.
 SLICE_BY_MAIN_TIMER_PATCH = "timeshare-slices-by-the-main-timer"
+# From this change on, a job that left (or was evicted) no longer holds up
+# the prefetch of the job expected next: its memory goes to that job at once,
+# not when that job asks.
+PREFETCH_PAST_DEPARTED_PATCH = "timeshare-prefetch-past-departed-jobs"
 
 
 class GroupInput(BaseModel):
@@ -182,9 +186,23 @@ class GroupWorkflow:
             elif self._queue.needs_switch():
                 await self._switch()
             else:
-                target = self._queue.prefetch_target(self._now())
+                target = self._prefetch_target()
                 if target is not None and workflow.patched(PREFETCH_PATCH):
                     await self._switch(prefetch=target)
+
+    def _prefetch_target(self) -> str | None:
+        now = self._now()
+        before = self._queue.prefetch_target(now, departed_ask_never=False)
+        if before is not None:
+            return before
+        # Asked only where the answer differs, so that histories from before
+        # the change replay as they ran.
+        target = self._queue.prefetch_target(now)
+        return (
+            target
+            if target is not None and workflow.patched(PREFETCH_PAST_DEPARTED_PATCH)
+            else None
+        )
 
     def _arm(self, deadline: float | None) -> None:
         """Keep the timer that rings first at or before ``deadline``; a timer

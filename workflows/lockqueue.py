@@ -618,10 +618,13 @@ class LockQueue:
         late = PREFETCH_LATE_SHARE * gap + PREFETCH_LATE_SECONDS
         return expected if now <= expected + late else None
 
-    def prefetch_target(self, now: float) -> str | None:
+    def prefetch_target(self, now: float, departed_ask_never: bool = True) -> str | None:
         """The job worth bringing onto its nodes now, ahead of its request:
         while the group is idle, the job expected to ask first, if it is not
-        resident already and every job it would evict is expected later."""
+        resident already and every job it would evict is expected later. A
+        job that left or was evicted never asks again; ``departed_ask_never``
+        False: it blocks the prefetch, as it did before the change that let
+        the memory of a job that left go to the next one at once."""
         s = self.state
         if not self.policies or s.policy.prefetch != "auto" or not self._idle():
             return None
@@ -634,6 +637,8 @@ class LockQueue:
         if not moves or set(s.drained).intersection(s.jobs[target].nodes):
             return None
         evicted = {job for move in moves + self._leaving_elsewhere(moves) for job in move.evict}
+        if departed_ask_never:
+            evicted &= set(s.jobs)
         if any(known.get(job, known[target]) <= known[target] for job in evicted):
             return None
         return target
