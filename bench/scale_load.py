@@ -58,8 +58,10 @@ class LoadResult:
     # Evictions the groups counted (leases lost), and what the jobs were told.
     evictions: int
     lost: list[str]
-    # CPU seconds of each process of the stack (and this one) over the run.
+    # CPU seconds of each process of the stack (and this one) over the window.
     cpu: dict[str, float]
+    # Paced: over the groups' first grants and last yields, outside the window.
+    edge_cpu: dict[str, float] = field(default_factory=dict)
 
     @property
     def handoffs_per_s(self) -> float:
@@ -68,6 +70,11 @@ class LoadResult:
     def cpu_ms_per_handoff(self, names: Sequence[str]) -> float:
         """CPU of these processes together (the replicas of a part) per hand-over."""
         return sum(self.cpu[name] for name in names) * 1000 / max(1, self.handoffs)
+
+    def cpu_ms_per_handoff_with_edges(self, names: Sequence[str]) -> float:
+        """As measured before the first grants and last yields left the window."""
+        edges = sum(self.edge_cpu.get(name, 0.0) for name in names) * 1000
+        return self.cpu_ms_per_handoff(names) + edges / max(1, self.handoffs)
 
     def cpu_share(self, name: str) -> float:
         """Cores the process kept busy on average."""
@@ -93,13 +100,20 @@ async def _sleep_until(moment: float) -> None:
     await asyncio.sleep(max(0.0, moment - time.monotonic()))
 
 
+async def first_turn(jobs: list[timeshare.aio.Job], log: GroupLog) -> None:
+    """The group's first grant, before the measured window: it restores the
+    first job's state and hands nothing over."""
+    await jobs[0].acquire()
+    log.grants += 1
+
+
 async def paced_group(
     jobs: list[timeshare.aio.Job], log: GroupLog, phase: float, period: float, until: float
-) -> None:
-    """The group's turns, one hand-over every ``period`` seconds from ``phase``."""
+) -> timeshare.aio.Job:
+    """The group's hand-overs, one every ``period`` seconds from ``phase``;
+    ``jobs[0]`` holds the turn at the start. Returns the job that holds it at
+    the end, to give it back after the measured window."""
     holder = jobs[0]
-    await holder.acquire()
-    log.grants += 1
     turn = 1
     while (start := phase + turn * period) <= until:
         waiter = jobs[turn % len(jobs)]
@@ -112,15 +126,20 @@ async def paced_group(
         log.latencies.append((time.monotonic() - yielded_at) * 1000)
         log.grants += 1
         holder, turn = waiter, turn + 1
-    await holder.yield_()
+    return holder
 
 
-async def _guarded(log: GroupLog, run: Awaitable[None]) -> None:
+async def _guarded(log: GroupLog, run: Awaitable[T]) -> T | None:
     """A job evicted (its lease lost) ends its group's run; the run goes on."""
     try:
-        await run
+        return await run
     except (Aborted, NotFound) as error:
         log.lost.append(f"{log.group}: {error}")
+        return None
+
+
+def _guarding(log: GroupLog, call: Callable[[], Awaitable[T]]) -> Callable[[], Awaitable[T | None]]:
+    return lambda: _guarded(log, call())
 
 
 async def bounded(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
@@ -164,11 +183,18 @@ async def run_load(
         members = [joined[g * jobs_per_group : (g + 1) * jobs_per_group] for g in range(groups)]
         logs = [GroupLog(group) for group in names]
         rng = random.Random(seed)
+        edges = CpuMeter(processes)
+        if period > 0:
+            # Each group's first grant comes before the window and its last
+            # yield after it, so that the window's CPU is its hand-overs' alone.
+            await bounded([_guarding(log, partial(first_turn, jobs, log))
+                           for jobs, log in zip(members, logs, strict=True)])  # fmt: skip
+        edge_cpu = edges.used()
         with during or contextlib.nullcontext():
             meter = CpuMeter(processes)
             started = time.monotonic()
             until = started + seconds
-            runs: list[Awaitable[None]] = []
+            runs: list[Awaitable[timeshare.aio.Job | None]] = []
             for jobs, log in zip(members, logs, strict=True):
                 if period > 0:
                     phase = started + rng.uniform(0, period)
@@ -176,9 +202,14 @@ async def run_load(
                 else:
                     state = [""]
                     runs += [_guarded(log, fast_cycle(job, log, state, until)) for job in jobs]
-            await asyncio.gather(*runs)
+            holders = await asyncio.gather(*runs)
             elapsed = time.monotonic() - started
             cpu = meter.used()
+        if period > 0:
+            edges.reset()
+            last = [(holder, log) for holder, log in zip(holders, logs, strict=True) if holder]
+            await bounded([_guarding(log, holder.yield_) for holder, log in last])
+            edge_cpu = {name: edge_cpu[name] + used for name, used in edges.used().items()}
         statuses = await bounded([partial(clients[0].get_group, group) for group in names])
         evictions = sum(status.evictions for status in statuses)
         await bounded([job.leave for job in joined])
@@ -198,4 +229,5 @@ async def run_load(
         evictions=evictions,
         lost=[lost for log in logs for lost in log.lost],
         cpu=cpu,
+        edge_cpu=edge_cpu if period > 0 else {},
     )

@@ -35,6 +35,8 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
     ):
         assert key in figures, output  # fmt: skip
     assert figures["groups"] == "2" and figures["lost_leases"] == "0", output
+    # The first grants and last yields are measured apart from the hand-overs.
+    assert float(figures["worker_cpu_ratio_with_edges"]) > float(figures["worker_cpu_ratio"])
     # The old heartbeat wrote history that the count saw; renewals now write less.
     before = float(figures["history_events_per_idle_job_hour_before"])
     assert before > float(figures["history_events_per_idle_job_hour"]) >= 0, output

@@ -4,7 +4,7 @@ details in the Temporal UI, and the queue-depth gauge."""
 from __future__ import annotations
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey
+from temporalio.common import MetricGauge, SearchAttributeKey
 
 with workflow.unsafe.imports_passed_through():
     from timeshare.models import GroupStatus
@@ -30,6 +30,8 @@ class GroupVisibility:
         self._published: tuple[str, int, str] | None = None
         self._details = ""
         self._yield_epoch = 0
+        # Made once: each new gauge is a call into the SDK's core.
+        self._queue_depth: MetricGauge | None = None
 
     def publish(self, status: GroupStatus, yield_epoch: int | None = None) -> None:
         """``yield_epoch`` None: a group from before yield requests were
@@ -46,9 +48,13 @@ class GroupVisibility:
                     STATE.value_set(status.state),
                 ]
             )
-            workflow.metric_meter().create_gauge(
-                "timeshare.queue.depth", "Jobs waiting for the turn", "{job}"
-            ).set(len(status.queue), {"group": status.group})
+            if self._queue_depth is None:
+                self._queue_depth = (
+                    workflow.metric_meter()
+                    .with_additional_attributes({"group": status.group})
+                    .create_gauge("timeshare.queue.depth", "Jobs waiting for the turn", "{job}")
+                )
+            self._queue_depth.set(len(status.queue))
             self._published = shown
         details = current_details(status)
         if details != self._details:
