@@ -22,7 +22,7 @@ from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from bench.procstat import cpu_seconds
+from bench.procstat import cpu_seconds, tree_cpu_seconds
 from bench.profiling import Profiler
 from timeshare.workers.children import spawn, stop_process
 
@@ -102,12 +102,19 @@ class FloorCpu:
     activity_cpu_ms: float
     update_wall_ms: float
     activity_wall_ms: float
+    # The Temporal server's CPU per update, where its process was named.
+    server_update_cpu_ms: float = 0.0
+    server_activity_cpu_ms: float = 0.0
 
     @property
     def per_handoff_floor_ms(self) -> float:
         # A hand-over is at least an update that returns at once (the yield)
         # and one that awaits a switch activity (the waiter's acquire).
         return self.update_cpu_ms + self.activity_cpu_ms
+
+    @property
+    def per_handoff_server_floor_ms(self) -> float:
+        return self.server_update_cpu_ms + self.server_activity_cpu_ms
 
 
 def start_floor_worker(
@@ -134,17 +141,24 @@ async def measure_floor_cpu(
     workdir: Path,
     profile: Path | None = None,
     sandboxed: bool = False,
+    server_pid: int | None = None,
 ) -> FloorCpu:
     """The floor workflow's worker runs in a process of its own, the activity's
     worker here (as the scheduler's activities run in the agent's process).
     ``profile``: py-spy the worker over the measured updates, to this file.
-    ``sandboxed``: the workflow runs in a sandbox like the scheduler's."""
+    ``sandboxed``: the workflow runs in a sandbox like the scheduler's.
+    ``server_pid``: the Temporal server's process, whose CPU is read too."""
     log = workdir / f"floor-worker{'-sandboxed' if sandboxed else ''}.log"
     worker = start_floor_worker(temporal, log, sandboxed)
     profiling = Profiler(worker.pid, profile) if profile is not None else contextlib.nullcontext()
     try:
         cpu: dict[str, float] = {}
         wall: dict[str, float] = {}
+        server: dict[str, float] = {}
+
+        def server_cpu() -> float:
+            return tree_cpu_seconds(server_pid) if server_pid is not None else 0.0
+
         async with Worker(client, task_queue=ACTIVITY_QUEUE, activities=[floor_noop]):
             handle = await _start(client)
             for _ in range(3):
@@ -153,10 +167,12 @@ async def measure_floor_cpu(
             with profiling:
                 for name, update in FLOORS:
                     before, started = cpu_seconds(worker.pid), time.perf_counter()
+                    server_before = server_cpu()
                     for _ in range(iterations):
                         await handle.execute_update(update)
                     wall[name] = (time.perf_counter() - started) * 1000 / iterations
                     cpu[name] = (cpu_seconds(worker.pid) - before) * 1000 / iterations
+                    server[name] = (server_cpu() - server_before) * 1000 / iterations
             await handle.signal(FloorWorkflow.finish)
             await handle.result()
     finally:
@@ -166,4 +182,6 @@ async def measure_floor_cpu(
         activity_cpu_ms=cpu["update+activity"],
         update_wall_ms=wall["update"],
         activity_wall_ms=wall["update+activity"],
+        server_update_cpu_ms=server["update"],
+        server_activity_cpu_ms=server["update+activity"],
     )

@@ -152,13 +152,16 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
     floor = await measure_floor_cpu(
         temporal, stack.temporal, args.floor_iterations, workdir,
         args.profile / "floor-worker.txt" if args.profile else None,
+        server_pid=stack.processes["temporal"].pid,
     )  # fmt: skip
     sandboxed = await measure_floor_cpu(
         temporal, stack.temporal, args.floor_iterations, workdir,
         args.profile / "floor-worker-sandboxed.txt" if args.profile else None, sandboxed=True,
     )  # fmt: skip
     print(f"floor: update {floor.update_cpu_ms:.2f} ms CPU, "
-          f"update+activity {floor.activity_cpu_ms:.2f} ms CPU", flush=True)  # fmt: skip
+          f"update+activity {floor.activity_cpu_ms:.2f} ms CPU; Temporal's "
+          f"{floor.server_update_cpu_ms:.2f} and {floor.server_activity_cpu_ms:.2f} ms",
+          flush=True)  # fmt: skip
     idle = await measure_idle_history(
         temporal, stack.address, stack.node, args.idle_groups, 3, args.idle_seconds,
         args.idle_lease,
@@ -265,6 +268,11 @@ def report(
     with_edges = (
         reference.cpu_ms_per_handoff_with_edges(stack.scheduler_parts) / floor.per_handoff_floor_ms
     )
+    temporal_ms = reference.cpu_ms_per_handoff(["temporal"])
+    temporal_ratio = temporal_ms / max(1e-9, floor.per_handoff_server_floor_ms)
+    print(f"Temporal's CPU per hand-over at {reference.groups} groups: {temporal_ms:.1f} ms, "
+          f"against {floor.per_handoff_server_floor_ms:.1f} ms for the floor's two updates "
+          f"(ratio {temporal_ratio:.2f})")  # fmt: skip
     if reference.edge_cpu:
         print(f"scheduler CPU per hand-over at {reference.groups} groups: "
               f"{reference.cpu_ms_per_handoff(stack.scheduler_parts):.1f} ms in the window; "
@@ -282,6 +290,7 @@ def report(
         f"worker_cpu_ms_per_handoff={reference.cpu_ms_per_handoff(stack.scheduler_parts):.2f} "
         f"floor_cpu_ms={floor.per_handoff_floor_ms:.2f} worker_cpu_ratio={ratio:.2f} "
         f"worker_cpu_ratio_with_edges={with_edges:.2f} "
+        f"temporal_cpu_ms_per_handoff={temporal_ms:.2f} temporal_cpu_ratio={temporal_ratio:.2f} "
         f"sandboxed_floor_cpu_ms={sandboxed.per_handoff_floor_ms:.2f} "
         f"history_events_per_idle_job_hour={idle.now_per_job_hour:.2f} "
         f"history_events_per_idle_job_hour_before={idle.before_per_job_hour:.0f} "

@@ -32,6 +32,7 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
         "history_events_per_idle_job_hour_before",
         "temporal_requests_per_handoff",
         "temporal_store_requests_per_handoff",
+        "temporal_cpu_ratio",
     ):
         assert key in figures, output  # fmt: skip
     assert figures["groups"] == "2" and figures["lost_leases"] == "0", output
@@ -42,6 +43,9 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
     assert before > float(figures["history_events_per_idle_job_hour"]) >= 0, output
     # What the server did, from its own counters: updates and workflow tasks at least.
     assert float(figures["temporal_requests_per_handoff"]) > 0, output
+    # The server's CPU, in the load and in the floors: each measured, so neither is 0.
+    assert float(figures["temporal_cpu_ms_per_handoff"]) > 0, output
+    assert float(figures["temporal_cpu_ratio"]) > 0, output
     assert "UpdateWorkflowExecution" in run.stdout and "RespondWorkflowTaskCompleted" in run.stdout
 
 
