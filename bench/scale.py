@@ -45,6 +45,7 @@ from bench.scale_load import LoadResult, run_load
 from bench.stack import LocalStack
 from bench.temporal_operations import TemporalOperations
 from bench.watch_cost import WatchCost, measure_watch_cost
+from bench.window_history import window_events, workflow_tasks
 from timeshare.models import MAX_GPUS_PER_NODE
 from timeshare.status import table
 from timeshare.workers.service import connect_temporal
@@ -206,7 +207,20 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
             result.p99_ms >= P99_LIMIT_MS or result.evictions or result.lost or groups >= SEARCH_MAX
         ):
             break
-    report(args, stack, floor, sandboxed, idle, watch, results, operations)
+    history = await window_events(temporal, reference_result(results))
+    report(args, stack, floor, sandboxed, idle, watch, results, operations, history)
+
+
+def reference_result(results: list[LoadResult]) -> LoadResult:
+    """The load at REFERENCE_GROUPS, or the first size run."""
+    return next((r for r in results if r.groups == REFERENCE_GROUPS), results[0])
+
+
+def print_history(history: Counter[str], result: LoadResult) -> None:
+    print(f"history per hand-over at {result.groups} groups, in the window (the floor: "
+          "3 workflow tasks, 2 updates, 1 activity):")  # fmt: skip
+    rows = [[kind, f"{n / max(1, result.handoffs):.2f}"] for kind, n in history.most_common(14)]
+    print(table(["event", "per hand-over"], rows))
 
 
 @contextlib.contextmanager
@@ -235,6 +249,7 @@ def report(
     watch: WatchCost,
     results: list[LoadResult],
     operations: dict[int, TemporalOperations],
+    history: Counter[str],
 ) -> None:
     print()
     print_floor(floor, sandboxed)
@@ -251,10 +266,12 @@ def report(
           f"{replicas}")  # fmt: skip
     parts = [*stack.scheduler_parts, *stack.gateway_parts, "temporal", "agent", "bench"]
     print_loads(results, parts, stack.scheduler_parts)
-    reference = next((r for r in results if r.groups == REFERENCE_GROUPS), results[0])
+    reference = reference_result(results)
     at_reference = operations[reference.groups]
     print()
     print_operations(at_reference, reference)
+    print()
+    print_history(history, reference)
     if args.profile is not None:
         print()
         units = {
@@ -291,6 +308,7 @@ def report(
         f"floor_cpu_ms={floor.per_handoff_floor_ms:.2f} worker_cpu_ratio={ratio:.2f} "
         f"worker_cpu_ratio_with_edges={with_edges:.2f} "
         f"temporal_cpu_ms_per_handoff={temporal_ms:.2f} temporal_cpu_ratio={temporal_ratio:.2f} "
+        f"workflow_tasks_per_handoff={workflow_tasks(history) / max(1, reference.handoffs):.2f} "
         f"sandboxed_floor_cpu_ms={sandboxed.per_handoff_floor_ms:.2f} "
         f"history_events_per_idle_job_hour={idle.now_per_job_hour:.2f} "
         f"history_events_per_idle_job_hour_before={idle.before_per_job_hour:.0f} "

@@ -62,6 +62,9 @@ class LoadResult:
     cpu: dict[str, float]
     # Paced: over the groups' first grants and last yields, outside the window.
     edge_cpu: dict[str, float] = field(default_factory=dict)
+    # The groups, and the window's wall-clock start and end (Unix seconds).
+    group_names: list[str] = field(default_factory=list)
+    window: tuple[float, float] = (0.0, 0.0)
 
     @property
     def handoffs_per_s(self) -> float:
@@ -192,6 +195,7 @@ async def run_load(
         edge_cpu = edges.used()
         with during or contextlib.nullcontext():
             meter = CpuMeter(processes)
+            opened = time.time()
             started = time.monotonic()
             until = started + seconds
             runs: list[Awaitable[timeshare.aio.Job | None]] = []
@@ -205,6 +209,7 @@ async def run_load(
             holders = await asyncio.gather(*runs)
             elapsed = time.monotonic() - started
             cpu = meter.used()
+            closed = time.time()
         if period > 0:
             edges.reset()
             last = [(holder, log) for holder, log in zip(holders, logs, strict=True) if holder]
@@ -230,4 +235,6 @@ async def run_load(
         lost=[lost for log in logs for lost in log.lost],
         cpu=cpu,
         edge_cpu=edge_cpu if period > 0 else {},
+        group_names=names,
+        window=(opened, closed),
     )

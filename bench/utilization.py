@@ -19,6 +19,7 @@ them and does nothing for the others.
     python -m bench.utilization           # about 5 minutes
     python -m bench.utilization --quick   # about 1 minute
     python -m bench.utilization --pairs 4 # yield_nowait against blocking yields, 4 min
+    python -m bench.utilization --pairs 1 --timeline  # and every turn of each run
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pydantic import BaseModel
 from bench.stack import LocalStack
 from timeshare.status import table
 from timeshare.synthetic import SyntheticJobReport, load_report
-from timeshare.timeline import GPU_PHASES, utilisation
+from timeshare.timeline import GPU_PHASES, chart, turns_table, utilisation
 
 ITERATION_SECONDS = 2.5
 # Sampler and trainer split the GPU time 60:40.
@@ -91,7 +92,11 @@ class Result(BaseModel):
         return self.shared_iteration_s / self.alone_iteration_s
 
 
-def measure(stack: LocalStack, profile: Profile, iterations: int, workdir: Path) -> Result:
+def measure(
+    stack: LocalStack, profile: Profile, iterations: int, workdir: Path, timeline: bool = False
+) -> Result:
+    """``timeline``: print the run's chart and each turn (who waited, for
+    which switch, how long it was held)."""
     sample, reward, train = profile.phases()
     group = profile.label
     paths = [workdir / f"{group}-job-{i}.json" for i in range(profile.jobs)]
@@ -106,6 +111,8 @@ def measure(stack: LocalStack, profile: Profile, iterations: int, workdir: Path)
     if any(job.wait(600) for job in jobs):
         raise RuntimeError(f"a job of {group} failed; see {workdir}")
     reports = [load_report(path) for path in paths]
+    if timeline:
+        print(f"{group}:\n{chart(reports)}\n{turns_table(reports)}", flush=True)
     figures = utilisation(reports)
     switch_frac = figures.switch_seconds / figures.span_seconds
     alone = sum(p.end - p.start for r in reports for p in r.phases) / (profile.jobs * iterations)
@@ -159,7 +166,7 @@ def idle_while_waiting(reports: list[SyntheticJobReport], step: float = 0.001) -
     return sum(1 for w, g in zip(waiting, working, strict=True) if w and not g) * step
 
 
-def run_profiles(profiles: list[Profile], iterations: int) -> list[Result]:
+def run_profiles(profiles: list[Profile], iterations: int, timeline: bool = False) -> list[Result]:
     """Each profile in turn, on one stack."""
     results = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -170,7 +177,7 @@ def run_profiles(profiles: list[Profile], iterations: int) -> list[Result]:
         try:
             stack.start_all()
             for profile in profiles:
-                results.append(measure(stack, profile, iterations, Path(scratch)))
+                results.append(measure(stack, profile, iterations, Path(scratch), timeline))
                 r = results[-1]
                 print(f"{profile.jobs} jobs at {profile.duty:.0%} {profile.variant}: "
                       f"{r.baseline_util:.0%} -> {r.shared_util:.0%}", flush=True)  # fmt: skip
@@ -179,12 +186,12 @@ def run_profiles(profiles: list[Profile], iterations: int) -> list[Result]:
     return results
 
 
-def compare_yields(pairs: int, iterations: int) -> None:
+def compare_yields(pairs: int, iterations: int, timeline: bool = False) -> None:
     """The default profile with Job.yield_nowait and with blocking yields,
     alternately ``pairs`` times on one stack: a ratio on a noisy machine."""
     default, blocking = Profile(jobs=2, duty=0.4), Profile(jobs=2, duty=0.4,
                                                            variant="blocking-yields")  # fmt: skip
-    results = run_profiles([default, blocking] * pairs, iterations)
+    results = run_profiles([default, blocking] * pairs, iterations, timeline)
     rows = []
     for name, runs in (("yield_nowait", results[0::2]), ("blocking yields", results[1::2])):
         rows.append([
@@ -210,10 +217,14 @@ def main() -> None:
         help="only the default profile, with yield_nowait and with blocking yields, "
         "alternately N times",
     )  # fmt: skip
+    parser.add_argument(
+        "--timeline", action="store_true",
+        help="print each run's chart and turns (waits, switches, holds)",
+    )  # fmt: skip
     args = parser.parse_args()
     iterations = 4 if args.quick else 10
     if args.pairs:
-        compare_yields(args.pairs, iterations)
+        compare_yields(args.pairs, iterations, args.timeline)
         return
     profiles = [Profile(jobs=2, duty=0.4)]
     sweep = [(2, 0.25), (3, 0.4), (3, 0.25)] if args.quick else [
@@ -236,7 +247,7 @@ def main() -> None:
         f"{iterations} iterations per job",
         flush=True,
     )
-    results = run_profiles(profiles, iterations)
+    results = run_profiles(profiles, iterations, args.timeline)
     rows = [
         [
             str(r.profile.jobs), f"{r.profile.duty:.0%}", r.profile.variant or "-",

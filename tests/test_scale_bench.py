@@ -33,6 +33,7 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
         "temporal_requests_per_handoff",
         "temporal_store_requests_per_handoff",
         "temporal_cpu_ratio",
+        "workflow_tasks_per_handoff",
     ):
         assert key in figures, output  # fmt: skip
     assert figures["groups"] == "2" and figures["lost_leases"] == "0", output
@@ -46,6 +47,9 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
     # The server's CPU, in the load and in the floors: each measured, so neither is 0.
     assert float(figures["temporal_cpu_ms_per_handoff"]) > 0, output
     assert float(figures["temporal_cpu_ratio"]) > 0, output
+    # Every hand-over's switch is scheduled by one workflow task and granted by
+    # another, both inside the window its histories are counted in.
+    assert float(figures["workflow_tasks_per_handoff"]) >= 2, output
     assert "UpdateWorkflowExecution" in run.stdout and "RespondWorkflowTaskCompleted" in run.stdout
 
 
