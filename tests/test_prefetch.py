@@ -229,8 +229,9 @@ async def test_the_workflow_brings_the_next_job_in_when_the_holder_leaves(
     for phase in ("train", "sample"):
         grant = await acquire(handle, "a", phase=phase)
         await release(handle, "a", grant.epoch)
-    # b asks again a reward phase after its last yield: a gap it will repeat.
-    await asyncio.sleep(REWARD_SECONDS)
+    # b asks again a long reward phase after its last yield: a gap it will
+    # repeat, long enough that b is still expected when a leaves on a slow host.
+    await asyncio.sleep(2 * REWARD_SECONDS)
     grant = await acquire(handle, "b", phase="sample")
     await release(handle, "b", grant.epoch)
     grant = await acquire(handle, "a", phase="train")
