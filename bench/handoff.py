@@ -28,6 +28,10 @@ from bench.stats import p50_p90_p99
 from timeshare.names import group_workflow_id
 from timeshare.status import table
 from timeshare.workers.service import connect_temporal
+from timeshare.workers.temporal_server import (
+    TRANSFER_QUEUE_READS_PER_SECOND,
+    TRANSFER_READS_SETTING,
+)
 
 GROUP = "handoff"
 
@@ -120,13 +124,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Hand-over latency against Temporal's floors.")
     parser.add_argument("--quick", action="store_true", help="40 iterations instead of 200")
     parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument(
+        "--transfer-reads", type=int, metavar="N",
+        help="the embedded Temporal reads its transfer queue at most N times a second "
+        f"(default {TRANSFER_QUEUE_READS_PER_SECOND}; Temporal's own default is 20)",
+    )  # fmt: skip
     args = parser.parse_args()
     iterations = 40 if args.quick else args.iterations
+    reads = args.transfer_reads or TRANSFER_QUEUE_READS_PER_SECOND
     with tempfile.TemporaryDirectory() as scratch:
-        stack = LocalStack(Path(scratch), state_gib=0.0)
+        stack = LocalStack(
+            Path(scratch), state_gib=0.0,
+            temporal_options=[f"--dynamic-config={TRANSFER_READS_SETTING}={reads}"],
+        )  # fmt: skip
         try:
             stack.start_all()
-            print(f"stack ready; {iterations} iterations each", flush=True)
+            print(f"stack ready; {iterations} iterations each; transfer queue read at most "
+                  f"{reads} times a second", flush=True)  # fmt: skip
             with timeshare.connect(stack.address) as client:
                 a = client.join(GROUP, "job-a", [stack.node])
                 b = client.join(GROUP, "job-b", [stack.node])
@@ -161,7 +175,8 @@ def main() -> None:
     print(
         f"reacquire_p50_ms={re50:.1f} handoff_p50_ms={ho50:.1f} handoff_p99_ms={ho99:.1f} "
         f"floor_update_ms={up50:.1f} floor_activity_ms={act50:.1f} "
-        f"reacquire_ratio={re50 / up50:.2f} handoff_ratio={ho50 / act50:.2f}"
+        f"reacquire_ratio={re50 / up50:.2f} handoff_ratio={ho50 / act50:.2f} "
+        f"transfer_reads={reads}"
     )
 
 

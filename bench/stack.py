@@ -120,6 +120,8 @@ class LocalStack:
     more_gateway_ports: list[int] = field(default_factory=list)
     # What the simulated GPUs hold (None: device_memory_dir).
     device_dir: Path | None = None
+    # Passed to `timeshare temporal` after the others (--dynamic-config=..., say).
+    temporal_options: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.schedulers < 1 or self.gateways < 1:
@@ -201,7 +203,7 @@ class LocalStack:
             "temporal": timeshare_command(
                 "temporal", f"--port={self.temporal_port}", f"--ui-port={self.ui_port}",
                 f"--data-dir={self.workdir / 'data'}",
-                f"--metrics-port={self.temporal_metrics_port}",
+                f"--metrics-port={self.temporal_metrics_port}", *self.temporal_options,
             ),
             **{part: timeshare_command("scheduler", *common) for part in self.scheduler_parts},
             **{

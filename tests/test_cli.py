@@ -17,6 +17,12 @@ from tests.conftest import REPO, wait_for_line
 from timeshare import cli
 from timeshare.cli.server_settings import AGENT_OPTIONS, agent_arguments, job_state, socket_group
 from timeshare.credentials import llmd_job_token
+from timeshare.workers.temporal_server import (
+    MAX_IN_FLIGHT_UPDATES,
+    TRANSFER_QUEUE_READS_PER_SECOND,
+    TRANSFER_READS_SETTING,
+    dev_server_command,
+)
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -131,6 +137,8 @@ BAD_ARGUMENTS = [
     ["drain", "Node!", "--address", CLOSED],
     ["undrain", "n", "--address", CLOSED],
     ["register", "--group", "g", "--job", "j", "--pid", "4242", "--socket", "/nonexistent.sock"],
+    ["temporal", "--dynamic-config", "history.transferProcessorMaxPollRPS"],
+    ["temporal", "--dynamic-config", "=5"],
 ]
 
 
@@ -220,3 +228,20 @@ def test_temporal_address_alone_points_every_process_at_temporal(temporal_addres
         finally:
             process.terminate()
             process.wait(30)
+
+
+def test_temporal_dynamic_config_goes_over_timeshares_own() -> None:
+    """`timeshare temporal --dynamic-config KEY=VALUE`: one value per key
+    reaches the dev server, the given one; the other settings stay."""
+    args = cli.build_parser().parse_args(
+        ["temporal", f"--dynamic-config={TRANSFER_READS_SETTING}=20", "--dynamic-config=a.b=c"]
+    )
+    command = dev_server_command(
+        7233, 8233, Path("/tmp/x"), dynamic_config=dict(args.dynamic_config)
+    )
+    values = [command[i + 1] for i, part in enumerate(command) if part == "--dynamic-config-value"]
+    transfer = [v for v in values if v.startswith(f"{TRANSFER_READS_SETTING}=")]
+    assert transfer == [f"{TRANSFER_READS_SETTING}=20"] and "a.b=c" in values
+    assert f"history.maxInFlightUpdates={MAX_IN_FLIGHT_UPDATES}" in values
+    default = dev_server_command(7233, 8233, Path("/tmp/x"))
+    assert f"{TRANSFER_READS_SETTING}={TRANSFER_QUEUE_READS_PER_SECOND}" in default

@@ -45,7 +45,12 @@ from timeshare.activities.processes import ProcessTable
 from timeshare.cli import build_parser, gateway_security, temporal_settings
 from timeshare.workers.agent_socket import serve_agent_socket
 from timeshare.workers.gateway import SERVICE_NAME
-from timeshare.workers.temporal_server import MAX_IN_FLIGHT_UPDATES, SEARCH_ATTRIBUTES
+from timeshare.workers.temporal_server import (
+    MAX_IN_FLIGHT_UPDATES,
+    SEARCH_ATTRIBUTES,
+    TRANSFER_QUEUE_READS_PER_SECOND,
+    TRANSFER_READS_SETTING,
+)
 
 Obj = dict[str, Any]
 
@@ -634,6 +639,10 @@ def test_temporal_values_use_postgresql_and_admit_every_waiter(temporal_values: 
         assert "existingSecret" in sql and "password" not in sql, name
     [limit] = server["dynamicConfig"]["history.maxInFlightUpdates"]
     assert limit["value"] == MAX_IN_FLIGHT_UPDATES
+    # A switch's dispatch and the grant's wait for the transfer queue's next
+    # read: faster than Temporal's default of 20 reads a second.
+    [reads] = server["dynamicConfig"][TRANSFER_READS_SETTING]
+    assert 20 < reads["value"] <= TRANSFER_QUEUE_READS_PER_SECOND
 
 
 # -- systemd -------------------------------------------------------------------------------------

@@ -39,6 +39,11 @@ def add_server_commands(commands: Subparsers) -> None:
     temporal.add_argument(
         "--metrics-port", type=PORT, help="serve Temporal's own Prometheus metrics on this port"
     )
+    temporal.add_argument(
+        "--dynamic-config", type=dynamic_setting, action="append", default=[],
+        metavar="KEY=VALUE",
+        help="a Temporal dynamic-config setting, over timeshare's own (repeatable)",
+    )  # fmt: skip
     temporal.set_defaults(handler=run_temporal, server=True)
 
     scheduler = commands.add_parser("scheduler", help="run the scheduler worker")
@@ -130,6 +135,15 @@ def _gateway_options(gateway: argparse.ArgumentParser) -> None:
     )
 
 
+def dynamic_setting(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not KEY=VALUE (history.transferProcessorMaxPollRPS=1000, say)"
+        )
+    return key.strip(), value.strip()
+
+
 def run_temporal(args: argparse.Namespace) -> int:
     from timeshare.workers.service import run_service
     from timeshare.workers.temporal_server import serve_temporal
@@ -137,7 +151,12 @@ def run_temporal(args: argparse.Namespace) -> int:
     run_service(
         "temporal",
         lambda stop: serve_temporal(
-            stop, args.port, args.ui_port, args.data_dir, args.metrics_port
+            stop,
+            args.port,
+            args.ui_port,
+            args.data_dir,
+            args.metrics_port,
+            dict(args.dynamic_config),
         ),
     )
 
