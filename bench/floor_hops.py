@@ -26,7 +26,7 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from bench.floors import ACTIVITY_QUEUE, WORKFLOW_QUEUE, FloorWorkflow, floor_noop
+from bench.floors import ACTIVITY_QUEUE, WORKFLOW_QUEUE, FloorWorkflow, floor_noop, start_floor
 from bench.stack import LocalStack
 from timeshare.status import table
 from timeshare.workers.service import connect_temporal
@@ -43,9 +43,7 @@ async def one_run(address: str, iterations: int) -> tuple[float, float, float]:
                workflow_runner=UnsandboxedWorkflowRunner()),
         Worker(client, task_queue=ACTIVITY_QUEUE, activities=[floor_noop]),
     ):  # fmt: skip
-        handle = await client.start_workflow(
-            FloorWorkflow.run, id=f"floor-hops-{uuid.uuid4().hex[:8]}", task_queue=queue
-        )
+        handle = await start_floor(client, queue)
         for _ in range(3):
             await handle.execute_update(FloorWorkflow.via_activity)  # warm up
         timings = []

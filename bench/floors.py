@@ -64,9 +64,11 @@ class FloorWorkflow:
 FLOORS = (("update", FloorWorkflow.ping), ("update+activity", FloorWorkflow.via_activity))
 
 
-async def _start(client: Client) -> WorkflowHandle[FloorWorkflow, None]:
+async def start_floor(
+    client: Client, task_queue: str = WORKFLOW_QUEUE
+) -> WorkflowHandle[FloorWorkflow, None]:
     return await client.start_workflow(
-        FloorWorkflow.run, id=f"floor-{uuid.uuid4().hex[:8]}", task_queue=WORKFLOW_QUEUE
+        FloorWorkflow.run, id=f"floor-{uuid.uuid4().hex[:8]}", task_queue=task_queue
     )
 
 
@@ -82,7 +84,7 @@ async def measure_floors(client: Client, iterations: int) -> dict[str, list[floa
         ),
         Worker(client, task_queue=ACTIVITY_QUEUE, activities=[floor_noop]),
     ):
-        handle = await _start(client)
+        handle = await start_floor(client)
         for name, update in FLOORS:
             await handle.execute_update(update)  # warm up
             for _ in range(iterations):
@@ -160,7 +162,7 @@ async def measure_floor_cpu(
             return tree_cpu_seconds(server_pid) if server_pid is not None else 0.0
 
         async with Worker(client, task_queue=ACTIVITY_QUEUE, activities=[floor_noop]):
-            handle = await _start(client)
+            handle = await start_floor(client)
             for _ in range(3):
                 for _, update in FLOORS:
                     await handle.execute_update(update)  # warm up: cached, sticky
