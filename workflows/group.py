@@ -192,17 +192,13 @@ class GroupWorkflow:
 
     def _prefetch_target(self) -> str | None:
         now = self._now()
-        before = self._queue.prefetch_target(now, departed_ask_never=False)
-        if before is not None:
-            return before
-        # Asked only where the answer differs, so that histories from before
-        # the change replay as they ran.
         target = self._queue.prefetch_target(now)
-        return (
-            target
-            if target is not None and workflow.patched(PREFETCH_PAST_DEPARTED_PATCH)
-            else None
-        )
+        # The rule before the change is stricter: where it agrees, or where
+        # there is no target at all, the patch is not asked, so that histories
+        # from before the change replay as they ran.
+        if target is None or self._queue.prefetch_target(now, departed_ask_never=False):
+            return target
+        return target if workflow.patched(PREFETCH_PAST_DEPARTED_PATCH) else None
 
     def _arm(self, deadline: float | None) -> None:
         """Keep the timer that rings first at or before ``deadline``; a timer
