@@ -186,13 +186,14 @@ async def run_load(
         members = [joined[g * jobs_per_group : (g + 1) * jobs_per_group] for g in range(groups)]
         logs = [GroupLog(group) for group in names]
         rng = random.Random(seed)
+        # Paced, each group's first grant comes before the window and its last
+        # yield after it, so that the window's CPU is its hand-overs' alone.
         edges = CpuMeter(processes)
+        edge_cpu: dict[str, float] = {}
         if period > 0:
-            # Each group's first grant comes before the window and its last
-            # yield after it, so that the window's CPU is its hand-overs' alone.
             await bounded([_guarding(log, partial(first_turn, jobs, log))
                            for jobs, log in zip(members, logs, strict=True)])  # fmt: skip
-        edge_cpu = edges.used()
+            edge_cpu = edges.used()
         with during or contextlib.nullcontext():
             meter = CpuMeter(processes)
             opened = time.time()
@@ -234,7 +235,7 @@ async def run_load(
         evictions=evictions,
         lost=[lost for log in logs for lost in log.lost],
         cpu=cpu,
-        edge_cpu=edge_cpu if period > 0 else {},
+        edge_cpu=edge_cpu,
         group_names=names,
         window=(opened, closed),
     )
