@@ -59,7 +59,8 @@ async def test_turns_through_the_gateway(
     assert beat.holding and beat.epoch == second.epoch
     await b.yield_()
     status = await api.get_group(f"g-{unique}")
-    assert (status.state, status.epoch, status.resident) == ("idle", 2, {node: "b"})
+    # Nobody holds or waits; a, away the longest, may be coming back already.
+    assert (status.holder, status.epoch, status.queue) == ("", 2, [])
     assert await eventually_listed(api, f"g-{unique}")
     await a.leave()
     await b.leave()

@@ -102,9 +102,13 @@ async def test_llmd_client_jobs_take_turns_in_order(
     await waiting[1]
     alone = await stub.Yield(llmd.YieldRequest(job_id="c", group_id=group))
     assert alone.pending_waiters == 0 and alone.snapshot_deferred
-    status = await stub.GetGroupStatus(llmd.GetGroupStatusRequest(group_id=group))
-    assert status.group.group_state == GroupState.STATE_IDLE_YIELDED
-    assert status.group.loaded_job == "c"
+    # Idle, with a brought back ahead of its request: of the jobs that have
+    # had a turn, it has been away the longest (prefetch).
+    await status_when(
+        stub,
+        group,
+        lambda s: s.group_state == GroupState.STATE_IDLE_YIELDED and s.loaded_job == "a",
+    )
     back = await stub.Acquire(llmd.AcquireRequest(job_id="a", group_id=group))
     assert back.context_restored  # a's state came back from host memory
     with pytest.raises(grpc.aio.AioRpcError) as refused:

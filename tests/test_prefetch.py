@@ -152,13 +152,46 @@ def test_a_job_that_left_gives_its_memory_to_the_job_expected_next() -> None:
     assert [(m.node, m.admit, m.evict) for m in plan.moves] == [("n1", "b", ["a"])]
 
 
-def test_nothing_is_prefetched_without_a_pattern_or_for_an_overdue_job() -> None:
+def test_nothing_is_prefetched_for_a_job_that_never_held_a_turn_or_is_overdue() -> None:
     queue = policy_queue()
     turn(queue, "a", "sample", 0.0)
-    assert queue.prefetch_target(0.5) is None  # nobody has asked twice
+    assert queue.prefetch_target(0.5) is None  # b has never had a turn to come back to
     learned(queue)
     # a was due at 5.0; long after, it is no longer expected.
     assert queue.expected_ask("a", 20.0) is None
+
+
+def test_with_no_request_known_the_job_away_longest_comes_in() -> None:
+    """Each job's first iteration: nobody has shown when it asks again, so the
+    job that left the GPUs first is guessed to come back first."""
+    queue = policy_queue()
+    turn(queue, "b", "sample", 0.0)  # b: 0.0 - 0.5
+    now = turn(queue, "a", "sample", 0.6)  # a is switched in: 0.6 - 1.1
+    assert queue.expected_ask("a", now) is None and queue.expected_ask("b", now) is None
+    assert queue.prefetch_target(now, guess_unknown=False) is None  # the rule before the guess
+    assert queue.prefetch_target(now) == "b"
+    plan = queue.begin_prefetch("b", now)
+    assert [(m.node, m.admit, m.evict) for m in plan.moves] == [("n1", "b", ["a"])]
+    queue.finish_switch(now + 0.1, restored=True)
+    # b is in; a, which left later, does not push it out again.
+    assert queue.prefetch_target(now + 0.1) is None
+
+
+def test_the_guess_follows_the_order_in_which_jobs_left() -> None:
+    queue = policy_queue()
+    queue.join("c", ["n1"], "hash-c", now=0.0)
+    now = 0.0
+    for job in ("c", "b", "a"):
+        now = turn(queue, job, "sample", now + 0.1)
+    assert queue.prefetch_target(now) == "c"  # left first
+    queue.begin_prefetch("c", now)
+    queue.finish_switch(now + 0.1, restored=True)
+    assert queue.prefetch_target(now + 0.1) is None  # b and a left after c
+    # Once c has asked again, its next request is known: no more guessing;
+    # c, expected back, keeps its state.
+    now = turn(queue, "c", "sample", now + 0.2)
+    assert queue.expected_ask("c", now) is not None
+    assert queue.prefetch_target(now) is None
 
 
 def test_no_prefetch_while_a_request_waits_or_a_turn_is_held() -> None:
@@ -242,6 +275,24 @@ async def test_the_workflow_brings_the_next_job_in_when_the_holder_leaves(
     await eventually(handle, lambda s: s.resident.get(node) == "b" and s.state == "idle")
     asked = time.time()
     grant = await acquire(handle, "b", phase="sample")
+    assert grant.switch_seconds == 0.0 and grant.context_restored
+    restores = [e for e in backend.events if e["event"] == "restore" and e["job"] == "b"]
+    assert restores[-1]["end"] <= asked
+
+
+async def test_the_workflow_brings_back_the_job_away_longest_in_the_first_iteration(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    """b samples, then a: nobody has asked twice yet, so when a yields, b
+    (away the longest) is brought back before it asks for training."""
+    handle, backend = await group_on_one_node(client, sim_nodes, unique)
+    node = f"n-{unique}"
+    for job in ("b", "a"):
+        grant = await acquire(handle, job, phase="sample")
+        await release(handle, job, grant.epoch)
+    await eventually(handle, lambda s: s.resident.get(node) == "b" and s.state == "idle")
+    asked = time.time()
+    grant = await acquire(handle, "b", phase="train")
     assert grant.switch_seconds == 0.0 and grant.context_restored
     restores = [e for e in backend.events if e["event"] == "restore" and e["job"] == "b"]
     assert restores[-1]["end"] <= asked

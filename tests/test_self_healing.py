@@ -132,7 +132,9 @@ async def test_an_over_long_turn_is_preempted_and_resumed(
     status = await eventually(handle, lambda s: s.holder == "a")
     assert status.preemptions == 1
     await release(handle, "a", first.epoch)  # a yields the epoch it was given
-    assert (await handle.query(GroupWorkflow.status)).state == "idle"
+    # Nobody holds or waits (b's state may be coming back ahead of its next ask).
+    status = await handle.query(GroupWorkflow.status)
+    assert status.holder == "" and status.queue == []
     assert not [e for e in backend.events if e["event"] == "overlap"]
 
 

@@ -103,6 +103,9 @@ SLICE_BY_MAIN_TIMER_PATCH = "timeshare-slices-by-the-main-timer"
 # the prefetch of the job expected next: its memory goes to that job at once,
 # not when that job asks.
 PREFETCH_PAST_DEPARTED_PATCH = "timeshare-prefetch-past-departed-jobs"
+# From this change on, where nobody's next request can be told yet, an idle
+# group brings in the job away the longest (LockQueue._longest_away).
+PREFETCH_GUESS_PATCH = "timeshare-prefetch-the-job-away-longest"
 
 
 class GroupInput(BaseModel):
@@ -193,10 +196,13 @@ class GroupWorkflow:
     def _prefetch_target(self) -> str | None:
         now = self._now()
         target = self._queue.prefetch_target(now)
-        # The rule before the change is stricter: where it agrees, or where
-        # there is no target at all, the patch is not asked, so that histories
-        # from before the change replay as they ran.
-        if target is None or self._queue.prefetch_target(now, departed_ask_never=False):
+        if target is None:
+            return None
+        # Each older rule is stricter: a patch is asked only where the rules
+        # differ, so that histories from before each change replay as they ran.
+        if self._queue.prefetch_target(now, guess_unknown=False) is None:
+            return target if workflow.patched(PREFETCH_GUESS_PATCH) else None
+        if self._queue.prefetch_target(now, departed_ask_never=False, guess_unknown=False):
             return target
         return target if workflow.patched(PREFETCH_PAST_DEPARTED_PATCH) else None
 
@@ -304,7 +310,7 @@ class GroupWorkflow:
     def _publish(self) -> None:
         now = self._now()
         self._visibility.publish(
-            self._queue.status(now),
+            self._queue.summary(now),
             self._queue.yield_requested_epoch(now) if self._queue.policies else None,
         )
 

@@ -71,6 +71,24 @@ PREFETCH_LATE_SHARE = 0.25
 PREFETCH_LATE_SECONDS = 0.05
 
 
+@dataclass(frozen=True)
+class GroupSummary:
+    """What a group shows outside its workflow (workflows/visibility.py)."""
+
+    group: str
+    state: GroupStateName
+    holder: str
+    holder_phase: str
+    yield_requested: bool
+    epoch: int
+    switches: int
+    degraded_cause: str
+    queue: tuple[str, ...]
+    ordering: str
+    phase_priority: tuple[tuple[str, int], ...]
+    resident: tuple[tuple[str, str], ...]
+
+
 class QueueError(Exception):
     """A message the queue refuses; ``code`` says why, as the gRPC status to report."""
 
@@ -618,20 +636,27 @@ class LockQueue:
         late = PREFETCH_LATE_SHARE * gap + PREFETCH_LATE_SECONDS
         return expected if now <= expected + late else None
 
-    def prefetch_target(self, now: float, departed_ask_never: bool = True) -> str | None:
+    def prefetch_target(
+        self, now: float, departed_ask_never: bool = True, guess_unknown: bool = True
+    ) -> str | None:
         """The job worth bringing onto its nodes now, ahead of its request:
         while the group is idle, the job expected to ask first, if it is not
         resident already and every job it would evict is expected later. A
         job that left or was evicted never asks again; ``departed_ask_never``
         False: it blocks the prefetch, as it did before the change that let
-        the memory of a job that left go to the next one at once."""
+        the memory of a job that left go to the next one at once.
+
+        Where no job's next request can be told yet (each job's first
+        iteration), the guess is the job away the longest (see
+        ``_longest_away``); ``guess_unknown`` False: nothing is prefetched
+        then, as before the change that made the guess."""
         s = self.state
         if not self.policies or s.policy.prefetch != "auto" or not self._idle():
             return None
         expected = {job: self.expected_ask(job, now) for job in s.jobs}
         known = {job: at for job, at in expected.items() if at is not None}
         if not known:
-            return None
+            return self._longest_away() if guess_unknown else None
         target = min(known, key=lambda job: (known[job], job))
         moves = self.moves_for(target)
         if not moves or set(s.drained).intersection(s.jobs[target].nodes):
@@ -642,6 +667,30 @@ class LockQueue:
         if any(known.get(job, known[target]) <= known[target] for job in evicted):
             return None
         return target
+
+    def _longest_away(self) -> str | None:
+        """With nobody's next request known: the job that has been away from
+        its nodes the longest since its last turn, if everything it would
+        evict yielded later than it did. Jobs that take turns in a cycle (two
+        RL jobs alternating) come back in the order they left; a job that
+        yielded just now is the likeliest to be busy elsewhere for a while. A
+        job that has never held a turn, or that holds the memory already, is
+        not a candidate."""
+        s = self.state
+        away = sorted(
+            (entry.yielded_at, job)
+            for job, entry in s.jobs.items()
+            if entry.yielded_at and not set(s.drained).intersection(entry.nodes)
+        )
+        for yielded_at, job in away:
+            moves = self.moves_for(job)
+            if not moves:
+                continue
+            evicted = {j for move in moves + self._leaving_elsewhere(moves) for j in move.evict}
+            if all(s.jobs[j].yielded_at > yielded_at for j in evicted & set(s.jobs)):
+                return job
+            return None  # the job away the longest would evict one away longer still
+        return None
 
     def begin_prefetch(self, job: str, now: float, whole_jobs: bool = True) -> SwitchPlan:
         """Plan the switch that brings ``job`` onto its nodes before it asks."""
@@ -808,27 +857,51 @@ class LockQueue:
             switches=[s.as_record() for s in self.state.recent_switches],
         )
 
+    def summary(self, now: float) -> GroupSummary:
+        """What the group shows outside its workflow (the status's fields
+        that search attributes and the UI's details show), cheaper to make
+        than the whole status and to compare with the last one shown."""
+        s = self.state
+        return GroupSummary(
+            group=s.group,
+            state=self._state_name(),
+            holder=s.turn.job if s.turn is not None else "",
+            holder_phase=s.turn.phase if s.turn is not None else "",
+            yield_requested=self.policies and self.yield_requested_epoch(now) != 0,
+            epoch=s.epoch,
+            switches=s.switches,
+            degraded_cause=s.degraded_cause,
+            queue=tuple(self._queue_in_grant_order(now)),
+            ordering=s.policy.ordering,
+            phase_priority=tuple(sorted(s.policy.phase_priority.items())),
+            resident=tuple(sorted(s.resident.items())),
+        )
+
+    def _queue_in_grant_order(self, now: float) -> list[str]:
+        s = self.state
+        if not self.policies:
+            return [w.job for w in s.queue]
+        return [w.job for w in ordering.in_grant_order(s.queue, s.jobs, s.policy, now)]
+
+    def _state_name(self) -> GroupStateName:
+        s = self.state
+        if s.degraded_cause:
+            return "degraded"
+        if s.switching is not None or self.needs_switch():
+            return "switching"
+        if s.turn is not None:
+            return "held"
+        return "paused" if s.paused else "idle"
+
     def status(self, now: float | None = None) -> GroupStatus:
         s = self.state
         when = self._clock if now is None else now
-        queue = (
-            ordering.in_grant_order(s.queue, s.jobs, s.policy, when) if self.policies else s.queue
-        )
-        state: GroupStateName = "idle"
-        if s.degraded_cause:
-            state = "degraded"
-        elif s.switching is not None or self.needs_switch():
-            state = "switching"
-        elif s.turn is not None:
-            state = "held"
-        elif s.paused:
-            state = "paused"
         return GroupStatus(
             group=s.group,
-            state=state,
+            state=self._state_name(),
             holder=s.turn.job if s.turn is not None else "",
             epoch=s.epoch,
-            queue=[w.job for w in queue],
+            queue=self._queue_in_grant_order(when),
             jobs=[
                 JobStatus(
                     job=name,

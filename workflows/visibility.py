@@ -7,7 +7,7 @@ from temporalio import workflow
 from temporalio.common import MetricGauge, SearchAttributeKey
 
 with workflow.unsafe.imports_passed_through():
-    from timeshare.models import GroupStatus
+    from timeshare.workflows.lockqueue import GroupSummary
 
 HOLDER = SearchAttributeKey.for_keyword("TimeshareHolder")
 QUEUE_DEPTH = SearchAttributeKey.for_int("TimeshareQueueDepth")
@@ -27,61 +27,60 @@ class GroupVisibility:
     """Publishes what changed since the last call; call it after every change."""
 
     def __init__(self) -> None:
+        self._shown: GroupSummary | None = None
         self._published: tuple[str, int, str] | None = None
-        self._details = ""
         self._yield_epoch = 0
         # Made once: each new gauge is a call into the SDK's core.
         self._queue_depth: MetricGauge | None = None
 
-    def publish(self, status: GroupStatus, yield_epoch: int | None = None) -> None:
+    def publish(self, summary: GroupSummary, yield_epoch: int | None = None) -> None:
         """``yield_epoch`` None: a group from before yield requests were
         published (its history has no memo to replay)."""
         if yield_epoch is not None and yield_epoch != self._yield_epoch:
             workflow.upsert_memo({YIELD_EPOCH_MEMO: yield_epoch})
             self._yield_epoch = yield_epoch
-        shown = (status.holder, len(status.queue), status.state)
+        if summary == self._shown:
+            return
+        self._shown = summary
+        shown = (summary.holder, len(summary.queue), summary.state)
         if shown != self._published and workflow.patched(PATCH):
             workflow.upsert_search_attributes(
                 [
-                    HOLDER.value_set(status.holder or "-"),
-                    QUEUE_DEPTH.value_set(len(status.queue)),
-                    STATE.value_set(status.state),
+                    HOLDER.value_set(summary.holder or "-"),
+                    QUEUE_DEPTH.value_set(len(summary.queue)),
+                    STATE.value_set(summary.state),
                 ]
             )
             if self._queue_depth is None:
                 self._queue_depth = (
                     workflow.metric_meter()
-                    .with_additional_attributes({"group": status.group})
+                    .with_additional_attributes({"group": summary.group})
                     .create_gauge("timeshare.queue.depth", "Jobs waiting for the turn", "{job}")
                 )
-            self._queue_depth.set(len(status.queue))
+            self._queue_depth.set(len(summary.queue))
             self._published = shown
-        details = current_details(status)
-        if details != self._details:
-            workflow.set_current_details(details)
-            self._details = details
+        workflow.set_current_details(current_details(summary))
 
 
-def current_details(status: GroupStatus) -> str:
+def current_details(summary: GroupSummary) -> str:
     """A small markdown table for the Temporal UI."""
-    state = status.state + (f" ({status.degraded_cause})" if status.degraded_cause else "")
-    holder = status.holder or "-"
-    if status.holder_phase:
-        holder += f" ({status.holder_phase})"
-    if status.yield_requested:
+    state = summary.state + (f" ({summary.degraded_cause})" if summary.degraded_cause else "")
+    holder = summary.holder or "-"
+    if summary.holder_phase:
+        holder += f" ({summary.holder_phase})"
+    if summary.yield_requested:
         holder += ", asked to yield"
-    policy = status.policy
     lines = [
-        f"**{status.group}**: {state}, epoch {status.epoch}, {status.switches} switches",
+        f"**{summary.group}**: {state}, epoch {summary.epoch}, {summary.switches} switches",
         "",
         "| | |",
         "|---|---|",
         f"| holder | {holder} |",
-        f"| queue | {', '.join(status.queue) or '-'} |",
-        f"| ordering | {policy.ordering} |",
+        f"| queue | {', '.join(summary.queue) or '-'} |",
+        f"| ordering | {summary.ordering} |",
     ]
-    if policy.phase_priority:
-        bonuses = ", ".join(f"{p} {b:+d}" for p, b in sorted(policy.phase_priority.items()))
+    if summary.phase_priority:
+        bonuses = ", ".join(f"{p} {b:+d}" for p, b in summary.phase_priority)
         lines.append(f"| phase priority | {bonuses} |")
-    lines += [f"| node {node} | {job} |" for node, job in sorted(status.resident.items())]
+    lines += [f"| node {node} | {job} |" for node, job in summary.resident]
     return "\n".join(lines)
