@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Literal
 
@@ -46,6 +47,9 @@ BANDWIDTH_GBPS = 20.0
 # Room for two jobs' state on the simulated GPU (used only where a group's
 # policy allows co-residency).
 CAPACITY_GIB = 2 * STATE_GIB
+# Time for every job's process to start and join before the first iteration
+# (a Python start on a loaded 2-core machine takes up to a few seconds).
+START_LEAD_SECONDS = 5.0
 Variant = Literal["", "co-resident", "discard", "blocking-yields"]
 
 
@@ -100,11 +104,15 @@ def measure(
     sample, reward, train = profile.phases()
     group = profile.label
     paths = [workdir / f"{group}-job-{i}.json" for i in range(profile.jobs)]
+    # Every job starts from one moment, each 0.2 s after the one before,
+    # however long its process took to start and join.
+    start_at = time.time() + START_LEAD_SECONDS
     jobs = [
         stack.job(
             group, f"job-{i}", path, f"--iterations={iterations}",
             f"--sample-seconds={sample}", f"--reward-seconds={reward}",
-            f"--train-seconds={train}", f"--start-delay-seconds={0.2 * i}", *profile.options(),
+            f"--train-seconds={train}", f"--start-delay-seconds={0.2 * i}",
+            f"--start-at={start_at}", *profile.options(),
         )
         for i, path in enumerate(paths)
     ]  # fmt: skip

@@ -31,6 +31,10 @@ class SyntheticJobSpec(BaseModel):
     reward_seconds: float = 1.8
     train_seconds: float = 0.6
     start_delay_seconds: float = 0.0
+    # Unix seconds: the delay counts from here, once the job has joined, not
+    # from the process's start (benchmarks: equal starts however long each
+    # process took to import and join).
+    start_at: float | None = None
     # A profile's iteration instead of sample, reward, train: phases "gpu" and
     # "cpu", each GPU phase's acquire named as the profile names it.
     iteration: list[Phase] | None = None
@@ -108,7 +112,8 @@ def run_synthetic_job(
     spec: SyntheticJobSpec, report_path: Path | None = None
 ) -> SyntheticJobReport:
     report = SyntheticJobReport(spec=spec)
-    time.sleep(spec.start_delay_seconds)
+    if spec.start_at is None:
+        time.sleep(spec.start_delay_seconds)
     with contextlib.ExitStack() as open_until_done:
         client = open_until_done.enter_context(timeshare.connect(spec.address))
 
@@ -123,6 +128,8 @@ def run_synthetic_job(
         job = join()
         # Served once joined: the agent admits hooks only with the job's token.
         open_until_done.enter_context(_hooks_served(spec, report))
+        if spec.start_at is not None:
+            _sleep_until(spec.job, spec.start_at + spec.start_delay_seconds)
         report.started = time.time()
         phases = _phases(spec)
         steps = [(i, phase) for i in range(spec.iterations) for phase in phases]
@@ -154,6 +161,14 @@ def run_synthetic_job(
             if report_path is not None:
                 report_path.write_text(report.model_dump_json(indent=1))
     return report
+
+
+def _sleep_until(job: str, start: float) -> None:
+    late = time.time() - start
+    if late > 0:
+        print(f"{job}: joined {late:.2f} s after its start time; starting now "
+              "(give the jobs longer to start)", flush=True)  # fmt: skip
+    time.sleep(max(0.0, -late))
 
 
 def _phases(spec: SyntheticJobSpec) -> list[tuple[str, bool, float, str]]:

@@ -132,6 +132,11 @@ def _synthetic_job_command(commands: Subparsers) -> None:
     job.add_argument("--train-seconds", type=SECONDS, default=0.6)
     job.add_argument("--start-delay-seconds", type=SECONDS, default=0.0)
     job.add_argument(
+        "--start-at", type=float, metavar="UNIX_SECONDS",
+        help="once joined, start the first iteration at this time (plus the start delay), "
+        "so that jobs started together begin together however long each took to start",
+    )  # fmt: skip
+    job.add_argument(
         "--iteration", type=iteration_phases, metavar="gpu:S[:PHASE],cpu:S,...",
         help="one iteration's phases in order, instead of sample, reward and train",
     )  # fmt: skip
@@ -257,6 +262,7 @@ def run_synthetic_job(args: argparse.Namespace) -> int:
         reward_seconds=args.reward_seconds,
         train_seconds=args.train_seconds,
         start_delay_seconds=args.start_delay_seconds,
+        start_at=args.start_at,
         iteration=[
             Phase.model_validate({kind: s, "phase": phase}) for kind, s, phase in args.iteration
         ]
