@@ -139,6 +139,14 @@ def apply_notice(turn: Turn, lease: LeaseClock, notice: pb.TurnNotice) -> tuple[
     return asked, became
 
 
+def may_keep_turn(turn: Turn | None, lease: LeaseClock, heard: bool) -> bool:
+    """Whether Job.next_turn_nowait keeps the turn without waiting for an
+    answer: only once the turn's watch has spoken (``heard``), and while what
+    it last said is that nobody waits and nobody asks for the turn back.
+    Otherwise it waits for next_turn's answer, which lets others go first."""
+    return heard and turn is not None and not lease.contended and not turn.should_yield
+
+
 class GroupMember(Protocol):
     @property
     def group(self) -> str: ...
@@ -221,6 +229,15 @@ class JobRef:
     def watch_request(self, turn: Turn) -> pb.WatchTurnRequest:
         return pb.WatchTurnRequest(
             group=self.group, job=self.job, job_token=self.token, epoch=turn.epoch
+        )
+
+    def keep_turn_request(self, phase: str = "") -> pb.KeepTurnRequest:
+        if self.epoch is None:
+            raise FailedPrecondition(
+                f"job {self.job!r} does not hold the turn; acquire it instead of next_turn_nowait"
+            )
+        return pb.KeepTurnRequest(
+            group=self.group, job=self.job, job_token=self.token, epoch=self.epoch, phase=phase
         )
 
     def yield_request(self) -> pb.YieldRequest:

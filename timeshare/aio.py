@@ -22,6 +22,7 @@ from timeshare.errors import (
     NotFound,
     TimeshareError,
     Unavailable,
+    Unimplemented,
     from_rpc_error,
 )
 from timeshare.history import GroupHistory
@@ -161,6 +162,12 @@ class Job(protocol.JobIdentity):
         self._watch: asyncio.Task[None] | None = None
         # A yield_nowait() whose answer has not been awaited yet, and its epoch.
         self._yielding: tuple[asyncio.Task[float], int] | None = None
+        # A next_turn_nowait() that kept the turn, its answer not awaited yet.
+        self._keeping: tuple[asyncio.Task[pb.KeepTurnResponse], protocol.Turn] | None = None
+        # False once the gateway turned out to predate KeepTurn.
+        self._keeps = True
+        # The held turn's watch has said something (see protocol.may_keep_turn).
+        self._heard = False
         self._heartbeats = loop.create_task(self._renew())
 
     async def _send(
@@ -213,6 +220,7 @@ class Job(protocol.JobIdentity):
                 with client_span(self._stub.WatchTurn, transport.metadata) as metadata:
                     async for notice in self._stub.WatchTurn(request, metadata=metadata):
                         asked, contended = protocol.apply_notice(turn, self._lease, notice)
+                        self._heard = True
                         if contended:
                             self._wake.set()
                         if asked:
@@ -228,19 +236,20 @@ class Job(protocol.JobIdentity):
     async def _end_watch(self) -> None:
         watch, self._watch = self._watch, None
         self._lease.contended = False
+        self._heard = False
         if watch is not None:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
 
     async def acquire(self, timeout: float | None = None, phase: str = "") -> protocol.Turn:
-        await self._settle_yield()
+        await self._settle_pending()
         return await self._ask(self.ref.acquire_request(timeout, phase), timeout)
 
     async def next_turn(self, timeout: float | None = None, phase: str = "") -> protocol.Turn:
         """Give the turn back and ask for the next in one message (see the
         blocking client's Job.next_turn)."""
-        await self._settle_yield()
+        await self._settle_pending()
         request = self.ref.next_turn_request(timeout, phase)
         await self._end_watch()
         self._turn = None
@@ -250,6 +259,29 @@ class Job(protocol.JobIdentity):
             if not isinstance(error, InvalidArgument):
                 self.ref.yielded()
             raise
+
+    async def next_turn_nowait(
+        self, timeout: float | None = None, phase: str = ""
+    ) -> protocol.Turn:
+        """As ``next_turn``, without awaiting the answer where nobody waits
+        (see the blocking client's Job.next_turn_nowait)."""
+        await self._settle_pending()
+        turn = self._turn
+        if not (self._keeps and protocol.may_keep_turn(turn, self._lease, self._heard)):
+            return await self.next_turn(timeout, phase)
+        assert turn is not None
+        request = self.ref.keep_turn_request(phase)
+        task = asyncio.get_running_loop().create_task(self._keep(request))
+        self._keeping = (task, turn)
+        turn.phase = phase
+        return turn
+
+    async def _keep(self, request: pb.KeepTurnRequest) -> pb.KeepTurnResponse:
+        response: pb.KeepTurnResponse = await self._client._call_idempotent(
+            self._stub.KeepTurn, request
+        )
+        self._lease.sent(asyncio.get_running_loop().time())
+        return response
 
     async def _ask(self, request: pb.AcquireRequest, timeout: float | None) -> protocol.Turn:
         clock = asyncio.get_running_loop().time
@@ -275,7 +307,7 @@ class Job(protocol.JobIdentity):
         return turn
 
     async def yield_(self) -> float:
-        await self._settle_yield()
+        await self._settle_pending()
         await self._end_watch()
         self._turn = None
         try:
@@ -298,7 +330,7 @@ class Job(protocol.JobIdentity):
         the blocking client's Job.yield_nowait): returns once the yield is on
         its way; the job's next call awaits the answer first and raises the
         yield's failure, if any."""
-        await self._settle_yield()
+        await self._settle_pending()
         request = self.ref.yield_request()
         await self._end_watch()
         self._turn = None
@@ -310,10 +342,20 @@ class Job(protocol.JobIdentity):
         """Await the answer to a ``yield_nowait()``: the seconds the turn was
         held, or None when none was pending; raises its failure."""
         pending = self._yielding
-        await self._settle_yield()
+        await self._settle_pending()
         return None if pending is None else pending[0].result()
 
-    async def _settle_yield(self) -> None:
+    async def _settle_pending(self) -> None:
+        keeping, self._keeping = self._keeping, None
+        if keeping is not None:
+            keep, turn = keeping
+            try:
+                kept = await keep
+            except Unimplemented:
+                self._keeps = False  # an older gateway did nothing: the turn is as it was
+            else:
+                if kept.asked_to_yield and not turn.should_yield:
+                    self._asked(turn)
         pending, self._yielding = self._yielding, None
         if pending is None:
             return
@@ -337,13 +379,13 @@ class Job(protocol.JobIdentity):
             await self.yield_()
 
     async def heartbeat(self) -> pb.HeartbeatResponse:
-        await self._settle_yield()
+        await self._settle_pending()
         return await self._send(self._stub.Heartbeat, self.ref.heartbeat_request())
 
     async def leave(self) -> None:
         # Leaving gives the turn back whatever became of a pending yield.
         with contextlib.suppress(Exception):
-            await self._settle_yield()
+            await self._settle_pending()
         await self.stop_heartbeats()
         await self._client._call_idempotent(self._stub.Leave, self.ref.leave_request())
         self.ref.yielded()

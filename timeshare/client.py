@@ -20,6 +20,7 @@ from timeshare.errors import (
     NotFound,
     TimeshareError,
     Unavailable,
+    Unimplemented,
     from_rpc_error,
 )
 from timeshare.history import GroupHistory
@@ -160,8 +161,12 @@ class Job(protocol.JobIdentity):
         self._wake = threading.Event()
         self._callbacks: list[Callable[[protocol.Turn], None]] = []
         self._watch: _TurnWatch | None = None
-        # A yield_nowait() whose answer has not been waited for yet.
+        # A yield_nowait() or next_turn_nowait() whose answer has not been
+        # waited for yet.
         self._yielding: _BackgroundYield | None = None
+        self._keeping: _BackgroundKeep | None = None
+        # False once the gateway turned out to predate KeepTurn.
+        self._keeps = True
         self._renewals = threading.Thread(
             target=self._renew, name=f"timeshare-lease-{ref.job}", daemon=True
         )
@@ -222,7 +227,7 @@ class Job(protocol.JobIdentity):
     def acquire(self, timeout: float | None = None, phase: str = "") -> protocol.Turn:
         """Block until this job holds the group's GPUs; its state is back on its nodes.
         ``phase`` ("rollout", "train") names what the turn is for."""
-        self._settle_yield()
+        self._settle_pending()
         return self._ask(self.ref.acquire_request(timeout, phase), timeout)
 
     def next_turn(self, timeout: float | None = None, phase: str = "") -> protocol.Turn:
@@ -230,7 +235,7 @@ class Job(protocol.JobIdentity):
         done, sampling next): with nobody waiting the job keeps its GPUs and
         nothing moves, in one round trip instead of a yield and an acquire;
         with others waiting they go first, as after ``yield_()``."""
-        self._settle_yield()
+        self._settle_pending()
         request = self.ref.next_turn_request(timeout, phase)
         self._end_watch()
         try:
@@ -239,6 +244,26 @@ class Job(protocol.JobIdentity):
             if not isinstance(error, InvalidArgument):
                 self.ref.yielded()  # given back (or no longer the job's to give)
             raise
+
+    def next_turn_nowait(self, timeout: float | None = None, phase: str = "") -> protocol.Turn:
+        """As ``next_turn``, without waiting where nobody waits: the job goes
+        on into ``phase`` on the GPUs it holds at once, and the message that
+        says so travels meanwhile; the same turn is returned, its phase set.
+        Only where the turn's watch has last said that nobody waits and
+        nobody asks for the turn back; otherwise this is ``next_turn``. If
+        someone asked in the meantime, the group asks for the turn back
+        (``should_yield``): give it back after this phase. The next call
+        waits for the answer first and raises its failure, if any."""
+        self._settle_pending()
+        watch = self._watch
+        turn = watch.turn if watch is not None else None
+        if not (self._keeps and watch is not None and protocol.may_keep_turn(
+                turn, self._lease, watch.heard)):  # fmt: skip
+            return self.next_turn(timeout, phase)
+        assert turn is not None
+        self._keeping = _BackgroundKeep(self, turn, self.ref.keep_turn_request(phase))
+        turn.phase = phase
+        return turn
 
     def _ask(self, request: pb.AcquireRequest, timeout: float | None) -> protocol.Turn:
         deadline = protocol.AcquireDeadline(timeout, time.monotonic())
@@ -274,7 +299,7 @@ class Job(protocol.JobIdentity):
 
     def yield_(self) -> float:
         """Give the GPUs back; returns the seconds this turn was held."""
-        self._settle_yield()
+        self._settle_pending()
         self._end_watch()
         try:
             response = self._client._call_idempotent(self._stub.Yield, self.ref.yield_request())
@@ -295,7 +320,7 @@ class Job(protocol.JobIdentity):
         waits for the answer first and raises the yield's failure, if any:
         Aborted if the job was evicted meanwhile; any other, with the turn
         still the job's to give back. ``finish_yield()`` waits for it alone."""
-        self._settle_yield()
+        self._settle_pending()
         request = self.ref.yield_request()
         self._end_watch()
         self._yielding = _BackgroundYield(self, request)
@@ -305,10 +330,19 @@ class Job(protocol.JobIdentity):
         """Wait for the answer to a ``yield_nowait()``: the seconds the turn
         was held, or None when none was pending; raises its failure."""
         pending = self._yielding
-        self._settle_yield()
+        self._settle_pending()
         return None if pending is None else pending.held_seconds
 
-    def _settle_yield(self) -> None:
+    def _settle_pending(self) -> None:
+        keeping, self._keeping = self._keeping, None
+        if keeping is not None:
+            keeping.wait()
+            if keeping.unsupported:
+                self._keeps = False  # an older gateway did nothing: the turn is as it was
+            elif keeping.error is not None:
+                raise keeping.error
+            elif keeping.asked_to_yield and not keeping.turn.should_yield:
+                self._asked(keeping.turn)
         pending, self._yielding = self._yielding, None
         if pending is None:
             return
@@ -330,13 +364,13 @@ class Job(protocol.JobIdentity):
             self.yield_()
 
     def heartbeat(self) -> pb.HeartbeatResponse:
-        self._settle_yield()
+        self._settle_pending()
         return self._send(self._stub.Heartbeat, self.ref.heartbeat_request())
 
     def leave(self) -> None:
         # Leaving gives the turn back whatever became of a pending yield.
         with suppress(Exception):
-            self._settle_yield()
+            self._settle_pending()
         self.stop_heartbeats()
         self._client._call_idempotent(self._stub.Leave, self.ref.leave_request())
         self.ref.yielded()
@@ -369,12 +403,46 @@ class _BackgroundYield:
         self._thread.join()
 
 
+class _BackgroundKeep:
+    """One ``Job.next_turn_nowait()`` that kept the turn: its KeepTurn call,
+    in a thread of its own."""
+
+    def __init__(self, job: Job, turn: protocol.Turn, request: pb.KeepTurnRequest) -> None:
+        self.job, self.turn, self.request = job, turn, request
+        self.asked_to_yield = False
+        self.unsupported = False
+        self.error: Exception | None = None
+        self._thread = threading.Thread(
+            target=self._send, name=f"timeshare-keep-{job.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _send(self) -> None:
+        job = self.job
+        try:
+            response = job._client._call_idempotent(job._stub.KeepTurn, self.request)
+        except Unimplemented:
+            self.unsupported = True
+            return
+        except Exception as error:  # raised in the job's own thread by its next call
+            self.error = error
+            return
+        job._lease.sent(_now())
+        self.asked_to_yield = response.asked_to_yield
+
+    def wait(self) -> None:
+        self._thread.join()
+
+
 class _TurnWatch:
     """Listens to one turn's watch stream in a thread of its own, opening it
     again if it breaks (a gateway restart) for as long as the turn is held."""
 
     def __init__(self, job: Job, turn: protocol.Turn, listen: bool = True) -> None:
         self.job, self.turn = job, turn
+        # A notice has come: what the lease clock and the turn say is the
+        # watch's, not only their defaults.
+        self.heard = False
         self._done = threading.Event()
         self._call: grpc.RpcContext | None = None
         self._lock = threading.Lock()
@@ -401,6 +469,7 @@ class _TurnWatch:
                         self._call = stream
                     for notice in stream:
                         self.job._noticed(self.turn, notice)
+                        self.heard = True
             except grpc.RpcError as error:
                 if self._done.is_set() or error.code() == grpc.StatusCode.CANCELLED:
                     return

@@ -64,6 +64,12 @@ class Unavailable(TimeshareError):
     code: str = "UNAVAILABLE"
 
 
+class Unimplemented(TimeshareError):
+    """The gateway or the scheduler predates the call."""
+
+    code: str = "UNIMPLEMENTED"
+
+
 _BY_CODE: dict[str, type[TimeshareError]] = {
     cls.code: cls
     for cls in (
@@ -77,6 +83,7 @@ _BY_CODE: dict[str, type[TimeshareError]] = {
         ResourceExhausted,
         Internal,
         Unavailable,
+        Unimplemented,
     )
 }
 

@@ -141,6 +141,23 @@ class Grant(BaseModel):
     phase: str = ""
 
 
+class KeepTurnInput(BaseModel):
+    """The holder of ``epoch`` goes on into ``phase`` on the GPUs it holds,
+    without giving the turn back (Job.next_turn_nowait)."""
+
+    job: str
+    token_hash: str
+    epoch: int
+    phase: str = ""
+
+
+class KeepTurnOutput(BaseModel):
+    grant: Grant
+    # A next_turn would have let others go first: the group asks for the
+    # turn back now, and they go first after this phase.
+    asked_to_yield: bool = False
+
+
 class YieldOutput(BaseModel):
     held_seconds: float
     # The phase of the turn given back.

@@ -47,7 +47,9 @@ class SyntheticJobSpec(BaseModel):
     hooks: EvictMode | None = None
     agent_socket: str | None = None
     # Wait for each yield before the CPU phase after it (Job.yield_) instead
-    # of starting that phase at once (Job.yield_nowait).
+    # of starting that phase at once (Job.yield_nowait), and for each next
+    # turn (Job.next_turn) instead of going on where nobody waits
+    # (Job.next_turn_nowait).
     blocking_yields: bool = False
 
 
@@ -196,13 +198,20 @@ def _gpu_phase(
     blocking_yield: bool = False,
 ) -> None:
     """One GPU phase in a turn of its own: asked for (or, ``holding`` the
-    previous phase's turn, passed on with Job.next_turn), worked, and given
-    back unless ``keep`` (the next phase is on the GPU too): by default
+    previous phase's turn, passed on with Job.next_turn_nowait), worked, and
+    given back unless ``keep`` (the next phase is on the GPU too): by default
     without waiting for the answer, so the CPU phase after it starts at once."""
     requested = time.time()
+    kept = False
     if holding:
-        turn = job.next_turn(phase=asked_for)
-        report.turns[-1].yielded = requested
+        previous = report.turns[-1]
+        if blocking_yield:
+            turn = job.next_turn(phase=asked_for)
+        else:
+            turn = job.next_turn_nowait(phase=asked_for)
+        # Kept without a message answered: the same turn goes on.
+        kept = turn.epoch == previous.epoch
+        previous.yielded = requested
     else:
         turn = job.acquire(phase=asked_for)
     granted = time.time()
@@ -225,8 +234,8 @@ def _gpu_phase(
             yielded=yielded,
             work_start=work_start,
             work_end=work_end,
-            waited_seconds=turn.waited_seconds,
-            switch_seconds=turn.switch_seconds,
+            waited_seconds=0.0 if kept else turn.waited_seconds,
+            switch_seconds=0.0 if kept else turn.switch_seconds,
         )
     )
 

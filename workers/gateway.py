@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import propagate
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 from pydantic import BaseModel, ConfigDict, Field
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from timeshare.credentials import token_hash
@@ -28,6 +28,7 @@ from timeshare.models import (
     EvictInput,
     JobInput,
     JoinInput,
+    KeepTurnInput,
     NodeRecord,
     PauseInput,
     YieldInput,
@@ -43,8 +44,10 @@ from timeshare.workers.gateway_claims import claim_gpus, group_gpus, unclaim
 from timeshare.workers.gateway_errors import (
     MESSAGE_SECONDS,
     AccessDenied,
+    CallUnsupported,
     InvalidRequest,
     rpc,
+    unknown_update,
     within,
 )
 from timeshare.workers.group_client import (
@@ -221,6 +224,35 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         )
         record_turn(request.group, message.job, result.held_seconds, result.phase)
         return pb.YieldResponse(held_seconds=result.held_seconds)
+
+    @rpc
+    async def KeepTurn(self, request: pb.KeepTurnRequest, context: Context) -> pb.KeepTurnResponse:
+        self._access.require(context, request.group)
+        message = KeepTurnInput(
+            job=convert.name("job", request.job),
+            token_hash=token_hash(request.job_token),
+            epoch=request.epoch,
+            phase=convert.phase(request.phase),
+        )
+        handle = self._group(request.group)
+        try:
+            kept = await within(
+                MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.keep_turn, message)
+            )
+        except WorkflowUpdateFailedError as error:
+            if unknown_update(error):
+                # Nothing changed: the job goes on holding its turn.
+                raise CallUnsupported(
+                    "the scheduler predates KeepTurn; the client goes on with next_turn "
+                    "(Acquire with yield_epoch) until the scheduler is upgraded"
+                ) from None
+            raise
+        grant = kept.grant
+        return pb.KeepTurnResponse(
+            epoch=grant.resumes_epoch or grant.epoch,
+            asked_to_yield=kept.asked_to_yield,
+            phase=grant.phase,
+        )
 
     @rpc
     async def Heartbeat(

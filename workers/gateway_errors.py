@@ -57,6 +57,18 @@ class AccessDenied(Exception):
         self.code = code
 
 
+class CallUnsupported(Exception):
+    """The scheduler's workflow has no handler for the call (an older scheduler)."""
+
+
+# How the SDK's worker refuses an update its workflow has no handler for.
+UNKNOWN_UPDATE = "expected but not found"
+
+
+def unknown_update(error: WorkflowUpdateFailedError) -> bool:
+    return UNKNOWN_UPDATE in str(error.cause)
+
+
 class SchedulerTimeout(Exception):
     """The scheduler did not answer a short message in time."""
 
@@ -75,6 +87,8 @@ def status_for(error: BaseException, group: str) -> tuple[grpc.StatusCode, str] 
         return error.code, str(error)
     if isinstance(error, SchedulerTimeout):
         return grpc.StatusCode.UNAVAILABLE, str(error)
+    if isinstance(error, CallUnsupported):
+        return grpc.StatusCode.UNIMPLEMENTED, str(error)
     if isinstance(error, WorkflowUpdateFailedError | WorkflowQueryFailedError):
         cause = error.cause if isinstance(error, WorkflowUpdateFailedError) else None
         if isinstance(cause, ApplicationError) and cause.type in REPORTABLE:

@@ -36,6 +36,8 @@ with workflow.unsafe.imports_passed_through():
         JobInput,
         JoinInput,
         JoinOutput,
+        KeepTurnInput,
+        KeepTurnOutput,
         PauseInput,
         ReleaseInput,
         ReleaseOutput,
@@ -452,6 +454,29 @@ class GroupWorkflow:
             if input.yield_epoch:
                 self._queue.check_release(input.job, input.yield_epoch)
             self._queue.check_acquire(input.job, input.request_id, input.yield_epoch)
+            try:
+                check_phase(input.phase)
+            except ValueError as error:
+                raise QueueError(Refusal.INVALID_ARGUMENT, str(error)) from None
+
+    @workflow.update
+    def keep_turn(self, input: KeepTurnInput) -> KeepTurnOutput:
+        """The holder goes on into its next phase (Job.next_turn_nowait). An
+        update of its own, not a flag on acquire: a scheduler from before it
+        refuses it as unknown instead of passing the turn on while the job
+        computes."""
+        with self._handling("keep_turn"):
+            asked = self._queue.keep_turn(input.job, input.epoch, input.phase, self._now())
+            self._mark_changed()
+            turn = self._queue.state.turn
+            assert turn is not None
+            return KeepTurnOutput(grant=turn.as_grant(), asked_to_yield=asked)
+
+    @keep_turn.validator
+    def _check_keep_turn(self, input: KeepTurnInput) -> None:
+        with self._handling("keep_turn"):
+            self._queue.authenticate(input.job, input.token_hash)
+            self._queue.check_release(input.job, input.epoch)
             try:
                 check_phase(input.phase)
             except ValueError as error:

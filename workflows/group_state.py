@@ -94,6 +94,9 @@ class StoredGrant(StoredModel):
     resumes_epoch: int = 0
     context_restored: bool = False
     phase: str = ""
+    # The holder kept the turn into a next phase (LockQueue.keep_turn) where
+    # a next_turn would have let others go first: asked to yield from then.
+    kept_past_others_at: float = 0.0
 
     def as_grant(self) -> Grant:
         return self.public(Grant)

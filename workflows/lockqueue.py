@@ -422,6 +422,41 @@ class LockQueue:
                 f"stale epoch {epoch}: job {job!r} holds epoch {self._epoch_known_to(job)}",
             )
 
+    def keep_turn(self, job: str, epoch: int, phase: str, now: float) -> bool:
+        """The holder goes on into its next phase, ``phase``, without giving
+        the turn back: it is on its GPUs already (Job.next_turn_nowait).
+        Returns whether a next_turn would have let others go first (someone
+        waits, the group is paused, a node of the job is drained); the holder
+        is then asked to yield at once, and they go first after this phase."""
+        self.check_release(job, epoch)
+        turn = self.state.turn
+        if turn is None or turn.job != job or self.state.released.get(job) == epoch:
+            raise QueueError(
+                Refusal.FAILED_PRECONDITION,
+                f"job {job!r} no longer holds the turn of epoch {epoch} (it was given back "
+                "or preempted); acquire a new one",
+            )
+        passed_on = not self._next_turn_keeps(job, epoch, now)
+        self._clock = max(self._clock, now)
+        self.touch(job, now)
+        turn = self.state.turn
+        assert turn is not None
+        turn.phase = phase
+        if passed_on and not turn.kept_past_others_at:
+            turn.kept_past_others_at = now
+        return passed_on
+
+    def _next_turn_keeps(self, job: str, epoch: int, now: float) -> bool:
+        """Whether a next_turn now would grant the job its next turn at once,
+        nothing moved: tried on the state, then undone."""
+        before = self.snapshot()
+        try:
+            self.release(job, epoch, now)
+            grant = self.request(job, f"keep-turn-probe-{epoch}", now)
+            return grant is not None and grant.switch_seconds == 0.0
+        finally:
+            self.restore(before)
+
     def release(self, job: str, epoch: int, now: float) -> float:
         """Record a yield; nothing moves on the nodes. Returns seconds held."""
         self.check_release(job, epoch)
@@ -553,6 +588,8 @@ class LockQueue:
         if limit_due is not None:
             asked.append(limit_due)
             preempt.append(limit_due + policy.preempt_grace_seconds)
+        if turn.kept_past_others_at:
+            asked.append(turn.kept_past_others_at)
         if self.policies and policy.preempt_lower_after_seconds > 0:
             outranked = self._outranked_from(turn)
             if outranked is not None:

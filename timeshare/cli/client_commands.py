@@ -156,7 +156,8 @@ def _synthetic_job_command(commands: Subparsers) -> None:
     job.add_argument(
         "--blocking-yields", action="store_true",
         help="wait for each yield's answer before the CPU phase after it (Job.yield_) "
-        "instead of starting that phase at once (Job.yield_nowait)",
+        "instead of starting that phase at once (Job.yield_nowait), and for each next "
+        "turn's (Job.next_turn) instead of going on where nobody waits (Job.next_turn_nowait)",
     )  # fmt: skip
     job.set_defaults(handler=run_synthetic_job)
 

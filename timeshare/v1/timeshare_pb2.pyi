@@ -413,6 +413,67 @@ class YieldResponse(_message.Message):
 Global___YieldResponse: _TypeAlias = YieldResponse  # noqa: Y015
 
 @_typing.final
+class KeepTurnRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    JOB_FIELD_NUMBER: _builtins.int
+    JOB_TOKEN_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    job: _builtins.str
+    job_token: _builtins.str
+    epoch: _builtins.int
+    """The epoch of the turn the job holds, and keeps."""
+    phase: _builtins.str
+    """What the turn is for from now on (as AcquireRequest.phase)."""
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        job: _builtins.str = ...,
+        job_token: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        phase: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "group", b"group", "job", b"job", "job_token", b"job_token", "phase", b"phase"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeepTurnRequest: _TypeAlias = KeepTurnRequest  # noqa: Y015
+
+@_typing.final
+class KeepTurnResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    ASKED_TO_YIELD_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    asked_to_yield: _builtins.bool
+    """Others would have gone first: the group asks for the turn back now
+    (the turn's watch says should_yield); give it back after this phase.
+    """
+    phase: _builtins.str
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        asked_to_yield: _builtins.bool = ...,
+        phase: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asked_to_yield", b"asked_to_yield", "epoch", b"epoch", "phase", b"phase"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeepTurnResponse: _TypeAlias = KeepTurnResponse  # noqa: Y015
+
+@_typing.final
 class HeartbeatRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

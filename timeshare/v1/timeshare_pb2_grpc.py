@@ -49,6 +49,11 @@ class TimeSlicerStub:
                 request_serializer=timeshare_dot_v1_dot_timeshare__pb2.YieldRequest.SerializeToString,
                 response_deserializer=timeshare_dot_v1_dot_timeshare__pb2.YieldResponse.FromString,
                 _registered_method=True)
+        self.KeepTurn = channel.unary_unary(
+                '/timeshare.v1.TimeSlicer/KeepTurn',
+                request_serializer=timeshare_dot_v1_dot_timeshare__pb2.KeepTurnRequest.SerializeToString,
+                response_deserializer=timeshare_dot_v1_dot_timeshare__pb2.KeepTurnResponse.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/timeshare.v1.TimeSlicer/Heartbeat',
                 request_serializer=timeshare_dot_v1_dot_timeshare__pb2.HeartbeatRequest.SerializeToString,
@@ -127,6 +132,16 @@ class TimeSlicerServicer:
 
     def Yield(self, request, context):
         """Gives the GPUs back for the given epoch; returns once recorded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KeepTurn(self, request, context):
+        """The holder goes on into its next phase on the GPUs it holds, without
+        giving the turn back (the client's Job.next_turn_nowait: the job computes
+        while this travels). Where Acquire with yield_epoch would have let others
+        go first, the job keeps the turn for this phase and is asked to yield.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -227,6 +242,11 @@ def add_TimeSlicerServicer_to_server(servicer, server):
                     servicer.Yield,
                     request_deserializer=timeshare_dot_v1_dot_timeshare__pb2.YieldRequest.FromString,
                     response_serializer=timeshare_dot_v1_dot_timeshare__pb2.YieldResponse.SerializeToString,
+            ),
+            'KeepTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.KeepTurn,
+                    request_deserializer=timeshare_dot_v1_dot_timeshare__pb2.KeepTurnRequest.FromString,
+                    response_serializer=timeshare_dot_v1_dot_timeshare__pb2.KeepTurnResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
@@ -365,6 +385,33 @@ class TimeSlicer:
             '/timeshare.v1.TimeSlicer/Yield',
             timeshare_dot_v1_dot_timeshare__pb2.YieldRequest.SerializeToString,
             timeshare_dot_v1_dot_timeshare__pb2.YieldResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KeepTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/timeshare.v1.TimeSlicer/KeepTurn',
+            timeshare_dot_v1_dot_timeshare__pb2.KeepTurnRequest.SerializeToString,
+            timeshare_dot_v1_dot_timeshare__pb2.KeepTurnResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,6 +45,12 @@ class TimeSlicerStub:
     """
     Yield: _grpc.UnaryUnaryMultiCallable[_timeshare_pb2.YieldRequest, _timeshare_pb2.YieldResponse]
     """Gives the GPUs back for the given epoch; returns once recorded."""
+    KeepTurn: _grpc.UnaryUnaryMultiCallable[_timeshare_pb2.KeepTurnRequest, _timeshare_pb2.KeepTurnResponse]
+    """The holder goes on into its next phase on the GPUs it holds, without
+    giving the turn back (the client's Job.next_turn_nowait: the job computes
+    while this travels). Where Acquire with yield_epoch would have let others
+    go first, the job keeps the turn for this phase and is asked to yield.
+    """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_timeshare_pb2.HeartbeatRequest, _timeshare_pb2.HeartbeatResponse]
     """Keeps the job's lease alive and tells it whether others wait."""
     WatchTurn: _grpc.UnaryStreamMultiCallable[_timeshare_pb2.WatchTurnRequest, _timeshare_pb2.TurnNotice]
@@ -84,6 +90,12 @@ class TimeSlicerAsyncStub(TimeSlicerStub):
     """
     Yield: _aio.UnaryUnaryMultiCallable[_timeshare_pb2.YieldRequest, _timeshare_pb2.YieldResponse]  # type: ignore[assignment]
     """Gives the GPUs back for the given epoch; returns once recorded."""
+    KeepTurn: _aio.UnaryUnaryMultiCallable[_timeshare_pb2.KeepTurnRequest, _timeshare_pb2.KeepTurnResponse]  # type: ignore[assignment]
+    """The holder goes on into its next phase on the GPUs it holds, without
+    giving the turn back (the client's Job.next_turn_nowait: the job computes
+    while this travels). Where Acquire with yield_epoch would have let others
+    go first, the job keeps the turn for this phase and is asked to yield.
+    """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_timeshare_pb2.HeartbeatRequest, _timeshare_pb2.HeartbeatResponse]  # type: ignore[assignment]
     """Keeps the job's lease alive and tells it whether others wait."""
     WatchTurn: _aio.UnaryStreamMultiCallable[_timeshare_pb2.WatchTurnRequest, _timeshare_pb2.TurnNotice]  # type: ignore[assignment]
@@ -138,6 +150,18 @@ class TimeSlicerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_timeshare_pb2.YieldResponse, _abc.Awaitable[_timeshare_pb2.YieldResponse]]:
         """Gives the GPUs back for the given epoch; returns once recorded."""
+
+    @_abc_1.abstractmethod
+    def KeepTurn(
+        self,
+        request: _timeshare_pb2.KeepTurnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_timeshare_pb2.KeepTurnResponse, _abc.Awaitable[_timeshare_pb2.KeepTurnResponse]]:
+        """The holder goes on into its next phase on the GPUs it holds, without
+        giving the turn back (the client's Job.next_turn_nowait: the job computes
+        while this travels). Where Acquire with yield_epoch would have let others
+        go first, the job keeps the turn for this phase and is asked to yield.
+        """
 
     @_abc_1.abstractmethod
     def Heartbeat(
