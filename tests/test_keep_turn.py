@@ -50,7 +50,10 @@ def test_with_nobody_waiting_the_turn_goes_on_into_the_next_phase() -> None:
     queue = queue_of("a", "b")
     epoch = held(queue, "a", 1.0)
     grants, turns = queue.state.grants, len(queue.state.recent_turns)
+    state = queue.state
     assert queue.keep_turn("a", epoch, "sample", 2.0) is False
+    # Tried on a copy: what the workflow holds of the state stays the state.
+    assert queue.state is state
     turn = queue.state.turn
     assert turn is not None and (turn.job, turn.epoch, turn.phase) == ("a", epoch, "sample")
     assert queue.yield_requested_epoch(2.0) == 0

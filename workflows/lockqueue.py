@@ -448,14 +448,13 @@ class LockQueue:
 
     def _next_turn_keeps(self, job: str, epoch: int, now: float) -> bool:
         """Whether a next_turn now would grant the job its next turn at once,
-        nothing moved: tried on the state, then undone."""
-        before = self.snapshot()
-        try:
-            self.release(job, epoch, now)
-            grant = self.request(job, f"keep-turn-probe-{epoch}", now)
-            return grant is not None and grant.switch_seconds == 0.0
-        finally:
-            self.restore(before)
+        nothing moved: tried on a copy of the state, so that nothing the
+        workflow holds (a switch plan under way) is replaced."""
+        probe = LockQueue(self.state.model_copy(deep=True))
+        probe._clock = self._clock
+        probe.release(job, epoch, now)
+        grant = probe.request(job, f"keep-turn-probe-{epoch}", now)
+        return grant is not None and grant.switch_seconds == 0.0
 
     def release(self, job: str, epoch: int, now: float) -> float:
         """Record a yield; nothing moves on the nodes. Returns seconds held."""
