@@ -49,17 +49,23 @@ def held(queue: LockQueue, job: str, now: float, phase: str = "train") -> int:
 def test_with_nobody_waiting_the_turn_goes_on_into_the_next_phase() -> None:
     queue = queue_of("a", "b")
     epoch = held(queue, "a", 1.0)
-    grants, turns = queue.state.grants, len(queue.state.recent_turns)
+    grants = queue.state.grants
     state = queue.state
-    assert queue.keep_turn("a", epoch, "sample", 2.0) is False
+    assert queue.keep_turn("a", epoch, "sample", 2.0) == (False, 1.0)
     # Tried on a copy: what the workflow holds of the state stays the state.
     assert queue.state is state
     turn = queue.state.turn
     assert turn is not None and (turn.job, turn.epoch, turn.phase) == ("a", epoch, "sample")
+    assert turn.granted_at == 2.0  # the turn limit counts from the new phase
     assert queue.yield_requested_epoch(2.0) == 0
-    # No new turn: nothing was given back or granted.
-    assert (queue.state.grants, len(queue.state.recent_turns)) == (grants, turns)
-    assert queue.state.jobs["a"].last_seen == 2.0  # the message renewed the lease
+    assert queue.state.grants == grants  # nothing was granted anew
+    # The phase that ended is charged and recorded, as after a next_turn.
+    assert queue.state.jobs["a"].held_seconds == 1.0
+    phases = [(t.epoch, t.phase, t.granted_at, t.released_at) for t in queue.state.recent_turns]
+    assert phases[-2:] == [(epoch, "train", 1.0, 2.0), (epoch, "sample", 2.0, 0.0)]
+    assert queue.release("a", epoch, now=2.5) == 0.5
+    assert queue.state.recent_turns[-1].released_at == 2.5
+    assert queue.state.jobs["a"].last_seen == 2.5  # every message renews the lease
 
 
 def test_with_someone_waiting_the_holder_keeps_the_turn_and_is_asked_to_yield() -> None:
@@ -68,7 +74,7 @@ def test_with_someone_waiting_the_holder_keeps_the_turn_and_is_asked_to_yield() 
     assert queue.request("b", "b-1", now=1.5, phase="train") is None
     # A next_turn would have let b go first: a is on the GPUs already, so it
     # keeps them for this phase and is asked to give them back.
-    assert queue.keep_turn("a", epoch, "sample", 2.0) is True
+    assert queue.keep_turn("a", epoch, "sample", 2.0) == (True, 1.0)
     turn = queue.state.turn
     assert turn is not None and turn.job == "a" and turn.phase == "sample"
     assert [w.job for w in queue.state.queue] == ["b"]
@@ -82,7 +88,7 @@ def test_a_paused_group_asks_the_holder_that_keeps_its_turn_to_yield() -> None:
     queue = queue_of("a")
     epoch = held(queue, "a", 1.0)
     queue.pause(True, now=1.5)
-    assert queue.keep_turn("a", epoch, "sample", 2.0) is True
+    assert queue.keep_turn("a", epoch, "sample", 2.0)[0]
     assert queue.yield_requested_epoch(2.0) == epoch
 
 

@@ -13,6 +13,8 @@ update_weights, abort_replicas, resume_generation_replicas)."""
 from __future__ import annotations
 
 import itertools
+import sys
+import threading
 from typing import Any
 
 import pytest
@@ -177,3 +179,38 @@ def test_without_a_group_the_trainers_do_what_verls_do(
     trainer.global_steps = 1
     run_like_fit(trainer)
     assert calls == ["update", *["sleep", "update"] * STEPS]  # verl's own calls, as verl makes them
+
+
+def test_jobs_of_one_process_register_the_trainers_at_once() -> None:
+    """Two jobs' threads register the trainers together: one set of classes
+    is made and registered, and neither thread is refused."""
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+    from timeshare.integrations import verl as integration
+
+    integration._registered_trainers.cache_clear()
+    for name in integration.MODES:
+        TRAINER_REGISTRY.pop(name, None)
+    start = threading.Barrier(8)
+    got: list[type[Any]] = []
+    errors: list[BaseException] = []
+
+    def register() -> None:
+        start.wait()
+        try:
+            got.append(integration.register_trainers()["timeshare_sync"])
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=register) for _ in range(8)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch inside the registration, as under load
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    assert len(got) == 8 and all(cls is TRAINER_REGISTRY["timeshare_sync"] for cls in got)

@@ -139,6 +139,15 @@ class Grant(BaseModel):
     # The job's state was brought back from host memory for this turn.
     context_restored: bool = False
     phase: str = ""
+    # The holder kept the turn into a next phase (Job.next_turn_nowait) where
+    # a next_turn would have let others go first: asked to yield from then.
+    kept_past_others_at: float = 0.0
+
+
+class YieldOutput(BaseModel):
+    held_seconds: float
+    # The phase of the turn given back.
+    phase: str = ""
 
 
 class KeepTurnInput(BaseModel):
@@ -156,12 +165,8 @@ class KeepTurnOutput(BaseModel):
     # A next_turn would have let others go first: the group asks for the
     # turn back now, and they go first after this phase.
     asked_to_yield: bool = False
-
-
-class YieldOutput(BaseModel):
-    held_seconds: float
-    # The phase of the turn given back.
-    phase: str = ""
+    # The phase that ended, as a yield reports its turn.
+    ended: YieldOutput
 
 
 class AcquireResult(BaseModel):

@@ -247,7 +247,9 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
                     "(Acquire with yield_epoch) until the scheduler is upgraded"
                 ) from None
             raise
+        record_turn(request.group, message.job, kept.ended.held_seconds, kept.ended.phase)
         grant = kept.grant
+        record_grant(request.group, message.job, 0.0, grant.phase)
         return pb.KeepTurnResponse(
             epoch=grant.resumes_epoch or grant.epoch,
             asked_to_yield=kept.asked_to_yield,

@@ -466,11 +466,17 @@ class GroupWorkflow:
         refuses it as unknown instead of passing the turn on while the job
         computes."""
         with self._handling("keep_turn"):
-            asked = self._queue.keep_turn(input.job, input.epoch, input.phase, self._now())
+            turn = self._queue.state.turn
+            ended = turn.phase if turn is not None else ""
+            asked, held = self._queue.keep_turn(input.job, input.epoch, input.phase, self._now())
             self._mark_changed()
             turn = self._queue.state.turn
             assert turn is not None
-            return KeepTurnOutput(grant=turn.as_grant(), asked_to_yield=asked)
+            return KeepTurnOutput(
+                grant=turn.as_grant(),
+                asked_to_yield=asked,
+                ended=YieldOutput(held_seconds=held, phase=ended),
+            )
 
     @keep_turn.validator
     def _check_keep_turn(self, input: KeepTurnInput) -> None:

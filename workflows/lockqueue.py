@@ -422,12 +422,15 @@ class LockQueue:
                 f"stale epoch {epoch}: job {job!r} holds epoch {self._epoch_known_to(job)}",
             )
 
-    def keep_turn(self, job: str, epoch: int, phase: str, now: float) -> bool:
+    def keep_turn(self, job: str, epoch: int, phase: str, now: float) -> tuple[bool, float]:
         """The holder goes on into its next phase, ``phase``, without giving
-        the turn back: it is on its GPUs already (Job.next_turn_nowait).
-        Returns whether a next_turn would have let others go first (someone
-        waits, the group is paused, a node of the job is drained); the holder
-        is then asked to yield at once, and they go first after this phase."""
+        the turn back: it is on its GPUs already (Job.next_turn_nowait). As
+        after a next_turn that kept the GPUs, the phase that ended is charged
+        and recorded as a turn of its own, and the turn limit counts from now;
+        the epoch stays. Returns whether a next_turn would have let others go
+        first (someone waits, the group is paused, a node of the job is
+        drained), in which case the holder is asked to yield at once and they
+        go first after this phase; and the seconds the ended phase held."""
         self.check_release(job, epoch)
         turn = self.state.turn
         if turn is None or turn.job != job or self.state.released.get(job) == epoch:
@@ -439,12 +442,17 @@ class LockQueue:
         passed_on = not self._next_turn_keeps(job, epoch, now)
         self._clock = max(self._clock, now)
         self.touch(job, now)
-        turn = self.state.turn
-        assert turn is not None
-        turn.phase = phase
+        held = self._charge(job, turn, now)
+        self._end_turn(turn, now, "")
+        turn.granted_at, turn.phase = now, phase
+        turn.waited_seconds = turn.switch_seconds = 0.0
+        self.state.recent_turns.append(
+            StoredTurn(job=job, epoch=epoch, requested_at=now, granted_at=now, phase=phase)
+        )
+        del self.state.recent_turns[:-HISTORY_TURNS]
         if passed_on and not turn.kept_past_others_at:
             turn.kept_past_others_at = now
-        return passed_on
+        return passed_on, held
 
     def _next_turn_keeps(self, job: str, epoch: int, now: float) -> bool:
         """Whether a next_turn now would grant the job its next turn at once,

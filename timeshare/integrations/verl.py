@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 from typing import Any
 
 from timeshare.hooks import WorkloadHooks
@@ -154,9 +155,19 @@ def trainer_with_turns(base: type[Any], mode: str) -> type[Any]:
     return TimeshareTrainer
 
 
-@functools.cache
+# verl refuses a second class under a name taken: two threads registering at
+# once (two jobs of one process) must not both make the classes.
+_REGISTERING = threading.Lock()
+
+
 def register_trainers() -> dict[str, type[Any]]:
     """Add the timeshare trainers to verl's v1 trainer registry; returns them by name."""
+    with _REGISTERING:
+        return _registered_trainers()
+
+
+@functools.cache
+def _registered_trainers() -> dict[str, type[Any]]:
     import verl
     from verl.trainer.ppo.v1 import PPOTrainerColocateAsync, PPOTrainerSync, register_trainer
 
