@@ -454,10 +454,7 @@ class GroupWorkflow:
             if input.yield_epoch:
                 self._queue.check_release(input.job, input.yield_epoch)
             self._queue.check_acquire(input.job, input.request_id, input.yield_epoch)
-            try:
-                check_phase(input.phase)
-            except ValueError as error:
-                raise QueueError(Refusal.INVALID_ARGUMENT, str(error)) from None
+            _refuse_bad_phase(input.phase)
 
     @workflow.update
     def keep_turn(self, input: KeepTurnInput) -> KeepTurnOutput:
@@ -483,10 +480,7 @@ class GroupWorkflow:
         with self._handling("keep_turn"):
             self._queue.authenticate(input.job, input.token_hash)
             self._queue.check_release(input.job, input.epoch)
-            try:
-                check_phase(input.phase)
-            except ValueError as error:
-                raise QueueError(Refusal.INVALID_ARGUMENT, str(error)) from None
+            _refuse_bad_phase(input.phase)
 
     @workflow.update
     def cancel_acquire(self, input: CancelAcquireInput) -> bool:
@@ -768,3 +762,10 @@ class GroupWorkflow:
                 )
             ]
         )
+
+
+def _refuse_bad_phase(phase: str) -> None:
+    try:
+        check_phase(phase)
+    except ValueError as error:
+        raise QueueError(Refusal.INVALID_ARGUMENT, str(error)) from None
