@@ -18,6 +18,7 @@ import timeshare.aio
 from tests.conftest import SimNodes
 from tests.polling import wait_until_async
 from tests.test_gateway import queued, two_jobs
+from timeshare._protocol import LeaseClock, Turn, apply_notice, may_keep_turn
 from timeshare.errors import Unimplemented, from_rpc_error
 from timeshare.models import GroupPolicy
 from timeshare.refusals import Refusal
@@ -182,6 +183,23 @@ async def test_the_asyncio_client_keeps_its_turn_and_the_next_waiter_goes_after_
 
 async def _heard(job: timeshare.aio.Job) -> bool:
     return job._heard
+
+
+@pytest.mark.parametrize(
+    ("heard", "waiting", "asked", "keeps"),
+    [(True, 0, False, True), (False, 0, False, False), (True, 1, False, False),
+     (True, 0, True, False)],
+)  # fmt: skip
+def test_the_client_keeps_a_turn_unanswered_only_where_its_watch_said_nobody_waits(
+    heard: bool, waiting: int, asked: bool, keeps: bool
+) -> None:
+    turn = Turn(epoch=3, ticket=3, waited_seconds=0.0, switch_seconds=0.0, granted_at=0.0)
+    lease = LeaseClock(30.0, 30.0, now=0.0)
+    if heard:
+        apply_notice(turn, lease, pb.TurnNotice(holding=True, epoch=3, waiting=waiting,
+                                                should_yield=asked))  # fmt: skip
+    assert may_keep_turn(turn, lease, heard) is keeps
+    assert not may_keep_turn(None, lease, heard)
 
 
 def test_an_unknown_call_is_reported_as_unimplemented() -> None:
