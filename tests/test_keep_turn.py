@@ -18,38 +18,19 @@ import timeshare.aio
 from tests.conftest import SimNodes
 from tests.polling import wait_until_async
 from tests.test_gateway import queued, two_jobs
+from tests.test_prefetch import held, policy_queue
 from timeshare._protocol import LeaseClock, Turn, apply_notice, may_keep_turn
 from timeshare.errors import Unimplemented, from_rpc_error
-from timeshare.models import GroupPolicy
 from timeshare.refusals import Refusal
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from timeshare.workers.gateway_errors import unknown_update
-from timeshare.workflows.group_state import RULES_POLICIES, GroupState, StoredPolicy
-from timeshare.workflows.lockqueue import LockQueue, QueueError
-
-
-def queue_of(*jobs: str) -> LockQueue:
-    policy = StoredPolicy.stored(GroupPolicy())
-    queue = LockQueue(GroupState(group="g", rules=RULES_POLICIES, policy=policy))
-    for job in jobs:
-        queue.join(job, ["n1"], f"hash-{job}", now=0.0)
-    return queue
-
-
-def held(queue: LockQueue, job: str, now: float, phase: str = "train") -> int:
-    queue.request(job, f"{job}-{now}", now=now, phase=phase)
-    if queue.needs_switch():
-        queue.begin_switch(now=now)
-        queue.finish_switch(now=now, restored=True)
-    turn = queue.state.turn
-    assert turn is not None and turn.job == job
-    return turn.epoch
+from timeshare.workflows.lockqueue import QueueError
 
 
 def test_with_nobody_waiting_the_turn_goes_on_into_the_next_phase() -> None:
-    queue = queue_of("a", "b")
-    epoch = held(queue, "a", 1.0)
+    queue = policy_queue()
+    epoch = held(queue, "a", "train", 1.0)
     grants = queue.state.grants
     state = queue.state
     assert queue.keep_turn("a", epoch, "sample", 2.0) == (False, 1.0)
@@ -70,8 +51,8 @@ def test_with_nobody_waiting_the_turn_goes_on_into_the_next_phase() -> None:
 
 
 def test_with_someone_waiting_the_holder_keeps_the_turn_and_is_asked_to_yield() -> None:
-    queue = queue_of("a", "b")
-    epoch = held(queue, "a", 1.0)
+    queue = policy_queue()
+    epoch = held(queue, "a", "train", 1.0)
     assert queue.request("b", "b-1", now=1.5, phase="train") is None
     # A next_turn would have let b go first: a is on the GPUs already, so it
     # keeps them for this phase and is asked to give them back.
@@ -86,8 +67,8 @@ def test_with_someone_waiting_the_holder_keeps_the_turn_and_is_asked_to_yield() 
 
 
 def test_a_paused_group_asks_the_holder_that_keeps_its_turn_to_yield() -> None:
-    queue = queue_of("a")
-    epoch = held(queue, "a", 1.0)
+    queue = policy_queue()
+    epoch = held(queue, "a", "train", 1.0)
     queue.pause(True, now=1.5)
     assert queue.keep_turn("a", epoch, "sample", 2.0)[0]
     assert queue.yield_requested_epoch(2.0) == epoch
@@ -95,8 +76,8 @@ def test_a_paused_group_asks_the_holder_that_keeps_its_turn_to_yield() -> None:
 
 @pytest.mark.parametrize("who", ["stale epoch", "not the holder", "given back"])
 def test_only_the_holder_of_the_epoch_keeps_it(who: str) -> None:
-    queue = queue_of("a", "b")
-    epoch = held(queue, "a", 1.0)
+    queue = policy_queue()
+    epoch = held(queue, "a", "train", 1.0)
     job = "b" if who == "not the holder" else "a"
     if who == "given back":
         queue.release("a", epoch, now=1.5)

@@ -10,7 +10,8 @@ import pytest
 from temporalio.client import Client
 
 from tests.conftest import SimNodes
-from tests.groups import acquire, eventually, group_on_one_node, release
+from tests.groups import Handle, acquire, eventually, group_on_one_node, release
+from timeshare.activities.sim import SimBackend
 from timeshare.models import GroupPolicy, JobInput
 from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.group_state import RULES_POLICIES, GroupState, StoredPolicy
@@ -31,16 +32,22 @@ def policy_queue(prefetch: str = "auto", rules: int = RULES_POLICIES) -> LockQue
     return queue
 
 
-def turn(queue: LockQueue, job: str, phase: str, at: float, hold: float = 0.5) -> float:
-    """The job asks at ``at``, is switched in if it must be, holds, yields;
-    returns when it yielded."""
+def held(queue: LockQueue, job: str, phase: str, at: float) -> int:
+    """The job asks at ``at`` and is switched in if it must be; returns the
+    epoch it holds."""
     queue.request(job, f"{job}-{phase}-{at}", now=at, phase=phase)
     if queue.needs_switch():
         queue.begin_switch(now=at)
         queue.finish_switch(now=at, restored=True)
     granted = queue.state.turn
     assert granted is not None and granted.job == job
-    queue.release(job, granted.epoch, now=at + hold)
+    return granted.epoch
+
+
+def turn(queue: LockQueue, job: str, phase: str, at: float, hold: float = 0.5) -> float:
+    """The job asks at ``at``, is switched in if it must be, holds, yields;
+    returns when it yielded."""
+    queue.release(job, held(queue, job, phase, at), now=at + hold)
     return at + hold
 
 
@@ -235,11 +242,7 @@ async def test_the_workflow_brings_the_next_job_in_before_it_asks(
         handle, lambda s: s.resident.get(f"n-{unique}") == "a" and s.state == "idle"
     )
     assert status.holder == "" and status.queue == []
-    asked = time.time()
-    grant = await acquire(handle, "a", phase="rollout")
-    assert grant.switch_seconds == 0.0 and grant.context_restored
-    restores = [e for e in backend.events if e["event"] == "restore" and e["job"] == "a"]
-    assert restores[-1]["end"] <= asked
+    await granted_restored_ahead(handle, backend, "a", "rollout")
 
 
 def test_a_job_that_stopped_asking_is_not_expected_for_long() -> None:
@@ -273,11 +276,7 @@ async def test_the_workflow_brings_the_next_job_in_when_the_holder_leaves(
     assert (await handle.query(GroupWorkflow.status)).resident.get(node) == "a"
     await handle.execute_update(GroupWorkflow.leave, JobInput(job="a", token_hash="hash-a"))
     await eventually(handle, lambda s: s.resident.get(node) == "b" and s.state == "idle")
-    asked = time.time()
-    grant = await acquire(handle, "b", phase="sample")
-    assert grant.switch_seconds == 0.0 and grant.context_restored
-    restores = [e for e in backend.events if e["event"] == "restore" and e["job"] == "b"]
-    assert restores[-1]["end"] <= asked
+    await granted_restored_ahead(handle, backend, "b", "sample")
 
 
 async def test_the_workflow_brings_back_the_job_away_longest_in_the_first_iteration(
@@ -291,8 +290,14 @@ async def test_the_workflow_brings_back_the_job_away_longest_in_the_first_iterat
         grant = await acquire(handle, job, phase="sample")
         await release(handle, job, grant.epoch)
     await eventually(handle, lambda s: s.resident.get(node) == "b" and s.state == "idle")
+    await granted_restored_ahead(handle, backend, "b", "train")
+
+
+async def granted_restored_ahead(handle: Handle, backend: SimBackend, job: str, phase: str) -> None:
+    """The job's acquire is granted with no switch: its state was restored
+    before it asked."""
     asked = time.time()
-    grant = await acquire(handle, "b", phase="train")
+    grant = await acquire(handle, job, phase=phase)
     assert grant.switch_seconds == 0.0 and grant.context_restored
-    restores = [e for e in backend.events if e["event"] == "restore" and e["job"] == "b"]
+    restores = [e for e in backend.events if e["event"] == "restore" and e["job"] == job]
     assert restores[-1]["end"] <= asked
