@@ -310,11 +310,8 @@ class GroupWorkflow:
         return workflow.now().timestamp()
 
     def _publish(self) -> None:
-        now = self._now()
-        self._visibility.publish(
-            self._queue.summary(now),
-            self._queue.yield_requested_epoch(now) if self._queue.policies else None,
-        )
+        summary = self._queue.summary(self._now())
+        self._visibility.publish(summary, summary.yield_epoch if self._queue.policies else None)
 
     def _mark_changed(self) -> None:
         self._changed = True

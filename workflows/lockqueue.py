@@ -79,7 +79,9 @@ class GroupSummary:
     state: GroupStateName
     holder: str
     holder_phase: str
-    yield_requested: bool
+    # The epoch whose holder is asked to yield (0: none; always 0 in groups
+    # from before policies).
+    yield_epoch: int
     epoch: int
     switches: int
     degraded_cause: str
@@ -911,7 +913,7 @@ class LockQueue:
             state=self._state_name(),
             holder=s.turn.job if s.turn is not None else "",
             holder_phase=s.turn.phase if s.turn is not None else "",
-            yield_requested=self.policies and self.yield_requested_epoch(now) != 0,
+            yield_epoch=self.yield_requested_epoch(now) if self.policies else 0,
             epoch=s.epoch,
             switches=s.switches,
             degraded_cause=s.degraded_cause,

@@ -68,7 +68,7 @@ def current_details(summary: GroupSummary) -> str:
     holder = summary.holder or "-"
     if summary.holder_phase:
         holder += f" ({summary.holder_phase})"
-    if summary.yield_requested:
+    if summary.yield_epoch:
         holder += ", asked to yield"
     lines = [
         f"**{summary.group}**: {state}, epoch {summary.epoch}, {summary.switches} switches",
