@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from timeshare.models import GroupPolicy
-from timeshare.workflows.group_state import GroupState, StoredMove, StoredPolicy, SwitchPlan
+from timeshare.workflows.group_state import (
+    GroupState,
+    StoredMove,
+    StoredPolicy,
+    StoredSwitch,
+    SwitchPlan,
+)
 from timeshare.workflows.lockqueue import LockQueue, QueueError
 
 
@@ -433,3 +439,23 @@ class LockQueueMachine(RuleBasedStateMachine):
 
 TestLockQueueMachine = LockQueueMachine.TestCase
 TestLockQueueMachine.settings = settings(max_examples=500, stateful_step_count=50, deadline=None)
+
+
+def test_a_switch_is_quick_when_the_last_one_went_well_on_every_node_in_time() -> None:
+    queue = queue_with(("a", ["n1", "n2"]))
+    assert not queue.switches_are_quick(1.0)  # nothing to tell by yet
+
+    def switched(epoch: int, node: str, seconds: float, ok: bool = True) -> StoredSwitch:
+        return StoredSwitch(
+            node=node, epoch=epoch, started_at=10.0, finished_at=10.0 + seconds, ok=ok
+        )
+
+    queue.record_switches([switched(1, "n1", 0.2), switched(1, "n2", 0.3)])
+    assert queue.switches_are_quick(1.0)
+    # One slow node makes the whole switch slow; only the last switch counts.
+    queue.record_switches([switched(2, "n1", 0.2), switched(2, "n2", 4.0)])
+    assert not queue.switches_are_quick(1.0)
+    queue.record_switches([switched(3, "n1", 0.1)])
+    assert queue.switches_are_quick(1.0)
+    queue.record_switches([switched(4, "n1", 0.1, ok=False)])
+    assert not queue.switches_are_quick(1.0)

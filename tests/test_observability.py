@@ -17,6 +17,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -29,6 +30,7 @@ from timeshare.models import GroupPolicy
 from timeshare.names import group_workflow_id
 from timeshare.workers.service import connect_temporal
 from timeshare.workers.telemetry import Telemetry
+from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH, STATE
 
 STATE_BYTES = 2**26
 TURNS_EACH = 3
@@ -211,6 +213,67 @@ async def test_search_attributes_and_details_show_the_group(
         await b.leave()
     finally:
         await api.close()
+
+
+async def test_a_quick_hand_over_writes_only_what_changed(traced: TracedStack, unique: str) -> None:
+    """A switch like the group's last (quick) one is not published as
+    `switching`: the yield's workflow task upserts nothing, and each upsert
+    carries only the attributes that changed. What is published at the end is
+    still the whole truth."""
+    node, group = f"n-{unique}", f"lean-{unique}"
+    await traced.nodes.start(node, state_bytes=STATE_BYTES)
+    api = timeshare.aio.connect(traced.gateway.address)
+    handle = traced.client.get_workflow_handle(group_workflow_id(group))
+    try:
+        a = await api.join(group, "a", [node], GroupPolicy(prefetch="off"))
+        b = await api.join(group, "b", [node])
+        await a.acquire()  # the group's first switch, recorded as quick
+        waiting = asyncio.create_task(b.acquire())
+        assert await eventually_found(
+            traced.client, f"WorkflowId = '{handle.id}' AND TimeshareQueueDepth = 1"
+        )
+        await a.yield_()
+        await waiting
+        events = [event async for event in handle.fetch_history_events()]
+        attributes = await handle.describe()
+        await b.yield_()
+        await a.leave()
+        await b.leave()
+    finally:
+        await api.close()
+    yielded = next(i for i, e in enumerate(events) if accepted_update(e) == "yield")
+    switch = next(i for i, e in enumerate(events[yielded:], yielded) if e.HasField(
+        "activity_task_scheduled_event_attributes"))  # fmt: skip
+    assert not [e for e in events[yielded:switch] if upserted(e)], "the quick switch was shown"
+    after_join = [
+        set(upserted(e))
+        for e in events[next(i for i, e in enumerate(events) if accepted_update(e) == "acquire") :]
+        if upserted(e)
+    ]
+    assert after_join == [
+        # The group's first switch, to a: no switch before it to tell its speed by.
+        {"TimeshareState", "TimeshareQueueDepth"},
+        {"TimeshareHolder", "TimeshareQueueDepth", "TimeshareState"},  # a holds
+        {"TimeshareQueueDepth"},  # b waits
+        # b holds: the switch to it was never shown, so the state is unchanged.
+        {"TimeshareHolder", "TimeshareQueueDepth"},
+    ]
+    shown = attributes.typed_search_attributes
+    assert (shown.get(HOLDER), shown.get(QUEUE_DEPTH), shown.get(STATE)) == ("b", 0, "held")
+
+
+def accepted_update(event: HistoryEvent) -> str:
+    if not event.HasField("workflow_execution_update_accepted_event_attributes"):
+        return ""
+    return event.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+
+
+def upserted(event: HistoryEvent) -> list[str]:
+    if not event.HasField("upsert_workflow_search_attributes_event_attributes"):
+        return []
+    fields = event.upsert_workflow_search_attributes_event_attributes.search_attributes
+    # The SDK's own record of patches (workflow.patched) is not the group's.
+    return [name for name in fields.indexed_fields if name != "TemporalChangeVersion"]
 
 
 async def eventually_found(client: Client, query: str) -> bool:

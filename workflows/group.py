@@ -61,7 +61,7 @@ with workflow.unsafe.imports_passed_through():
         SwitchPlan,
     )
     from timeshare.workflows.lockqueue import LockQueue, QueueError, Snapshot
-    from timeshare.workflows.visibility import GroupVisibility
+    from timeshare.workflows.visibility import LEAN_PATCH, GroupVisibility
 
 # An acquire waits inside one update at most this long, then returns "still
 # waiting" and the gateway asks again: no update stays open for long, so the
@@ -108,6 +108,10 @@ PREFETCH_PAST_DEPARTED_PATCH = "timeshare-prefetch-past-departed-jobs"
 # From this change on, where nobody's next request can be told yet, an idle
 # group brings in the job away the longest (LockQueue._longest_away).
 PREFETCH_GUESS_PATCH = "timeshare-prefetch-the-job-away-longest"
+# A switch is not shown as `switching` outside the workflow (search
+# attributes) where the group's last one was over within this: it would be
+# over before anyone could look. Slower switches, and every retry, are shown.
+QUICK_SWITCH_SECONDS = 1.0
 
 
 class GroupInput(BaseModel):
@@ -151,7 +155,7 @@ class GroupWorkflow:
         self._changed = False
         # Set just before continuing as new: waiting acquires return "ask again".
         self._closing = False
-        self._visibility = GroupVisibility()
+        self._visibility = GroupVisibility(lean=workflow.patched(LEAN_PATCH))
         # The steady timer: when it rings, and whether it has.
         self._steady = workflow.patched(STEADY_TIMER_PATCH)
         self._timer: asyncio.Task[None] | None = None
@@ -317,12 +321,13 @@ class GroupWorkflow:
         self._changed = True
 
     @contextmanager
-    def _handling(self, message: str) -> Iterator[None]:
+    def _handling(self, message: str, validating: bool = False) -> Iterator[None]:
         """Turn every failure of a message into a typed, non-retryable
         rejection of that message alone, with the state as it was before it.
         An exception that escaped a handler would instead fail the workflow
-        task again and again, and the whole group would stop."""
-        before = self._queue.snapshot()
+        task again and again, and the whole group would stop. ``validating``:
+        a validator, which only reads the state: nothing to undo."""
+        before = None if validating else self._queue.snapshot()
         try:
             yield
         except ApplicationError:
@@ -343,8 +348,8 @@ class GroupWorkflow:
                 non_retryable=True,
             ) from None
 
-    def _undo(self, before: Snapshot) -> bool:
-        if not self._queue.changed_since(before):
+    def _undo(self, before: Snapshot | None) -> bool:
+        if before is None or not self._queue.changed_since(before):
             return False
         self._queue.restore(before)
         return True
@@ -374,7 +379,7 @@ class GroupWorkflow:
 
     @join.validator
     def _check_join(self, input: JoinInput) -> None:
-        with self._handling("join"):
+        with self._handling("join", validating=True):
             self._queue.check_join(input.job, input.nodes)
 
     @workflow.update
@@ -446,7 +451,7 @@ class GroupWorkflow:
 
     @acquire.validator
     def _check_acquire(self, input: AcquireInput) -> None:
-        with self._handling("acquire"):
+        with self._handling("acquire", validating=True):
             self._queue.authenticate(input.job, input.token_hash)
             if input.yield_epoch:
                 self._queue.check_release(input.job, input.yield_epoch)
@@ -474,7 +479,7 @@ class GroupWorkflow:
 
     @keep_turn.validator
     def _check_keep_turn(self, input: KeepTurnInput) -> None:
-        with self._handling("keep_turn"):
+        with self._handling("keep_turn", validating=True):
             self._queue.authenticate(input.job, input.token_hash)
             self._queue.check_release(input.job, input.epoch)
             _refuse_bad_phase(input.phase)
@@ -487,7 +492,7 @@ class GroupWorkflow:
 
     @cancel_acquire.validator
     def _check_cancel(self, input: CancelAcquireInput) -> None:
-        with self._handling("cancel_acquire"):
+        with self._handling("cancel_acquire", validating=True):
             self._queue.authenticate(input.job, input.token_hash)
 
     @workflow.update(name="yield")
@@ -505,7 +510,7 @@ class GroupWorkflow:
 
     @yield_turn.validator
     def _check_yield(self, input: YieldInput) -> None:
-        with self._handling("yield"):
+        with self._handling("yield", validating=True):
             self._queue.authenticate(input.job, input.token_hash)
             self._queue.check_release(input.job, input.epoch)
 
@@ -518,7 +523,7 @@ class GroupWorkflow:
 
     @heartbeat.validator
     def _check_heartbeat(self, input: JobInput) -> None:
-        with self._handling("heartbeat"):
+        with self._handling("heartbeat", validating=True):
             self._queue.authenticate(input.job, input.token_hash)
 
     @workflow.update
@@ -531,7 +536,7 @@ class GroupWorkflow:
     def _check_leave(self, input: JobInput) -> None:
         # Leaving is idempotent: a job already gone (left or evicted) is fine.
         if input.job in self._queue.state.jobs:
-            with self._handling("leave"):
+            with self._handling("leave", validating=True):
                 self._queue.authenticate(input.job, input.token_hash)
 
     # -- operator controls --------------------------------------------------------
@@ -588,8 +593,11 @@ class GroupWorkflow:
             if prefetch
             else self._queue.begin_switch(self._now(), whole_jobs=whole_jobs)
         )
+        quiet = self._visibility.lean and self._queue.switches_are_quick(QUICK_SWITCH_SECONDS)
         while True:
-            self._publish()
+            if not quiet:
+                self._publish()
+            quiet = False
             results: list[SwitchOutput | MoveFailure] = []
             failures = await self._quiesce(plan)
             if not failures:

@@ -891,6 +891,17 @@ class LockQueue:
 
     # -- status ---------------------------------------------------------------
 
+    def switches_are_quick(self, seconds: float) -> bool:
+        """Whether the group's last switch went well within ``seconds`` on
+        every node it moved (False before any switch)."""
+        switches = self.state.recent_switches
+        if not switches:
+            return False
+        last = switches[-1].epoch
+        return all(
+            s.ok and s.finished_at - s.started_at < seconds for s in switches if s.epoch == last
+        )
+
     def record_switches(self, records: list[StoredSwitch]) -> None:
         self.state.recent_switches.extend(records)
         del self.state.recent_switches[:-HISTORY_SWITCHES]

@@ -3,8 +3,10 @@ details in the Temporal UI, and the queue-depth gauge."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from temporalio import workflow
-from temporalio.common import MetricGauge, SearchAttributeKey
+from temporalio.common import MetricGauge, SearchAttributeKey, SearchAttributeUpdate
 
 with workflow.unsafe.imports_passed_through():
     from timeshare.workflows.lockqueue import GroupSummary
@@ -17,6 +19,11 @@ STATE = SearchAttributeKey.for_keyword("TimeshareState")
 SEARCH_ATTRIBUTES = {HOLDER.name: "Keyword", QUEUE_DEPTH.name: "Int", STATE.name: "Keyword"}
 # Workflows started before search attributes existed replay without them.
 PATCH = "timeshare-search-attributes"
+# From this change on, an upsert carries only the attributes that changed
+# (Temporal keeps the others), and a switch like the group's last quick ones
+# is not shown as `switching` (GroupWorkflow._switch): a hand-over writes one
+# upsert fewer, and a prefetch none.
+LEAN_PATCH = "timeshare-lean-search-attributes"
 # The memo key a holder's watch reads (workers/turn_watch.py): the epoch whose
 # holder is asked to yield, 0 for none. Written only when it changes, so a
 # group whose holders are never asked to yield writes it never.
@@ -26,7 +33,9 @@ YIELD_EPOCH_MEMO = "yield_epoch"
 class GroupVisibility:
     """Publishes what changed since the last call; call it after every change."""
 
-    def __init__(self) -> None:
+    def __init__(self, lean: bool = False) -> None:
+        """``lean``: LEAN_PATCH applies to this run."""
+        self.lean = lean
         self._shown: GroupSummary | None = None
         self._published: tuple[str, int, str] | None = None
         self._yield_epoch = 0
@@ -44,13 +53,7 @@ class GroupVisibility:
         self._shown = summary
         shown = (summary.holder, len(summary.queue), summary.state)
         if shown != self._published and workflow.patched(PATCH):
-            workflow.upsert_search_attributes(
-                [
-                    HOLDER.value_set(summary.holder or "-"),
-                    QUEUE_DEPTH.value_set(len(summary.queue)),
-                    STATE.value_set(summary.state),
-                ]
-            )
+            self._upsert(shown)
             if self._queue_depth is None:
                 self._queue_depth = (
                     workflow.metric_meter()
@@ -60,6 +63,21 @@ class GroupVisibility:
             self._queue_depth.set(len(summary.queue))
             self._published = shown
         workflow.set_current_details(current_details(summary))
+
+    def _upsert(self, shown: tuple[str, int, str]) -> None:
+        holder, depth, state = shown
+        updates: list[SearchAttributeUpdate[Any]] = [
+            HOLDER.value_set(holder or "-"),
+            QUEUE_DEPTH.value_set(depth),
+            STATE.value_set(state),
+        ]
+        if self.lean and self._published is not None:
+            updates = [
+                update
+                for update, now, before in zip(updates, shown, self._published, strict=True)
+                if now != before
+            ]
+        workflow.upsert_search_attributes(updates)
 
 
 def current_details(summary: GroupSummary) -> str:
