@@ -4,16 +4,22 @@ activity on another task queue (what a one-node switch costs at least).
 
 measure_floors times them from a worker in the benchmark's process;
 measure_floor_cpu runs the workflow's worker in a process of its own
-(bench.floor_worker), as the scheduler runs, and reads its CPU per update.
+(bench.floor_worker), as the scheduler runs, and reads its CPU per update,
+the updates sent back to back to one workflow; measure_paced_floor_cpu sends
+them as bench.scale's paced load sends its messages (many workflows, one pair
+each per period), so that the two are compared under the same load.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import random
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -117,6 +123,133 @@ class FloorCpu:
     @property
     def per_handoff_server_floor_ms(self) -> float:
         return self.server_update_cpu_ms + self.server_activity_cpu_ms
+
+
+@dataclass
+class PacedFloorCpu:
+    """The floor worker's CPU per pair of updates under a paced load."""
+
+    workflows: int
+    period: float
+    pairs: int
+    cpu_ms_per_pair: float
+
+
+async def _paced_pairs(
+    handle: WorkflowHandle[FloorWorkflow, None], phase: float, period: float, until: float
+) -> int:
+    """A group's hand-overs in floor updates, one every ``period`` from
+    ``phase`` on, as bench.scale_load.paced_group times them: the trivial
+    update half a period before (as a waiter's acquire arrives), the update
+    awaiting the activity on time (as the yield starts the switch, whose end
+    completes the acquire). Returns the pairs sent."""
+    pairs = 0
+    moment = phase + period
+    while moment <= until:
+        await asyncio.sleep(max(0.0, moment - period / 2 - time.monotonic()))
+        await handle.execute_update(FloorWorkflow.ping)
+        await asyncio.sleep(max(0.0, moment - time.monotonic()))
+        await handle.execute_update(FloorWorkflow.via_activity)
+        pairs += 1
+        moment += period
+    return pairs
+
+
+class PacedFloor:
+    """The floor workflow's worker (in a process of its own) serving
+    ``workflows`` workflows, each sent a pair of updates every ``period``
+    seconds at a random phase: the SDK's own cost under the paced load's
+    shape (as many workflows in its cache, as many wake-ups). Entered, it
+    has started the worker and the workflows; ``window()`` paces them and
+    measures, beside whatever else runs in that window (bench.scale runs its
+    load there: both then share the machine's moment, which on a shared VM
+    moves CPU per unit of work by more than the difference measured)."""
+
+    def __init__(
+        self, client: Client, temporal: str, workflows: int, period: float, workdir: Path,
+        seed: int = 1,
+    ) -> None:  # fmt: skip
+        self._client, self._temporal = client, temporal
+        self._workflows, self._period = workflows, period
+        self._log = workdir / "floor-worker-paced.log"
+        self._rng = random.Random(seed)
+        self._stack = contextlib.AsyncExitStack()
+        self._worker: subprocess.Popen[bytes] | None = None
+        self._handles: list[WorkflowHandle[FloorWorkflow, None]] = []
+        self._sent: list[int] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self.result: PacedFloorCpu | None = None
+
+    async def __aenter__(self) -> PacedFloor:
+        self._worker = start_floor_worker(self._temporal, self._log)
+        self._stack.callback(stop_process, self._worker)
+        activities = Worker(
+            self._client,
+            task_queue=ACTIVITY_QUEUE,
+            activities=[floor_noop],
+            max_concurrent_activities=max(100, self._workflows),
+        )
+        await self._stack.enter_async_context(activities)
+        starts = (start_floor(self._client) for _ in range(self._workflows))
+        self._handles = list(await asyncio.gather(*starts))
+        for handle in self._handles:  # warm up: each workflow cached before the window
+            for _, update in FLOORS:
+                await handle.execute_update(update)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Each workflow ends before its worker stops: one left open would have
+        # its next task replayed from the whole history by the next floor's
+        # worker, inside that floor's window.
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*(h.signal(FloorWorkflow.finish) for h in self._handles))
+            await asyncio.wait_for(
+                asyncio.gather(*(h.result() for h in self._handles)), READY_SECONDS
+            )
+        await self._stack.aclose()
+
+    async def _pace(self, index: int, phase: float, until: float) -> None:
+        """One workflow's pairs, as bench.scale_load.paced_group times a
+        group's hand-overs: the trivial update half a period before each
+        moment (as a waiter's acquire arrives), the update awaiting the
+        activity on the moment (as the yield starts the switch, whose end
+        completes the acquire)."""
+        handle, period = self._handles[index], self._period
+        moment = phase + period
+        while moment <= until:
+            await asyncio.sleep(max(0.0, moment - period / 2 - time.monotonic()))
+            await handle.execute_update(FloorWorkflow.ping)
+            await asyncio.sleep(max(0.0, moment - time.monotonic()))
+            await handle.execute_update(FloorWorkflow.via_activity)
+            self._sent[index] += 1
+            moment += period
+
+    @contextlib.contextmanager
+    def window(self, seconds: float) -> Iterator[None]:
+        """Pace every workflow for ``seconds`` from entering; on leaving, the
+        worker's CPU per pair completed so far is ``result``."""
+        assert self._worker is not None, "enter the PacedFloor first"
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        self._sent = [0] * len(self._handles)
+        self._tasks = [
+            loop.create_task(
+                self._pace(i, started + self._rng.uniform(0, self._period), started + seconds)
+            )
+            for i in range(len(self._handles))
+        ]
+        before = cpu_seconds(self._worker.pid)
+        try:
+            yield
+        finally:
+            used = cpu_seconds(self._worker.pid) - before
+            pairs = sum(self._sent)
+            self.result = PacedFloorCpu(
+                self._workflows, self._period, pairs, used * 1000 / max(1, pairs)
+            )
 
 
 def start_floor_worker(

@@ -1,6 +1,7 @@
 """`bench.scale` on a tiny load, as users run it with --quick: it measures
-the floors, the idle jobs' history (now and with the old heartbeat) and a
-paced load, and ends with its line of figures. No timing is asserted."""
+the floors (back to back, and paced beside a second run of the load), the
+idle jobs' history (now and with the old heartbeat) and a paced load, and
+ends with its line of figures. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
         "p99_ms",
         "max_groups_p99_under_1s",
         "worker_cpu_ratio",
+        "worker_cpu_ratio_back_to_back",
         "lost_leases",
         "history_events_per_idle_job_hour",
         "history_events_per_idle_job_hour_before",
@@ -37,6 +39,8 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
     ):
         assert key in figures, output  # fmt: skip
     assert figures["groups"] == "2" and figures["lost_leases"] == "0", output
+    # The ratio's floor was paced as the load, beside it, in one window.
+    assert "the two, paced: 2 workflows" in run.stdout and "beside the paced floor" in run.stdout
     # The first grants and last yields are measured apart from the hand-overs.
     assert float(figures["worker_cpu_ratio_with_edges"]) > float(figures["worker_cpu_ratio"])
     # The old heartbeat wrote history that the count saw; renewals now write less.
