@@ -8,22 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import grpc
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 import timeshare
 import timeshare.aio
 from tests.conftest import SimNodes
 from tests.polling import wait_until, wait_until_async
 from timeshare.models import GroupPolicy
-from timeshare.names import group_workflow_id
+from timeshare.names import SCHEDULER_TASK_QUEUE, group_workflow_id
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from timeshare.workers import turn_watch
 from timeshare.workers.turn_watch import GroupFacts, GroupPoller, TurnWatches
+from timeshare.workflows.group import GroupInput, GroupWorkflow
 
 
 async def heartbeats_in_history(client: Client, group: str) -> int:
@@ -197,11 +199,10 @@ async def test_a_watch_that_starts_its_groups_poller_shares_its_first_read(
         return await real_read(poller)
 
     monkeypatch.setattr(GroupPoller, "read", counted)
-    # No periodic read within the test: only the ones a watch makes.
-    monkeypatch.setattr(turn_watch, "POLL_SECONDS", 60.0)
-    monkeypatch.setattr(turn_watch, "SLOW_POLL_SECONDS", 60.0)
-    # This test's own watches (the gateway serving `a` has pollers of its own).
+    # This test's own watches (the gateway serving `a` has pollers of its own),
+    # with no periodic read within the test: only the ones a watch makes.
     watches = TurnWatches(client)
+    watches._intervals[group] = 60.0
     first = watches.notices(group, "a", turn.epoch)
     second = watches.notices(group, "b", 0)
     try:
@@ -217,3 +218,37 @@ async def test_a_watch_that_starts_its_groups_poller_shares_its_first_read(
     await a.yield_()
     await a.leave()
     await b.leave()
+
+
+async def test_a_watch_learns_how_often_to_poll_from_the_memo_its_group_was_created_with(
+    api: timeshare.aio.Client,
+    client: Client,
+    sim_nodes: SimNodes,
+    unique: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a query (a workflow task on the scheduler per group and
+    gateway); a group created before the memo is still asked."""
+    group, node = f"g-{unique}", f"n-{unique}"
+    await sim_nodes.start(node)
+    a = await api.join(group, "a", [node], GroupPolicy(max_turn_seconds=30))
+    older = f"older-{unique}"
+    await client.start_workflow(
+        GroupWorkflow.run, GroupInput(group=older), id=group_workflow_id(older),
+        task_queue=SCHEDULER_TASK_QUEUE,
+    )  # fmt: skip
+    queried: list[str] = []
+    real_query = WorkflowHandle.query
+
+    async def counted(handle: WorkflowHandle[Any, Any], *args: Any, **kwargs: Any) -> Any:
+        queried.append(handle.id)
+        return await real_query(handle, *args, **kwargs)
+
+    monkeypatch.setattr(WorkflowHandle, "query", counted)
+    watches = TurnWatches(client)
+    assert await watches.interval(group) == turn_watch.POLL_SECONDS  # it may ask to yield
+    assert queried == []
+    assert await watches.interval(older) == turn_watch.poll_seconds(GroupPolicy())
+    assert queried == [group_workflow_id(older)]
+    await client.get_workflow_handle(group_workflow_id(older)).terminate("test over")
+    await a.leave()

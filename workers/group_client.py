@@ -32,6 +32,7 @@ from timeshare.models import (
 )
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE, group_workflow_id
 from timeshare.workers.gateway_errors import workflow_task_failed
+from timeshare.workers.turn_watch import WATCH_POLL_MEMO, poll_seconds
 from timeshare.workflows.group import CancelAcquireInput, GroupInput, GroupWorkflow
 from timeshare.workflows.registry import NodeRegistryWorkflow
 
@@ -103,6 +104,8 @@ async def join_group(
             id=group_workflow_id(group),
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             task_queue=SCHEDULER_TASK_QUEUE,
+            # Read by turn watches instead of a query (the policy is fixed here).
+            memo={WATCH_POLL_MEMO: poll_seconds(policy or GroupPolicy())},
         )
         try:
             return await client.execute_update_with_start_workflow(

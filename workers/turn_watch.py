@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from timeshare.models import GroupPolicy
 from timeshare.names import group_workflow_id
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.workflows.group import GroupWorkflow
@@ -42,6 +43,16 @@ REMEMBERED_GROUPS = 10_000
 # A watch says something at least this often, so its client can tell a
 # silent stream from a dead one.
 KEEPALIVE_SECONDS = 5.0
+
+
+# The memo field a group's creator sets to poll_seconds of its policy.
+WATCH_POLL_MEMO = "watch_poll_seconds"
+
+
+def poll_seconds(policy: GroupPolicy) -> float:
+    """How often a watch of a group with this policy is polled."""
+    asks = policy.max_turn_seconds > 0 or policy.preempt_lower_after_seconds > 0
+    return POLL_SECONDS if asks else min(SLOW_POLL_SECONDS, policy.lease_seconds / 6)
 
 
 @dataclass(frozen=True)
@@ -130,20 +141,24 @@ class TurnWatches:
 
     async def interval(self, group: str) -> float:
         """How often the group's watches are polled, from its policy (read
-        once per group: a policy is fixed when its group is created)."""
+        once per group: a policy is fixed when its group is created). From
+        the memo its creator set (one Describe, answered by Temporal alone);
+        a group created before that memo is asked by a query, a workflow
+        task on the scheduler."""
         every = self._intervals.get(group)
         if every is None:
             handle = self._client.get_workflow_handle_for(
                 GroupWorkflow.run, group_workflow_id(group)
             )
             try:
-                policy = (await handle.query(GroupWorkflow.status)).policy
+                description = await handle.describe()
+                every = await description.memo_value(WATCH_POLL_MEMO, None, type_hint=float)
+                if every is None:
+                    every = poll_seconds((await handle.query(GroupWorkflow.status)).policy)
             except RPCError as error:
                 if error.status == RPCStatusCode.NOT_FOUND:
                     raise GroupNotFound(group) from None
                 raise
-            asks = policy.max_turn_seconds > 0 or policy.preempt_lower_after_seconds > 0
-            every = POLL_SECONDS if asks else min(SLOW_POLL_SECONDS, policy.lease_seconds / 6)
             if len(self._intervals) >= REMEMBERED_GROUPS:
                 self._intervals.pop(next(iter(self._intervals)))
             self._intervals[group] = every
