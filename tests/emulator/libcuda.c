@@ -654,10 +654,15 @@ static void serve(int fd)
         result = serve_restore(mapping);
     else if (strcmp(op, "unlock") == 0)
         result = serve_unlock();
+    /* Only a lock's result can still change with its reply (below); any other
+     * is logged before the reply, since the caller may stop this process
+     * (SIGSTOP) as soon as it has it, before a log written after would land. */
+    int lock_awaits_reply = strcmp(op, "lock") == 0 && result == CUDA_SUCCESS && deadline;
+    if (!lock_awaits_reply)
+        emu_log(call, (int)getpid(), "end", 1, result);
     char reply[32];
     int n = snprintf(reply, sizeof reply, "%d\n", result);
-    if (send(fd, reply, (size_t)n, MSG_NOSIGNAL) != n && strcmp(op, "lock") == 0 &&
-        result == CUDA_SUCCESS && deadline) {
+    if (send(fd, reply, (size_t)n, MSG_NOSIGNAL) != n && lock_awaits_reply) {
         /* The caller's timeout expired first and it has closed its end (it shuts down
          * reading before it gives up, so this send fails rather than being lost): it
          * reports the timeout, so the process must be left RUNNING. */
@@ -667,7 +672,8 @@ static void serve(int fd)
         pthread_mutex_unlock(&g_mu);
         result = emu_config_get()->lock_timeout_result;
     }
-    emu_log(call, (int)getpid(), "end", 1, result);
+    if (lock_awaits_reply)
+        emu_log(call, (int)getpid(), "end", 1, result);
 }
 
 static void *restore_thread(void *unused)
