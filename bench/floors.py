@@ -5,7 +5,7 @@ activity on another task queue (what a one-node switch costs at least).
 measure_floors times them from a worker in the benchmark's process;
 measure_floor_cpu runs the workflow's worker in a process of its own
 (bench.floor_worker), as the scheduler runs, and reads its CPU per update,
-the updates sent back to back to one workflow; measure_paced_floor_cpu sends
+the updates sent back to back to one workflow; PacedFloor sends
 them as bench.scale's paced load sends its messages (many workflows, one pair
 each per period), so that the two are compared under the same load.
 """
@@ -133,26 +133,6 @@ class PacedFloorCpu:
     period: float
     pairs: int
     cpu_ms_per_pair: float
-
-
-async def _paced_pairs(
-    handle: WorkflowHandle[FloorWorkflow, None], phase: float, period: float, until: float
-) -> int:
-    """A group's hand-overs in floor updates, one every ``period`` from
-    ``phase`` on, as bench.scale_load.paced_group times them: the trivial
-    update half a period before (as a waiter's acquire arrives), the update
-    awaiting the activity on time (as the yield starts the switch, whose end
-    completes the acquire). Returns the pairs sent."""
-    pairs = 0
-    moment = phase + period
-    while moment <= until:
-        await asyncio.sleep(max(0.0, moment - period / 2 - time.monotonic()))
-        await handle.execute_update(FloorWorkflow.ping)
-        await asyncio.sleep(max(0.0, moment - time.monotonic()))
-        await handle.execute_update(FloorWorkflow.via_activity)
-        pairs += 1
-        moment += period
-    return pairs
 
 
 class PacedFloor:

@@ -331,13 +331,15 @@ def report(
             units[part] = reference.cpu_ms_per_handoff([part])
         print_profiles(args.profile, units)
     worker_ms = reference.cpu_ms_per_handoff(stack.scheduler_parts)
-    ratio = back_to_back = worker_ms / floor.per_handoff_floor_ms
-    floor_ms = floor.per_handoff_floor_ms
-    with_edges = reference.cpu_ms_per_handoff_with_edges(stack.scheduler_parts) / floor_ms
-    if side_by_side is not None and paced is not None:
-        floor_ms = paced.cpu_ms_per_pair
-        ratio = side_by_side.cpu_ms_per_handoff(stack.scheduler_parts) / floor_ms
-        with_edges = side_by_side.cpu_ms_per_handoff_with_edges(stack.scheduler_parts) / floor_ms
+    back_to_back = worker_ms / floor.per_handoff_floor_ms
+    # The ratio's two sides, from one window where the load was paced.
+    measured, floor_ms = (
+        (side_by_side, paced.cpu_ms_per_pair)
+        if side_by_side is not None and paced is not None
+        else (reference, floor.per_handoff_floor_ms)
+    )
+    ratio = measured.cpu_ms_per_handoff(stack.scheduler_parts) / floor_ms
+    with_edges = measured.cpu_ms_per_handoff_with_edges(stack.scheduler_parts) / floor_ms
     temporal_ms = reference.cpu_ms_per_handoff(["temporal"])
     temporal_ratio = temporal_ms / max(1e-9, floor.per_handoff_server_floor_ms)
     print(f"Temporal's CPU per hand-over at {reference.groups} groups: {temporal_ms:.1f} ms, "
@@ -360,7 +362,7 @@ def report(
         f"worker_cpu_ms_per_handoff={worker_ms:.2f} "
         f"floor_cpu_ms={floor_ms:.2f} worker_cpu_ratio={ratio:.2f} "
         f"worker_cpu_ms_per_handoff_beside_floor="
-        f"{(side_by_side or reference).cpu_ms_per_handoff(stack.scheduler_parts):.2f} "
+        f"{measured.cpu_ms_per_handoff(stack.scheduler_parts):.2f} "
         f"back_to_back_floor_cpu_ms={floor.per_handoff_floor_ms:.2f} "
         f"worker_cpu_ratio_back_to_back={back_to_back:.2f} "
         f"worker_cpu_ratio_with_edges={with_edges:.2f} "
