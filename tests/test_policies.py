@@ -265,6 +265,37 @@ def test_an_idle_member_outlives_the_lease_and_a_contended_holder_does_not() -> 
     assert queue.expire(now=1000.0 + 3600.0) == ["evicted b: it sent nothing for 3600 s"]
 
 
+def test_a_job_granted_after_a_long_wait_gets_its_whole_lease_from_the_grant() -> None:
+    # As in a chaos run: a's process dies holding the turn, b and c wait
+    # behind it; b is granted once a's lease runs out and must not be evicted
+    # for the silence of its own wait.
+    queue = group(GroupPolicy(lease_seconds=30), a=(1, 0), b=(1, 0), c=(1, 0))
+    queue.request("a", "a1", now=0.0)
+    grant_next(queue, 0.0)
+    queue.request("b", "b1", now=1.0)
+    queue.request("c", "c1", now=2.0)
+    assert queue.expire(now=31.0) == [
+        "evicted a: it held the turn while others waited and sent nothing for 30 s"
+    ]
+    assert grant_next(queue, 31.5) == "b"
+    assert queue.next_deadline(now=31.5) == 61.5
+    assert queue.expire(now=45.0) == []
+    assert queue.state.turn is not None and queue.state.turn.job == "b"
+    assert queue.release("b", queue.state.turn.epoch, now=45.0) >= 0.0
+
+
+def test_a_replayed_run_from_before_the_rule_keeps_the_lease_from_the_wait() -> None:
+    queue = group(GroupPolicy(lease_seconds=30), a=(1, 0), b=(1, 0), c=(1, 0))
+    old = LockQueue(queue.state, lease_from_grant=False)
+    old.request("a", "a1", now=0.0)
+    grant_next(old, 0.0)
+    old.request("b", "b1", now=1.0)
+    old.request("c", "c1", now=2.0)
+    old.expire(now=31.0)
+    assert grant_next(old, 31.5) == "b"
+    assert old.next_deadline(now=31.5) == 32.0
+
+
 def test_a_holder_that_renews_keeps_its_turn_while_others_wait() -> None:
     queue = group(GroupPolicy(lease_seconds=30), a=(1, 0), b=(1, 0))
     queue.request("a", "a1", now=0.0)

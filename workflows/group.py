@@ -108,6 +108,10 @@ PREFETCH_PAST_DEPARTED_PATCH = "timeshare-prefetch-past-departed-jobs"
 # From this change on, where nobody's next request can be told yet, an idle
 # group brings in the job away the longest (LockQueue._longest_away).
 PREFETCH_GUESS_PATCH = "timeshare-prefetch-the-job-away-longest"
+# From this change on, a holder others wait for gets its whole lease from
+# its grant: before it, a job granted after waiting behind a dead holder
+# could be evicted a moment into its turn (LockQueue._lease_deadlines).
+LEASE_FROM_GRANT_PATCH = "timeshare-lease-from-grant"
 # A switch is not shown as `switching` outside the workflow (search
 # attributes) where the group's last one was over within this: it would be
 # over before anyone could look. Slower switches, and every retry, are shown.
@@ -149,7 +153,7 @@ class GroupWorkflow:
             policy=StoredPolicy.stored(input.policy or GroupPolicy()),
             rules=RULES_POLICIES if workflow.patched(POLICIES_PATCH) else RULES_LEGACY,
         )
-        self._queue = LockQueue(state)
+        self._queue = LockQueue(state, lease_from_grant=workflow.patched(LEASE_FROM_GRANT_PATCH))
         self._grants_at_start = state.grants
         # Set by every message: the main loop re-reads deadlines and duties.
         self._changed = False

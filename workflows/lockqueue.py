@@ -126,8 +126,12 @@ class LockQueue:
     """Decisions over a GroupState. Every method either changes the state
     consistently or raises QueueError and changes nothing."""
 
-    def __init__(self, state: GroupState) -> None:
+    def __init__(self, state: GroupState, lease_from_grant: bool = True) -> None:
+        """``lease_from_grant``: a contended holder's lease starts no earlier
+        than its grant (False only where a workflow replays a run from before
+        that rule)."""
         self.state = state
+        self._lease_from_grant = lease_from_grant
         # The latest time the queue was told of: what a call without one
         # (a status query) orders the waiters by.
         self._clock = state.since
@@ -460,7 +464,7 @@ class LockQueue:
         """Whether a next_turn now would grant the job its next turn at once,
         nothing moved: tried on a copy of the state, so that nothing the
         workflow holds (a switch plan under way) is replaced."""
-        probe = LockQueue(self.state.model_copy(deep=True))
+        probe = LockQueue(self.state.model_copy(deep=True), self._lease_from_grant)
         probe._clock = self._clock
         probe.release(job, epoch, now)
         grant = probe.request(job, f"keep-turn-probe-{epoch}", now)
@@ -541,7 +545,8 @@ class LockQueue:
     def _lease_deadlines(self) -> list[tuple[str, float, str]]:
         """(job, when its lease runs out, why it would be evicted then). A
         holder that others wait for must be heard from within lease_seconds
-        of their first request; everyone else within idle_lease_seconds.
+        of their first request or of its grant, whichever is later; everyone
+        else within idle_lease_seconds.
         (Groups from before policies: everyone within lease_seconds.) The
         reason is a kind here (LEGACY, IDLE or HELD), worded at eviction."""
         policy = self.state.policy
@@ -557,6 +562,10 @@ class LockQueue:
             others = [w.since for w in self.state.queue if w.job != turn.job]
             if others:
                 since = max(self.state.jobs[turn.job].last_seen, min(others))
+                if self._lease_from_grant:
+                    # A job granted after a long wait had nothing to say while
+                    # it waited: it gets the whole lease from its grant.
+                    since = max(since, turn.granted_at)
                 contended = since + policy.lease_seconds
         deadlines = []
         for job, entry in self.state.jobs.items():
