@@ -230,6 +230,27 @@ def test_temporal_address_alone_points_every_process_at_temporal(temporal_addres
             process.wait(30)
 
 
+def test_the_scheduler_runs_activations_inline_unless_told_to_detect_deadlocks(
+    temporal_address: str,
+) -> None:
+    """Its ready line says which: the SDK's thread pool (with its 2 s
+    deadlock detector) only with --deadlock-detection or in the sandbox."""
+    said = {}
+    for flags in ([], ["--deadlock-detection"], ["--workflow-sandbox"]):
+        process = subprocess.Popen(
+            timeshare_command("scheduler", f"--temporal={temporal_address}", *flags),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        )  # fmt: skip
+        try:
+            said[" ".join(flags)] = wait_for_line(process, ": ready:", timeout=60)[-1]
+        finally:
+            process.terminate()
+            process.wait(30)
+    assert "deadlock detection" not in said[""] and "sandbox" not in said[""], said
+    assert "activations on threads with deadlock detection" in said["--deadlock-detection"]
+    assert "sandbox" in said["--workflow-sandbox"], said
+
+
 def test_temporal_dynamic_config_goes_over_timeshares_own() -> None:
     """`timeshare temporal --dynamic-config KEY=VALUE`: one value per key
     reaches the dev server, the given one; the other settings stay."""

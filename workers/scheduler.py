@@ -54,18 +54,37 @@ async def check_search_attributes(client: Client) -> None:
         )
 
 
+def activations_inline(sandboxed: bool, deadlock_detection: bool) -> bool:
+    """Whether the worker runs each workflow activation on its event loop
+    rather than on a thread of its pool. Inline saves about a tenth of the
+    scheduler's CPU per hand-over (docs/benchmarks.md, "ninth session"): no
+    hand-off to a thread and back, no deadlock timer per activation. What
+    the pool adds is the SDK's deadlock detection, which fails an activation
+    that runs past 2 s. The group workflow's code cannot block (no I/O, no
+    waits but Temporal's), and on a machine loaded enough to stall an
+    activation for 2 s the detector fails sound tasks. Where it is wanted
+    (say, trying a patched workflow), ``--deadlock-detection`` brings it back.
+    The sandbox keeps the pool: inline, the SDK would relax the sandbox for
+    a debugger."""
+    return not (sandboxed or deadlock_detection)
+
+
 async def serve_scheduler(
     stop: asyncio.Event,
     temporal: TemporalSettings,
     telemetry: Telemetry | None = None,
     sandboxed: bool = False,
+    deadlock_detection: bool = False,
 ) -> None:
     """Serve the group workflows until ``stop``; outside the SDK's sandbox
-    unless ``sandboxed`` (timeshare.workflows.sandbox says why)."""
+    unless ``sandboxed`` (timeshare.workflows.sandbox says why); each
+    activation on the event loop unless ``deadlock_detection`` or
+    ``sandboxed`` (activations_inline says why)."""
     telemetry = telemetry or Telemetry()
     client = await connect_temporal(temporal, telemetry=telemetry)
     await check_search_attributes(client)
     telemetry.start()
+    inline = activations_inline(sandboxed, deadlock_detection)
     worker = Worker(
         client,
         task_queue=SCHEDULER_TASK_QUEUE,
@@ -74,9 +93,16 @@ async def serve_scheduler(
         # A group's next task waits this long for a worker that died holding
         # its cached history before any other replica takes it (default 10 s).
         sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
+        # The SDK's one way to run activations inline (it names it for
+        # debuggers); nothing else of it applies outside the sandbox.
+        debug_mode=inline,
     )
     async with worker:
         where = f"task queue {SCHEDULER_TASK_QUEUE} on {temporal.describe()}"
-        ready("scheduler", where + (", workflows in the SDK's sandbox" if sandboxed else ""))
+        if sandboxed:
+            where += ", workflows in the SDK's sandbox"
+        elif not inline:
+            where += ", activations on threads with deadlock detection"
+        ready("scheduler", where)
         await stop.wait()
     await telemetry.close()

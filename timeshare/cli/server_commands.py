@@ -56,6 +56,14 @@ def add_server_commands(commands: Subparsers) -> None:
         help="run the group workflows in the Temporal SDK's sandbox: about a third more "
         "scheduler CPU per hand-over (env TIMESHARE_WORKFLOW_SANDBOX=1; default off)",
     )
+    scheduler.add_argument(
+        "--deadlock-detection",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("TIMESHARE_DEADLOCK_DETECTION", "0") == "1",
+        help="run each workflow activation on a thread, failing one that runs past 2 s "
+        "(the SDK's deadlock detection): about a tenth more scheduler CPU per hand-over "
+        "(env TIMESHARE_DEADLOCK_DETECTION=1; default off; on in the sandbox)",
+    )
     scheduler.set_defaults(handler=run_scheduler, server=True)
 
     gateway = commands.add_parser("gateway", help="run the gRPC gateway")
@@ -171,8 +179,10 @@ def run_scheduler(args: argparse.Namespace) -> int:
         traced = telemetry(args)
     except (SettingsError, StartupError) as error:
         return fail(f"scheduler: {error}")
-    sandboxed = bool(args.workflow_sandbox)
-    run_service("scheduler", lambda stop: serve_scheduler(stop, temporal, traced, sandboxed))
+    sandboxed, detect = bool(args.workflow_sandbox), bool(args.deadlock_detection)
+    run_service(
+        "scheduler", lambda stop: serve_scheduler(stop, temporal, traced, sandboxed, detect)
+    )
 
 
 def run_gateway(args: argparse.Namespace) -> int:
