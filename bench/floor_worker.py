@@ -2,11 +2,13 @@
 worker runs in its own: its CPU, read from /proc, is then comparable with the
 scheduler's (see bench.floors.measure_floor_cpu).
 
-    python -m bench.floor_worker --temporal HOST:PORT [--sandboxed]
+    python -m bench.floor_worker --temporal HOST:PORT [--sandboxed | --inline]
 
 The floor workflow runs unsandboxed (the SDK's own floor), or with
 ``--sandboxed`` in a sandbox like the scheduler's, to tell what the sandbox
-itself costs.
+itself costs. Its activations run on the SDK's thread pool, as the SDK's
+defaults have it, or with ``--inline`` on the event loop, as the scheduler
+runs them (timeshare.workers.scheduler.activations_inline).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def runner(sandboxed: bool) -> SandboxedWorkflowRunner | UnsandboxedWorkflowRunn
     return SandboxedWorkflowRunner(restrictions=restrictions)
 
 
-async def serve(temporal: str, sandboxed: bool) -> None:
+async def serve(temporal: str, sandboxed: bool, inline: bool) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -43,6 +45,7 @@ async def serve(temporal: str, sandboxed: bool) -> None:
         task_queue=WORKFLOW_QUEUE,
         workflows=[FloorWorkflow],
         workflow_runner=runner(sandboxed),
+        debug_mode=inline,
     ):
         print(READY_LINE, flush=True)
         await stop.wait()
@@ -53,8 +56,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="The floor workflow's worker.")
     parser.add_argument("--temporal", required=True, help="the Temporal frontend, HOST:PORT")
     parser.add_argument("--sandboxed", action="store_true", help="in the scheduler's sandbox")
+    parser.add_argument(
+        "--inline", action="store_true", help="activations on the event loop, as the scheduler's"
+    )
     args = parser.parse_args()
-    asyncio.run(serve(args.temporal, args.sandboxed))
+    if args.sandboxed and args.inline:
+        parser.error("--inline runs outside the sandbox, as the scheduler does")
+    asyncio.run(serve(args.temporal, args.sandboxed, args.inline))
 
 
 if __name__ == "__main__":

@@ -133,6 +133,9 @@ class PacedFloorCpu:
     period: float
     pairs: int
     cpu_ms_per_pair: float
+    # Activations on the worker's event loop (as the scheduler's), not on the
+    # SDK's default thread pool.
+    inline: bool = False
 
 
 class PacedFloor:
@@ -147,9 +150,12 @@ class PacedFloor:
 
     def __init__(
         self, client: Client, temporal: str, workflows: int, period: float, workdir: Path,
-        seed: int = 1,
+        seed: int = 1, inline: bool = False,
     ) -> None:  # fmt: skip
+        """``inline``: the worker runs activations on its event loop, as the
+        scheduler does, instead of the SDK's default thread pool."""
         self._client, self._temporal = client, temporal
+        self.inline = inline
         self._workflows, self._period = workflows, period
         self._log = workdir / "floor-worker-paced.log"
         self._rng = random.Random(seed)
@@ -161,7 +167,7 @@ class PacedFloor:
         self.result: PacedFloorCpu | None = None
 
     async def __aenter__(self) -> PacedFloor:
-        self._worker = start_floor_worker(self._temporal, self._log)
+        self._worker = start_floor_worker(self._temporal, self._log, inline=self.inline)
         self._stack.callback(stop_process, self._worker)
         activities = Worker(
             self._client,
@@ -228,16 +234,18 @@ class PacedFloor:
             used = cpu_seconds(self._worker.pid) - before
             pairs = sum(self._sent)
             self.result = PacedFloorCpu(
-                self._workflows, self._period, pairs, used * 1000 / max(1, pairs)
+                self._workflows, self._period, pairs, used * 1000 / max(1, pairs), self.inline
             )
 
 
 def start_floor_worker(
-    temporal: str, log_path: Path, sandboxed: bool = False
+    temporal: str, log_path: Path, sandboxed: bool = False, inline: bool = False
 ) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "bench.floor_worker", f"--temporal={temporal}"]
     if sandboxed:
         command.append("--sandboxed")
+    if inline:
+        command.append("--inline")
     with log_path.open("ab") as log:
         process = spawn(command, stdout=log, timeshare_child=True)
     deadline = time.monotonic() + READY_SECONDS

@@ -18,6 +18,7 @@ server, sim backend, one node, zero-byte switches. In one run, on one server:
     python -m bench.scale --period 0          # as fast as the jobs can (the old load)
     python -m bench.scale --replicas 2        # two schedulers and two gateways
     python -m bench.scale --profile DIR       # py-spy of the schedulers at 50 groups
+    python -m bench.scale --floor-inline      # the paced floor's activations inline too
 
 worker_cpu_ratio: the scheduler's CPU per hand-over over the floor worker's
 per pair (a trivial update plus an update awaiting a remote activity), both
@@ -129,9 +130,10 @@ def print_floor(floor: FloorCpu, sandboxed: FloorCpu, paced: PacedFloorCpu | Non
          f"{floor.activity_wall_ms:.1f}", f"{sandboxed.activity_cpu_ms:.2f}"],
     ]  # fmt: skip
     if paced is not None:
+        how = ", activations inline" if paced.inline else ""
         rows.append([f"the two, paced: {paced.workflows} workflows, a pair each every "
-                     f"{paced.period:g} s ({paced.pairs} pairs)", f"{paced.cpu_ms_per_pair:.2f}",
-                     "-", "-"])  # fmt: skip
+                     f"{paced.period:g} s ({paced.pairs} pairs{how})",
+                     f"{paced.cpu_ms_per_pair:.2f}", "-", "-"])  # fmt: skip
     headers = ["floor (workflow worker in its own process)", "CPU ms", "wall ms",
                "CPU ms in the scheduler's sandbox"]  # fmt: skip
     print(table(headers, rows))
@@ -244,8 +246,9 @@ async def load_beside_floor(
     """The reference load again, with the floor workflow paced the same way
     beside it in the same window: worker_cpu_ratio compares the two."""
     async with PacedFloor(
-        temporal, stack.temporal, reference.groups, args.period, workdir, args.seed
-    ) as floor:
+        temporal, stack.temporal, reference.groups, args.period, workdir, args.seed,
+        inline=args.floor_inline,
+    ) as floor:  # fmt: skip
         load = await run_load(
             stack.addresses, stack_pids(stack), reference.groups, args.jobs_per_group,
             stack.node, args.period, args.seconds, args.seed, name="beside",
@@ -406,6 +409,11 @@ def main() -> None:
     parser.add_argument(
         "--watch-groups", type=int, default=REFERENCE_GROUPS,
         help="groups whose held turns are watched (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--floor-inline", action="store_true",
+        help="the paced floor's worker runs activations on its event loop, as the scheduler "
+        "does (default: the SDK's thread pool, its default)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", type=Path, help="py-spy the schedulers and gateways here")
