@@ -14,6 +14,7 @@ import grpc
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Worker
 
 import timeshare
 import timeshare.aio
@@ -26,6 +27,8 @@ from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from timeshare.workers import turn_watch
 from timeshare.workers.turn_watch import GroupFacts, GroupPoller, TurnWatches
 from timeshare.workflows.group import GroupInput, GroupWorkflow
+from timeshare.workflows.group_state import RULES_POLICIES, GroupState, StoredPolicy
+from timeshare.workflows.visibility import YIELD_EPOCH_MEMO
 
 
 async def heartbeats_in_history(client: Client, group: str) -> int:
@@ -252,3 +255,26 @@ async def test_a_watch_learns_how_often_to_poll_from_the_memo_its_group_was_crea
     assert queried == [group_workflow_id(older)]
     await client.get_workflow_handle(group_workflow_id(older)).terminate("test over")
     await a.leave()
+
+
+async def test_a_run_continued_as_new_clears_a_yield_request_its_memo_carried_over(
+    client: Client, scheduler: Worker, unique: str
+) -> None:
+    """A run that continued as new starts with the last run's memo. Where
+    the last run's holder was asked to yield and the new run asks nobody,
+    the memo must say so: the holder's watch reads it."""
+    group = f"carried-{unique}"
+    state = GroupState(group=group, policy=StoredPolicy.stored(GroupPolicy()), rules=RULES_POLICIES)
+    handle = await client.start_workflow(
+        GroupWorkflow.run, GroupInput(group=group, state=state), id=group_workflow_id(group),
+        task_queue=SCHEDULER_TASK_QUEUE, memo={YIELD_EPOCH_MEMO: 7},
+    )  # fmt: skip
+
+    async def published() -> bool:
+        description = await handle.describe()
+        return int(await description.memo_value(YIELD_EPOCH_MEMO, -1)) == 0
+
+    try:
+        await wait_until_async(published, what="the carried yield request cleared")
+    finally:
+        await handle.terminate("test over")

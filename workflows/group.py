@@ -61,7 +61,7 @@ with workflow.unsafe.imports_passed_through():
         SwitchPlan,
     )
     from timeshare.workflows.lockqueue import LockQueue, QueueError, Snapshot
-    from timeshare.workflows.visibility import LEAN_PATCH, GroupVisibility
+    from timeshare.workflows.visibility import LEAN_PATCH, YIELD_EPOCH_MEMO, GroupVisibility
 
 # An acquire waits inside one update at most this long, then returns "still
 # waiting" and the gateway asks again: no update stays open for long, so the
@@ -159,7 +159,10 @@ class GroupWorkflow:
         self._changed = False
         # Set just before continuing as new: waiting acquires return "ask again".
         self._closing = False
-        self._visibility = GroupVisibility(lean=workflow.patched(LEAN_PATCH))
+        self._visibility = GroupVisibility(
+            lean=workflow.patched(LEAN_PATCH),
+            carried_yield_epoch=workflow.memo_value(YIELD_EPOCH_MEMO, 0, type_hint=int),
+        )
         # The steady timer: when it rings, and whether it has.
         self._steady = workflow.patched(STEADY_TIMER_PATCH)
         self._timer: asyncio.Task[None] | None = None

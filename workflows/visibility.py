@@ -28,23 +28,36 @@ LEAN_PATCH = "timeshare-lean-search-attributes"
 # holder is asked to yield, 0 for none. Written only when it changes, so a
 # group whose holders are never asked to yield writes it never.
 YIELD_EPOCH_MEMO = "yield_epoch"
+# A run continued as new inherits its memo, yield_epoch included, while runs
+# before this change believed they started with 0 published: one that was
+# asked to yield when the last run ended, and is no longer asked, kept saying
+# so. From this change on such a run writes 0 (asked only where they differ).
+CARRIED_MEMO_PATCH = "timeshare-carried-yield-epoch"
 
 
 class GroupVisibility:
     """Publishes what changed since the last call; call it after every change."""
 
-    def __init__(self, lean: bool = False) -> None:
-        """``lean``: LEAN_PATCH applies to this run."""
+    def __init__(self, lean: bool = False, carried_yield_epoch: int = 0) -> None:
+        """``lean``: LEAN_PATCH applies to this run. ``carried_yield_epoch``:
+        what the memo said when this run started (the last run's, after a
+        continue-as-new)."""
         self.lean = lean
         self._shown: GroupSummary | None = None
         self._published: tuple[str, int, str] | None = None
         self._yield_epoch = 0
+        self._carried_yield_epoch = carried_yield_epoch
         # Made once: each new gauge is a call into the SDK's core.
         self._queue_depth: MetricGauge | None = None
 
     def publish(self, summary: GroupSummary, yield_epoch: int | None = None) -> None:
         """``yield_epoch`` None: a group from before yield requests were
         published (its history has no memo to replay)."""
+        if yield_epoch is not None and self._carried_yield_epoch:
+            # Only the first publish of a run looks at the carried memo.
+            carried, self._carried_yield_epoch = self._carried_yield_epoch, 0
+            if yield_epoch == 0 and workflow.patched(CARRIED_MEMO_PATCH):
+                self._yield_epoch = carried
         if yield_epoch is not None and yield_epoch != self._yield_epoch:
             workflow.upsert_memo({YIELD_EPOCH_MEMO: yield_epoch})
             self._yield_epoch = yield_epoch
