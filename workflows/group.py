@@ -328,13 +328,14 @@ class GroupWorkflow:
         self._changed = True
 
     @contextmanager
-    def _handling(self, message: str, validating: bool = False) -> Iterator[None]:
+    def _handling(self, message: str, reads_only: bool = False) -> Iterator[None]:
         """Turn every failure of a message into a typed, non-retryable
         rejection of that message alone, with the state as it was before it.
         An exception that escaped a handler would instead fail the workflow
-        task again and again, and the whole group would stop. ``validating``:
-        a validator, which only reads the state: nothing to undo."""
-        before = None if validating else self._queue.snapshot()
+        task again and again, and the whole group would stop. ``reads_only``:
+        a validator, or any block that only reads the state: nothing to undo,
+        so no snapshot (a pydantic dump) is taken."""
+        before = None if reads_only else self._queue.snapshot()
         try:
             yield
         except ApplicationError:
@@ -386,7 +387,7 @@ class GroupWorkflow:
 
     @join.validator
     def _check_join(self, input: JoinInput) -> None:
-        with self._handling("join", validating=True):
+        with self._handling("join", reads_only=True):
             self._queue.check_join(input.job, input.nodes)
 
     @workflow.update
@@ -421,7 +422,7 @@ class GroupWorkflow:
                     type=Refusal.DEADLINE_EXCEEDED,
                     non_retryable=True,
                 ) from None
-        with self._handling("acquire"):
+        with self._handling("acquire", reads_only=True):
             grant = self._queue.grant_for(job, request_id)
             if grant is not None:
                 return AcquireResult(grant=grant.as_grant(), yielded=yielded)
@@ -458,7 +459,7 @@ class GroupWorkflow:
 
     @acquire.validator
     def _check_acquire(self, input: AcquireInput) -> None:
-        with self._handling("acquire", validating=True):
+        with self._handling("acquire", reads_only=True):
             self._queue.authenticate(input.job, input.token_hash)
             if input.yield_epoch:
                 self._queue.check_release(input.job, input.yield_epoch)
@@ -486,7 +487,7 @@ class GroupWorkflow:
 
     @keep_turn.validator
     def _check_keep_turn(self, input: KeepTurnInput) -> None:
-        with self._handling("keep_turn", validating=True):
+        with self._handling("keep_turn", reads_only=True):
             self._queue.authenticate(input.job, input.token_hash)
             self._queue.check_release(input.job, input.epoch)
             _refuse_bad_phase(input.phase)
@@ -499,7 +500,7 @@ class GroupWorkflow:
 
     @cancel_acquire.validator
     def _check_cancel(self, input: CancelAcquireInput) -> None:
-        with self._handling("cancel_acquire", validating=True):
+        with self._handling("cancel_acquire", reads_only=True):
             self._queue.authenticate(input.job, input.token_hash)
 
     @workflow.update(name="yield")
@@ -517,7 +518,7 @@ class GroupWorkflow:
 
     @yield_turn.validator
     def _check_yield(self, input: YieldInput) -> None:
-        with self._handling("yield", validating=True):
+        with self._handling("yield", reads_only=True):
             self._queue.authenticate(input.job, input.token_hash)
             self._queue.check_release(input.job, input.epoch)
 
@@ -530,7 +531,7 @@ class GroupWorkflow:
 
     @heartbeat.validator
     def _check_heartbeat(self, input: JobInput) -> None:
-        with self._handling("heartbeat", validating=True):
+        with self._handling("heartbeat", reads_only=True):
             self._queue.authenticate(input.job, input.token_hash)
 
     @workflow.update
@@ -543,7 +544,7 @@ class GroupWorkflow:
     def _check_leave(self, input: JobInput) -> None:
         # Leaving is idempotent: a job already gone (left or evicted) is fine.
         if input.job in self._queue.state.jobs:
-            with self._handling("leave", validating=True):
+            with self._handling("leave", reads_only=True):
                 self._queue.authenticate(input.job, input.token_hash)
 
     # -- operator controls --------------------------------------------------------
