@@ -7,7 +7,9 @@ measure_floor_cpu runs the workflow's worker in a process of its own
 (bench.floor_worker), as the scheduler runs, and reads its CPU per update,
 the updates sent back to back to one workflow; PacedFloor sends
 them as bench.scale's paced load sends its messages (many workflows, one pair
-each per period), so that the two are compared under the same load.
+each per period), so that the two are compared under the same load; with
+``publishes``, each pair also upserts the search attributes a hand-over
+changes, which the turn watch reads (timeshare.workers.turn_watch).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from bench.procstat import cpu_seconds, tree_cpu_seconds
 from bench.profiling import Profiler
 from timeshare.workers.children import spawn, stop_process
+from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH
 
 WORKFLOW_QUEUE = "bench.floor"
 ACTIVITY_QUEUE = "bench.floor.activity"
@@ -45,22 +48,33 @@ async def floor_noop() -> None:
 
 @workflow.defn(name="FloorWorkflow")
 class FloorWorkflow:
-    def __init__(self) -> None:
+    @workflow.init
+    def __init__(self, publishes: bool = False) -> None:
+        """``publishes``: each update also upserts the search attributes a
+        hand-over's message changes (workflows/visibility.py), so that the
+        floor carries what the turn watch needs of every hand-over."""
         self._done = False
+        self._publishes = publishes
+        self._grants = 0
 
     @workflow.run
-    async def run(self) -> None:
+    async def run(self, publishes: bool = False) -> None:
         await workflow.wait_condition(lambda: self._done)
 
     @workflow.update
     def ping(self) -> None:
-        return None
+        if self._publishes:  # as a waiter's acquire: one more job waits
+            workflow.upsert_search_attributes([QUEUE_DEPTH.value_set(1)])
 
     @workflow.update
     async def via_activity(self) -> None:
         await workflow.execute_activity(
             "floor_noop", task_queue=ACTIVITY_QUEUE, start_to_close_timeout=timedelta(seconds=30)
         )
+        if self._publishes:  # as the grant after a switch: a new holder, nobody waits
+            self._grants += 1
+            holder = HOLDER.value_set(f"job-{self._grants % 3}")
+            workflow.upsert_search_attributes([holder, QUEUE_DEPTH.value_set(0)])
 
     @workflow.signal
     def finish(self) -> None:
@@ -71,10 +85,10 @@ FLOORS = (("update", FloorWorkflow.ping), ("update+activity", FloorWorkflow.via_
 
 
 async def start_floor(
-    client: Client, task_queue: str = WORKFLOW_QUEUE
+    client: Client, task_queue: str = WORKFLOW_QUEUE, publishes: bool = False
 ) -> WorkflowHandle[FloorWorkflow, None]:
     return await client.start_workflow(
-        FloorWorkflow.run, id=f"floor-{uuid.uuid4().hex[:8]}", task_queue=task_queue
+        FloorWorkflow.run, publishes, id=f"floor-{uuid.uuid4().hex[:8]}", task_queue=task_queue
     )
 
 
@@ -136,6 +150,8 @@ class PacedFloorCpu:
     # Activations on the worker's event loop (as the scheduler's), not on the
     # SDK's default thread pool.
     inline: bool = False
+    # Each pair also upserted what a hand-over publishes (FloorWorkflow).
+    publishes: bool = False
 
 
 class PacedFloor:
@@ -150,12 +166,13 @@ class PacedFloor:
 
     def __init__(
         self, client: Client, temporal: str, workflows: int, period: float, workdir: Path,
-        seed: int = 1, inline: bool = False,
+        seed: int = 1, inline: bool = False, publishes: bool = False,
     ) -> None:  # fmt: skip
         """``inline``: the worker runs activations on its event loop, as the
-        scheduler does, instead of the SDK's default thread pool."""
+        scheduler does, instead of the SDK's default thread pool.
+        ``publishes``: each pair upserts what a hand-over publishes."""
         self._client, self._temporal = client, temporal
-        self.inline = inline
+        self.inline, self.publishes = inline, publishes
         self._workflows, self._period = workflows, period
         self._log = workdir / "floor-worker-paced.log"
         self._rng = random.Random(seed)
@@ -176,7 +193,9 @@ class PacedFloor:
             max_concurrent_activities=max(100, self._workflows),
         )
         await self._stack.enter_async_context(activities)
-        starts = (start_floor(self._client) for _ in range(self._workflows))
+        starts = (
+            start_floor(self._client, publishes=self.publishes) for _ in range(self._workflows)
+        )
         self._handles = list(await asyncio.gather(*starts))
         for handle in self._handles:  # warm up: each workflow cached before the window
             for _, update in FLOORS:
@@ -187,15 +206,25 @@ class PacedFloor:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        # Each workflow ends before its worker stops: one left open would have
-        # its next task replayed from the whole history by the next floor's
-        # worker, inside that floor's window.
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*(h.signal(FloorWorkflow.finish) for h in self._handles))
-            await asyncio.wait_for(
-                asyncio.gather(*(h.result() for h in self._handles)), READY_SECONDS
-            )
-        await self._stack.aclose()
+        try:
+            if self.publishes and exc[0] is None:
+                await self._check_published()
+        finally:
+            # Each workflow ends before its worker stops: one left open would
+            # have its next task replayed from the whole history by the next
+            # floor's worker, inside that floor's window.
+            with contextlib.suppress(Exception):
+                await asyncio.gather(*(h.signal(FloorWorkflow.finish) for h in self._handles))
+                await asyncio.wait_for(
+                    asyncio.gather(*(h.result() for h in self._handles)), READY_SECONDS
+                )
+            await self._stack.aclose()
+
+    async def _check_published(self) -> None:
+        """A floor that was to publish and did not would be compared unfairly."""
+        description = await self._handles[0].describe()
+        if description.typed_search_attributes.get(HOLDER) is None:
+            raise RuntimeError("the paced floor was to publish, but its workflow shows no holder")
 
     async def _pace(self, index: int, phase: float, until: float) -> None:
         """One workflow's pairs, as bench.scale_load.paced_group times a
@@ -234,7 +263,12 @@ class PacedFloor:
             used = cpu_seconds(self._worker.pid) - before
             pairs = sum(self._sent)
             self.result = PacedFloorCpu(
-                self._workflows, self._period, pairs, used * 1000 / max(1, pairs), self.inline
+                self._workflows,
+                self._period,
+                pairs,
+                used * 1000 / max(1, pairs),
+                self.inline,
+                self.publishes,
             )
 
 

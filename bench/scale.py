@@ -19,6 +19,7 @@ server, sim backend, one node, zero-byte switches. In one run, on one server:
     python -m bench.scale --replicas 2        # two schedulers and two gateways
     python -m bench.scale --profile DIR       # py-spy of the schedulers at 50 groups
     python -m bench.scale --floor-inline      # the paced floor's activations inline too
+    python -m bench.scale --floor-publishes   # the paced floor upserts as a hand-over does
 
 worker_cpu_ratio: the scheduler's CPU per hand-over over the floor worker's
 per pair (a trivial update plus an update awaiting a remote activity), both
@@ -131,6 +132,7 @@ def print_floor(floor: FloorCpu, sandboxed: FloorCpu, paced: PacedFloorCpu | Non
     ]  # fmt: skip
     if paced is not None:
         how = ", activations inline" if paced.inline else ""
+        how += ", publishing as a hand-over does" if paced.publishes else ""
         rows.append([f"the two, paced: {paced.workflows} workflows, a pair each every "
                      f"{paced.period:g} s ({paced.pairs} pairs{how})",
                      f"{paced.cpu_ms_per_pair:.2f}", "-", "-"])  # fmt: skip
@@ -247,7 +249,7 @@ async def load_beside_floor(
     beside it in the same window: worker_cpu_ratio compares the two."""
     async with PacedFloor(
         temporal, stack.temporal, reference.groups, args.period, workdir, args.seed,
-        inline=args.floor_inline,
+        inline=args.floor_inline, publishes=args.floor_publishes,
     ) as floor:  # fmt: skip
         load = await run_load(
             stack.addresses, stack_pids(stack), reference.groups, args.jobs_per_group,
@@ -414,6 +416,11 @@ def main() -> None:
         "--floor-inline", action="store_true",
         help="the paced floor's worker runs activations on its event loop, as the scheduler "
         "does (default: the SDK's thread pool, its default)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--floor-publishes", action="store_true",
+        help="the paced floor's updates also upsert the search attributes a hand-over "
+        "changes (the waiter's queue depth; the new holder), as the turn watch needs",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", type=Path, help="py-spy the schedulers and gateways here")

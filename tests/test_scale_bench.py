@@ -18,6 +18,7 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
             sys.executable, "-m", "bench.scale", "--quick", "--period=1", "--sizes=2",
             "--seconds=4", "--idle-groups=1", "--idle-lease=12", "--idle-seconds=6",
             "--floor-iterations=5", "--watch-groups=3", "--watch-seconds=2", "--floor-inline",
+            "--floor-publishes",
         ],
         capture_output=True, text=True, cwd=REPO, timeout=280,
     )  # fmt: skip
@@ -41,8 +42,10 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
     assert figures["groups"] == "2" and figures["lost_leases"] == "0", output
     # The ratio's floor was paced as the load, beside it, in one window.
     assert "the two, paced: 2 workflows" in run.stdout and "beside the paced floor" in run.stdout
-    # --floor-inline: its worker ran activations inline, as the scheduler does.
-    assert "pairs, activations inline)" in run.stdout, output
+    # --floor-inline: its worker ran activations inline, as the scheduler does;
+    # --floor-publishes: its updates upserted what a hand-over publishes (an
+    # upsert of an unregistered search attribute would have failed its tasks).
+    assert "pairs, activations inline, publishing as a hand-over does)" in run.stdout, output
     # The first grants and last yields are measured apart from the hand-overs.
     assert float(figures["worker_cpu_ratio_with_edges"]) > float(figures["worker_cpu_ratio"])
     # The old heartbeat wrote history that the count saw; renewals now write less.
