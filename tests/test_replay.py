@@ -8,6 +8,7 @@ below next to the committed ones."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import uuid
 from pathlib import Path
@@ -55,6 +56,26 @@ def replayer() -> Replayer:
 
 def test_histories_are_committed() -> None:
     assert recorded(), "no recorded histories under tests/histories"
+
+
+# A history that a worker with no cache wrote after a crash, in CI's chaos
+# run of 2026-12-03 (docs/reliability.md, "Limits"). Running the task after
+# the crash live, temporalio's core handed the workflow the switch's results
+# and a new acquire in two activations; replaying it, core hands them in one,
+# the acquire first. Up to the task before it, the history replays; with it,
+# it fails, and the group is stuck. When an upgrade of temporalio fixes this
+# (sdk-python #1591), this test fails: then drop it and that limit.
+SDK_BUG_HISTORY = HISTORIES / "sdk-bugs" / "cold-start-update-order.json"
+LAST_TASK_BEFORE_THE_CRASH = 125  # the WORKFLOW_TASK_COMPLETED event
+
+
+async def test_the_sdk_bug_that_strands_a_group_after_two_crashes_is_still_there() -> None:
+    events = json.loads(SDK_BUG_HISTORY.read_text())["events"]
+    before = [e for e in events if int(e["eventId"]) <= LAST_TASK_BEFORE_THE_CRASH]
+    await replayer().replay_workflow(WorkflowHistory.from_json("before", {"events": before}))
+    whole = WorkflowHistory.from_json("whole", {"events": events})
+    result = await replayer().replay_workflow(whole, raise_on_replay_failure=False)
+    assert "Update machine does not handle this event" in str(result.replay_failure)
 
 
 async def test_a_fresh_history_replays(client: Client, sim_nodes: SimNodes, unique: str) -> None:
