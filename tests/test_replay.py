@@ -58,8 +58,8 @@ def test_histories_are_committed() -> None:
     assert recorded(), "no recorded histories under tests/histories"
 
 
-# A history that a worker with no cache wrote after a crash, in CI's chaos
-# run of 2026-12-03 (docs/reliability.md, "Limits"). Running the task after
+# A history that a worker with no cache wrote after a crash, in the chaos
+# test of a CI run on 2026-12-03 (docs/reliability.md, "Limits"). Running the task after
 # the crash live, temporalio's core handed the workflow the switch's results
 # and a new acquire in two activations; replaying it, core hands them in one,
 # the acquire first. Up to the task before it, the history replays; with it,
