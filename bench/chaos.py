@@ -15,7 +15,9 @@ neighbours (bench.stack.LocalStack.job_address), so a job whose gateway
 died goes on through another.
 
 Exit status 1 if any acquire was lost, any turn granted twice, any node held
-two jobs' state, any group stuck, or any live job failed otherwise.
+two jobs' state, any group stuck, or any live job failed otherwise. For a
+stuck group the run saves its history beside the records and prints the
+nondeterminism errors the schedulers logged (bench.chaos_stuck).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from math import nan
 from pathlib import Path
 
 from bench import chaos_check as check
+from bench import chaos_stuck
 from bench.chaos_faults import KINDS, Fault, inject
 from bench.chaos_pool import JobPool, JobSettings
 from bench.stack import LocalStack, overlaps
@@ -151,7 +154,12 @@ def fault_table(faults: list[Fault], grants: list[float]) -> str:
 
 
 def report(
-    faults: list[Fault], pool: JobPool, stack: LocalStack, stuck: list[str], crashes: list[str]
+    faults: list[Fault],
+    pool: JobPool,
+    stack: LocalStack,
+    stuck: list[str],
+    crashes: list[str],
+    why_stuck: list[str],
 ) -> bool:
     """Print the figures; True if the run is clean."""
     processes = pool.processes
@@ -166,7 +174,8 @@ def report(
     print(f"job processes: {len(processes)} started, {killed} killed and replaced")
     for title, items in (
         ("lost acquires", lost), ("double grants", double), ("stuck groups", stuck),
-        ("errors of live jobs", errors), ("parts that exited by themselves", crashes),
+        ("why stuck", why_stuck), ("errors of live jobs", errors),
+        ("parts that exited by themselves", crashes),
     ):  # fmt: skip
         for item in items:
             print(f"{title}: {item}")
@@ -209,12 +218,25 @@ def run(args: argparse.Namespace, workdir: Path) -> bool:
         faults = run_faults(stack, pool, args.kinds.split(","), rng, started, crashes)
         log(started, f"time's up after {len(faults)} faults; the jobs finish their last turns")
         stuck = settle(stack, pool, groups, started, crashes)
+        why_stuck = explain_stuck(stack, groups, stuck, workdir)
     finally:
         pool.stop()
         stack.stop_all()
     counts = Counter(f.kind for f in faults)
     log(started, "faults: " + ", ".join(f"{kind} {counts[kind]}" for kind in KINDS))
-    return report(faults, pool, stack, stuck, crashes)
+    return report(faults, pool, stack, stuck, crashes, why_stuck)
+
+
+def explain_stuck(
+    stack: LocalStack, groups: list[str], stuck: list[str], workdir: Path
+) -> list[str]:
+    """For a stuck group: its history saved while Temporal still runs, and
+    what the schedulers logged about the tasks that failed."""
+    names = [g for g in groups if any(line.startswith(f"{g}:") for line in stuck)]
+    if not names:
+        return []
+    logs = [workdir / f"{part}.log" for part in stack.scheduler_parts]
+    return chaos_stuck.save_histories(stack.temporal, names, workdir) + chaos_stuck.explain(logs)
 
 
 def main() -> None:

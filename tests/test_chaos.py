@@ -1,10 +1,12 @@
 """The chaos run for half a minute, as users run it: random SIGKILLs of every
 kind of process against a stack of three agents and three groups. No
 acquire lost, no turn granted twice, no overlap, no group stuck. Also: the
-run's checks do see lost acquires and double grants in records that have them."""
+run's checks do see lost acquires and double grants in records that have them,
+and a stuck group is explained from the schedulers' logs and its saved history."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -12,9 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.client import Client, WorkflowHistory
 
 from bench.chaos_check import JobRecord, double_grants, errors, lost, turns_completed
-from tests.conftest import REPO
+from bench.chaos_stuck import SDK_BUG_HINT, explain, save_histories
+from tests.conftest import REPO, SimNodes
+from tests.groups import acquire, group_on_one_node
+from tests.test_replay import replayer
 
 
 @pytest.mark.chaos
@@ -75,3 +81,47 @@ def test_the_checks_see_what_went_wrong(tmp_path: Path) -> None:
     assert double_grants([dead, c], run_end=20) == [
         "h: c (epoch 2) granted while dead (epoch 1) held"
     ]
+
+
+ESC = "\x1b"
+# A scheduler's log line as the SDK core writes it when a workflow task fails
+# on replay (coloured even into a file), with the known SDK bug's message.
+SDK_BUG_LINE = (
+    f"{ESC}[2m2026-12-03T19:02:11.5Z{ESC}[0m {ESC}[33m WARN{ESC}[0m Failing workflow task "
+    f"{ESC}[3mrun_id{ESC}[0m{ESC}[2m={ESC}[0m01a2 {ESC}[3mfailure{ESC}[0m{ESC}[2m={ESC}[0m"
+    'Failure { failure: Some(Failure { message: "[TMPRL1100] Nondeterminism error: Update '
+    "machine does not handle this event: HistoryEvent(id: 140, UpsertWorkflowSearchAttributes)"
+    '", source: "", stack_trace: "" }) }'
+)
+OWN_BUG_LINE = (
+    "Failing workflow task run_id=01a3 failure=Failure { failure: Some(Failure { message: "
+    '"Nondeterminism error: Timer machine does not handle this event: \\"x\\"", source: "" }) }'
+)
+
+
+def test_a_stuck_group_is_explained_from_the_schedulers_logs(tmp_path: Path) -> None:
+    (tmp_path / "scheduler.log").write_text(
+        "\n".join(["ready", SDK_BUG_LINE, SDK_BUG_LINE, OWN_BUG_LINE, "other"]) + "\n"
+    )
+    (tmp_path / "scheduler-2.log").write_text("timeshare scheduler: ready\n")
+    lines = explain([tmp_path / "scheduler.log", tmp_path / "scheduler-2.log"])
+    assert lines == [
+        "scheduler.log: [TMPRL1100] Nondeterminism error: Update machine does not handle this "
+        f"event: HistoryEvent(id: 140, UpsertWorkflowSearchAttributes) ({SDK_BUG_HINT})",
+        'scheduler.log: Nondeterminism error: Timer machine does not handle this event: \\"x\\"',
+    ]
+
+
+async def test_a_stuck_groups_history_is_saved_as_replayable_json(
+    temporal_address: str, client: Client, sim_nodes: SimNodes, unique: str, tmp_path: Path
+) -> None:
+    handle, _ = await group_on_one_node(client, sim_nodes, unique)
+    await acquire(handle, "a")
+    lines = await asyncio.to_thread(
+        save_histories, temporal_address, [f"g-{unique}", "no-such-group"], tmp_path
+    )
+    saved = tmp_path / f"g-{unique}-history.json"
+    assert lines[0] == f"g-{unique}: history saved to {saved}"
+    assert lines[1].startswith("no-such-group: history not saved (RPCError: "), lines[1]
+    history = WorkflowHistory.from_json(handle.id, saved.read_text())
+    await replayer().replay_workflow(history)

@@ -1,0 +1,70 @@
+"""Why a group was stuck at the end of a chaos run: the nondeterminism errors
+the scheduler workers logged, and the group's history saved beside the run's
+records, where `tests/test_replay.py`'s replayer (or `temporal workflow
+show`) can read it, before the stack and its Temporal stop."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+from temporalio.client import Client
+
+from timeshare.names import group_workflow_id
+
+# The SDK core's terminal colouring in its log lines.
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# How the core quotes a failed workflow task's message in its log line.
+NONDETERMINISM = re.compile(
+    r'message: "(?P<message>(?:[^"\\]|\\.)*Nondeterminism error(?:[^"\\]|\\.)*)"'
+)
+# What the known SDK bug (docs/reliability.md, "Limits") says on replay.
+SDK_BUG_SIGN = "Update machine does not handle this event"
+SDK_BUG_HINT = (
+    "the known SDK bug (docs/reliability.md, 'A known SDK bug can leave a group stuck'); "
+    "compare the saved history with tests/histories/sdk-bugs/"
+)
+
+
+def nondeterminism_errors(log_text: str) -> list[str]:
+    """Each distinct nondeterminism error in a scheduler's log, in order."""
+    found: list[str] = []
+    for match in NONDETERMINISM.finditer(ANSI.sub("", log_text)):
+        message = match.group("message")
+        if message not in found:
+            found.append(message)
+    return found
+
+
+def explain(logs: list[Path]) -> list[str]:
+    """What the schedulers' logs say about failed workflow tasks, one line each."""
+    lines = []
+    for path in logs:
+        if not path.exists():
+            continue
+        for message in nondeterminism_errors(path.read_text(errors="replace")):
+            hint = f" ({SDK_BUG_HINT})" if SDK_BUG_SIGN in message else ""
+            lines.append(f"{path.name}: {message}{hint}")
+    return lines
+
+
+async def save_history(address: str, group: str, path: Path) -> Path:
+    """The group's history as JSON, as the Temporal UI downloads it."""
+    client = await Client.connect(address)
+    history = await client.get_workflow_handle(group_workflow_id(group)).fetch_history()
+    path.write_text(history.to_json())
+    return path
+
+
+def save_histories(address: str, groups: list[str], workdir: Path) -> list[str]:
+    """Save each group's history; one line each saying where, or why not."""
+    lines = []
+    for group in groups:
+        path = workdir / f"{group}-history.json"
+        try:
+            asyncio.run(save_history(address, group, path))
+            lines.append(f"{group}: history saved to {path}")
+        except Exception as error:  # a report line, never a second failure
+            lines.append(f"{group}: history not saved ({type(error).__name__}: {error})")
+    return lines
