@@ -12,6 +12,7 @@ from pathlib import Path
 from temporalio.client import Client
 
 from timeshare.names import group_workflow_id
+from timeshare.workers.service import StartupError, connect_temporal
 
 # The SDK core's terminal colouring in its log lines.
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -49,22 +50,29 @@ def explain(logs: list[Path]) -> list[str]:
     return lines
 
 
-async def save_history(address: str, group: str, path: Path) -> Path:
+async def save_history(client: Client, group: str, path: Path) -> Path:
     """The group's history as JSON, as the Temporal UI downloads it."""
-    client = await Client.connect(address)
     history = await client.get_workflow_handle(group_workflow_id(group)).fetch_history()
     path.write_text(history.to_json())
     return path
 
 
-def save_histories(address: str, groups: list[str], workdir: Path) -> list[str]:
-    """Save each group's history; one line each saying where, or why not."""
+async def _save_all(address: str, groups: list[str], workdir: Path) -> list[str]:
+    try:
+        client = await connect_temporal(address)
+    except StartupError as error:
+        return [f"{group}: history not saved ({error})" for group in groups]
     lines = []
     for group in groups:
         path = workdir / f"{group}-history.json"
         try:
-            asyncio.run(save_history(address, group, path))
+            await save_history(client, group, path)
             lines.append(f"{group}: history saved to {path}")
         except Exception as error:  # a report line, never a second failure
             lines.append(f"{group}: history not saved ({type(error).__name__}: {error})")
     return lines
+
+
+def save_histories(address: str, groups: list[str], workdir: Path) -> list[str]:
+    """Save each group's history; one line each saying where, or why not."""
+    return asyncio.run(_save_all(address, groups, workdir))
