@@ -32,12 +32,16 @@ from timeshare.models import SwitchInput, SwitchOutput
 from timeshare.names import node_task_queue
 from timeshare.workers.service import connect_temporal
 
-NODES = ("n1", "n2")
+NODES = ("n1", "n2", "n3")
+# As in the chaos runs' failing histories: the two jobs share one node, so the
+# switch's last step evicts a alone from n1 while it admits b on n2 and n3.
+A_NODES, B_NODES = ["n1", "n2"], ["n2", "n3"]
 
 
 class HeldAgent:
-    """A node agent (sim backend) whose switches that admit a job, while
-    held, start and then wait for the test to let them finish."""
+    """A node agent (sim backend) whose switch steps (not the quiesce step
+    before them), while held, start and then wait for the test to let them
+    finish."""
 
     def __init__(self, node: str) -> None:
         config = BackendConfig(
@@ -56,7 +60,7 @@ class HeldAgent:
 
     @activity.defn(name="switch")
     async def switch(self, input: SwitchInput) -> SwitchOutput:
-        if not input.move.admit:
+        if input.phase != "switch":
             return await self.agent.switch(input)
         self.started.set()
         await self.go.wait()
@@ -125,8 +129,8 @@ async def test_a_scheduler_killed_mid_switch_is_taken_over_from_history(
         await worker.__aenter__()
     waits: list[asyncio.Task[object]] = []
     try:
-        handle = await join(client, "crash", "a", list(NODES))
-        await join(client, "crash", "b", list(NODES))
+        handle = await join(client, "crash", "a", A_NODES)
+        await join(client, "crash", "b", B_NODES)
         first = await acquire(handle, "a")
         b_waits = asyncio.create_task(acquire(handle, "b"))
         waits.append(b_waits)
@@ -136,18 +140,20 @@ async def test_a_scheduler_killed_mid_switch_is_taken_over_from_history(
         await release(handle, "a", first.epoch)
         await asyncio.gather(*(agent.started.wait() for agent in agents.values()))
 
-        # The scheduler dies with the switch under way on both nodes.
+        # The scheduler dies with the switch step under way on all three nodes.
         await asyncio.to_thread(stack.kill, "scheduler")
         history_at_kill = len(await event_types(handle))
         agents["n1"].go.set()
-        # n1's result schedules the group's task on the dead worker's queue ...
+        # n1's result (a evicted) schedules the group's task on the dead
+        # worker's queue ...
         await until_history(
             handle, "a task for n1's result",
             lambda types: task_scheduled_after_a_result(types[history_at_kill:]),
         )  # fmt: skip
-        # ... n2's result comes after it, and then a's next acquire.
-        agents["n2"].go.set()
-        await agents["n2"].done.wait()
+        # ... b's admits on n3 and n2 come after it, and then a's next acquire.
+        for node in ("n3", "n2"):
+            agents[node].go.set()
+            await agents[node].done.wait()
         a_waits = asyncio.create_task(acquire(handle, "a"))
         waits.append(a_waits)
         await until_history(
