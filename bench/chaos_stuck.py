@@ -76,3 +76,28 @@ async def _save_all(address: str, groups: list[str], workdir: Path) -> list[str]
 def save_histories(address: str, groups: list[str], workdir: Path) -> list[str]:
     """Save each group's history; one line each saying where, or why not."""
     return asyncio.run(_save_all(address, groups, workdir))
+
+
+def only_the_known_sdk_bug(report: list[str]) -> bool:
+    """Whether a chaos run's report (its printed lines) failed only by groups
+    stuck on the known SDK bug: each nondeterminism error logged is the bug's,
+    and every lost acquire and every live job's error is in a stuck group.
+    A double grant, an overlap or a part that exited by itself is never this."""
+    stuck = {line.split(": ")[1] for line in report if line.startswith("stuck groups: ")}
+    errors = [line.split(": ", 2)[2] for line in report if line.startswith("why stuck: ")]
+    errors = [e for e in errors if "Nondeterminism error" in e]
+    in_stuck = all(
+        line.split(": ")[1].split("/")[0] in stuck
+        for line in report
+        if line.startswith(("lost acquires: ", "errors of live jobs: "))
+    )
+    others = any(line.startswith(("double grants: ", "parts that exited")) for line in report)
+    last = dict(item.split("=", 1) for item in report[-1].split()) if report else {}
+    return (
+        bool(stuck and errors)
+        and all(SDK_BUG_SIGN in e for e in errors)
+        and in_stuck
+        and not others
+        and last.get("double_grants") == "0"
+        and last.get("overlaps") == "0"
+    )

@@ -2,7 +2,9 @@
 kind of process against a stack of three agents and three groups. No
 acquire lost, no turn granted twice, no overlap, no group stuck. Also: the
 run's checks do see lost acquires and double grants in records that have them,
-and a stuck group is explained from the schedulers' logs and its saved history."""
+and a stuck group is explained from the schedulers' logs and its saved history.
+A run whose only failure is a group stuck on the known SDK bug
+(docs/reliability.md, "Limits") is reported as an expected failure."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 from temporalio.client import Client, WorkflowHistory
 
 from bench.chaos_check import JobRecord, double_grants, errors, lost, turns_completed
-from bench.chaos_stuck import SDK_BUG_HINT, explain, save_histories
+from bench.chaos_stuck import SDK_BUG_HINT, explain, only_the_known_sdk_bug, save_histories
 from tests.conftest import REPO, SimNodes
 from tests.groups import acquire, group_on_one_node
 from tests.test_replay import replayer
@@ -37,6 +39,10 @@ def test_half_a_minute_of_chaos_loses_nothing(tmp_path: Path) -> None:
         "turns", "faults", "lost", "double_grants", "overlaps", "stuck",
         "recovery_p50_s", "recovery_max_s",
     ], output  # fmt: skip
+    if run.returncode != 0 and only_the_known_sdk_bug(run.stdout.strip().splitlines()):
+        # Upstream's, not this project's: pinned by tests/test_replay.py, whose
+        # test of the bug's history fails once a temporalio release fixes it.
+        pytest.xfail(f"a group stuck on the known SDK bug (docs/reliability.md): {output}")
     for clean in ("lost", "double_grants", "overlaps", "stuck"):
         assert figures[clean] == "0", output
     assert int(figures["turns"]) > 0 and int(figures["faults"]) > 0, output
@@ -125,3 +131,41 @@ async def test_a_stuck_groups_history_is_saved_as_replayable_json(
     assert lines[1].startswith("no-such-group: history not saved (RPCError: "), lines[1]
     history = WorkflowHistory.from_json(handle.id, saved.read_text())
     await replayer().replay_workflow(history)
+
+
+# The report of the chaos test that met the SDK bug in a `.ci/run` on
+# 2026-12-03 (its stuck group's and lost acquires' lines, shortened).
+SDK_BUG_REPORT = [
+    "job processes: 10 started, 1 killed and replaced",
+    "lost acquires: chaos-2/g2-j0: no answer",
+    "lost acquires: chaos-2/g2-j1.9: no answer",
+    "stuck groups: chaos-2: UNAVAILABLE: group 'chaos-2' is stuck: the scheduler fails its "
+    "workflow task",
+    "why stuck: chaos-2: history saved to /tmp/run/chaos-2-history.json",
+    "why stuck: scheduler.log: [TMPRL1100] Nondeterminism error: Update machine does not handle "
+    f"this event: HistoryEvent(id: 167, UpsertWorkflowSearchAttributes) ({SDK_BUG_HINT})",
+    "errors of live jobs: chaos-2/g2-j2 after yielding: UNAVAILABLE: group 'chaos-2' is stuck",
+    "turns=78 faults=3 lost=3 double_grants=0 overlaps=0 stuck=1 recovery_p50_s=2.92 "
+    "recovery_max_s=5.29",
+]
+
+
+def test_only_a_group_stuck_on_the_known_sdk_bug_is_told_apart() -> None:
+    assert only_the_known_sdk_bug(SDK_BUG_REPORT)
+    clean_run = ["turns=78 faults=3 lost=0 double_grants=0 overlaps=0 stuck=0"]
+    assert not only_the_known_sdk_bug(clean_run)
+    own_bug = [
+        line.replace("Update machine does not handle", "Timer machine does not handle")
+        for line in SDK_BUG_REPORT
+    ]
+    assert not only_the_known_sdk_bug(own_bug)
+    lost_elsewhere = [*SDK_BUG_REPORT[:1], "lost acquires: chaos-0/g0-j1: no answer"]
+    assert not only_the_known_sdk_bug(lost_elsewhere + SDK_BUG_REPORT[1:])
+    error_elsewhere = [*SDK_BUG_REPORT[:1], "errors of live jobs: chaos-1/g1-j0 after yielding: x"]
+    assert not only_the_known_sdk_bug(error_elsewhere + SDK_BUG_REPORT[1:])
+    granted_twice = ["double grants: chaos-2: epoch 4 granted 2 times", *SDK_BUG_REPORT]
+    assert not only_the_known_sdk_bug(granted_twice)
+    overlap = [*SDK_BUG_REPORT[:-1], SDK_BUG_REPORT[-1].replace("overlaps=0", "overlaps=1")]
+    assert not only_the_known_sdk_bug(overlap)
+    unexplained = [line for line in SDK_BUG_REPORT if "Nondeterminism" not in line]
+    assert not only_the_known_sdk_bug(unexplained)
