@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,6 +54,9 @@ from timeshare.status import table
 
 Expect = Literal["dropped", "stayed"]
 EMULATED = "TIMESHARE_GPU_SWITCH_EMULATED"
+# The emulator's scratch folder, removed by the run that execve made: the
+# process that created it is gone by then.
+EMULATOR_SCRATCH = "TIMESHARE_GPU_SWITCH_EMULATOR_SCRATCH"
 RANKS = 2
 
 
@@ -279,17 +283,30 @@ def on_the_emulator() -> None:
     root = Path(tempfile.mkdtemp(prefix="gpu-switch-emulator-"))
     env = emulator.environment(lib_dir, root / "state", root / "calls.jsonl", gpu_memory=8 << 30)
     env[EMULATED] = "1"
+    env[EMULATOR_SCRATCH] = str(root)
     os.execve(sys.executable, [sys.executable, "-m", "bench.gpu_switch", *sys.argv[1:]],
               {**os.environ, **env})  # fmt: skip
 
 
 def main() -> None:
+    try:
+        run(parse_arguments())
+    finally:
+        scratch = os.environ.get(EMULATOR_SCRATCH)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Device state moved by the CUDA backends.")
     parser.add_argument("--gib", type=float, default=4.0, help="device memory per job")
     parser.add_argument("--handovers", type=int, default=10)
     parser.add_argument("--emulator", action="store_true", help="no GPU: the GPU emulator")
     parser.add_argument("--only", help="run only this scenario")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     emulated = os.environ.get(EMULATED) == "1"
     if args.emulator and not emulated:
         on_the_emulator()

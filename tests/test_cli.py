@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -212,22 +213,25 @@ def test_temporal_address_alone_points_every_process_at_temporal(temporal_addres
     scheduler, the gateway and the agent to reach the server and serve."""
     env = {**os.environ, "TEMPORAL_ADDRESS": temporal_address}
     env.pop("TIMESHARE_TEMPORAL", None)
-    commands = [
-        ["scheduler"],
-        ["gateway", f"--listen=127.0.0.1:{free_port()}"],
-        ["agent", "--node=env-node", "--socket", f"/tmp/timeshare-env-{os.getpid()}.sock"],
-    ]
-    for command in commands:
-        process = subprocess.Popen(
-            timeshare_command(*command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, cwd=REPO, env=env,
-        )  # fmt: skip
-        try:
-            lines = wait_for_line(process, ": ready:", timeout=60)
-            assert temporal_address in lines[-1], lines
-        finally:
-            process.terminate()
-            process.wait(30)
+    # A short folder of its own: a socket's path must fit in 107 bytes, and
+    # the agent keeps its registrations beside it.
+    with tempfile.TemporaryDirectory(prefix="ts-env-") as agent_dir:
+        commands = [
+            ["scheduler"],
+            ["gateway", f"--listen=127.0.0.1:{free_port()}"],
+            ["agent", "--node=env-node", "--socket", f"{agent_dir}/agent.sock"],
+        ]
+        for command in commands:
+            process = subprocess.Popen(
+                timeshare_command(*command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, cwd=REPO, env=env,
+            )  # fmt: skip
+            try:
+                lines = wait_for_line(process, ": ready:", timeout=60)
+                assert temporal_address in lines[-1], lines
+            finally:
+                process.terminate()
+                process.wait(30)
 
 
 def test_the_scheduler_runs_activations_inline_unless_told_to_detect_deadlocks(

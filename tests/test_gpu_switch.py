@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -18,12 +20,15 @@ from tests.conftest import REPO
 
 @pytest.mark.skipif(emulator.gcc() is None, reason="gcc is not installed: the emulator needs it")
 def test_the_gpu_check_runs_on_the_emulator() -> None:
+    scratch_before = set(Path(tempfile.gettempdir()).glob("gpu-switch-emulator-*"))
     result = subprocess.run(
         [sys.executable, "-m", "bench.gpu_switch", "--emulator", "--gib=0.02", "--handovers=4"],
         capture_output=True, text=True, cwd=REPO, timeout=280,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "GPU EMULATOR: not a GPU figure" in result.stdout
+    # The emulator's scratch folder goes with the run that used it.
+    assert set(Path(tempfile.gettempdir()).glob("gpu-switch-emulator-*")) == scratch_before
     figures = {
         line.split()[0]: dict(pair.split("=", 1) for pair in line.split())
         for line in result.stdout.splitlines()
