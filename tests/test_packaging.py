@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,7 @@ import pytest
 
 from bench.stack import free_port
 from tests.conftest import REPO, SimNodes, forget_simulated_gpus, start_until_ready
+from timeshare.workers.device_memory import sim_state_path
 
 GENERIC_NAMES = {"workflows", "activities", "workers"}
 # A turn taken with the installed client; prints the epoch it was granted.
@@ -216,9 +218,11 @@ def test_the_sdist_with_the_server_extra_runs_the_stack(
         ]  # fmt: skip
 
     stack = start_until_ready(command, "timeshare up: ready", env=venv.environment(), cwd=venv.path)
+    held = sim_state_path(tmp_path / "data", "packaged")
     try:
         turn = venv.run("-c", TAKE_A_TURN, listen, "packaged", "packaged")
         assert turn.stdout.startswith("epoch "), turn
+        wait_until_released(held)
     finally:
         stack.send_signal(signal.SIGINT)
         try:
@@ -226,4 +230,18 @@ def test_the_sdist_with_the_server_extra_runs_the_stack(
         except subprocess.TimeoutExpired:
             stack.kill()
             stack.wait()
+        forgotten = not held.exists() and (
+            held.parent == tmp_path / "data" or not held.parent.exists()
+        )
         forget_simulated_gpus(tmp_path / "data", "packaged")
+    # Stopped with nothing on its simulated GPU, the stack left nothing in
+    # device memory (the job left, and its agent released it).
+    assert forgotten
+
+
+def wait_until_released(held: Path) -> None:
+    """Until the agent has released the job that left (in the background)."""
+    deadline = time.monotonic() + 60
+    while json.loads(held.read_text()) != []:
+        assert time.monotonic() < deadline, held.read_text()
+        time.sleep(0.2)

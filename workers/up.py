@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from timeshare.workers.children import die_with_parent
+from timeshare.workers.device_memory import forget_if_nothing_held
 from timeshare.workers.service import StartupError, connect_temporal, ready
 from timeshare.workers.temporal_server import check_port_free
 
@@ -35,6 +36,9 @@ class StackOptions:
     node: str
     backend: str
     agent_args: list[str] = field(default_factory=list)
+    # Where the simulated GPUs keep what they hold, when the stack chose it:
+    # removed at a clean stop if they hold nothing.
+    sim_state: Path | None = None
 
 
 @dataclass
@@ -163,4 +167,6 @@ async def serve_stack(stop: asyncio.Event, options: StackOptions) -> None:
     finally:
         for child in reversed(children):
             await stop_child(child)
+        if options.sim_state is not None:  # the agent has stopped writing it
+            forget_if_nothing_held(options.sim_state)
         print("timeshare up: stopped", flush=True)

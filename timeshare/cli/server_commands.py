@@ -259,8 +259,9 @@ def run_up(args: argparse.Namespace) -> int:
 
     # The stack's own files live in its data directory unless told otherwise;
     # what its simulated GPU holds lives in memory, as a GPU's does.
+    chosen_sim_state = None
     if args.sim_state is None and "sim" in args.backend.split("+"):
-        args.sim_state = sim_state_path(args.data_dir, args.node)
+        args.sim_state = chosen_sim_state = sim_state_path(args.data_dir, args.node)
     options = StackOptions(
         data_dir=args.data_dir,
         port=args.port,
@@ -272,6 +273,7 @@ def run_up(args: argparse.Namespace) -> int:
             *agent_arguments(args),
             f"--socket={args.socket or args.data_dir / 'agent.sock'}",
         ],
+        sim_state=chosen_sim_state,
     )
     run_service("up", lambda stop: serve_stack(stop, options))
 
