@@ -45,6 +45,16 @@ JobKey = tuple[str, str]  # (group, job)
 GiB = 2**30
 
 
+def saved_state_holds_nothing(path: Path) -> bool:
+    """Whether a state file SimBackend wrote records no job: an empty list.
+    A file that cannot be read or parsed is not known to hold nothing."""
+    try:
+        held: object = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return held == []
+
+
 def device_name(index: int) -> str:
     return f"sim-gpu-{index}"
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 from pathlib import Path
+
+from timeshare.activities.sim import saved_state_holds_nothing
 
 DEVICE_MEMORY_ROOT = Path("/dev/shm")
 FOLDER_PREFIX = "timeshare-sim-"
@@ -44,11 +45,7 @@ def forget_if_nothing_held(state_path: Path) -> bool:
     nothing, and its device-memory folder once that is empty: a GPU that
     holds nothing leaves nothing to find at the next start. A file that
     holds a job (or that cannot be read) stays, as a GPU's memory would."""
-    try:
-        held = json.loads(state_path.read_text())
-    except (OSError, ValueError):
-        return False
-    if held != []:
+    if not saved_state_holds_nothing(state_path):
         return False
     state_path.unlink(missing_ok=True)
     folder = state_path.parent
