@@ -26,7 +26,8 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from bench.floors import ACTIVITY_QUEUE, WORKFLOW_QUEUE, FloorWorkflow, floor_noop, start_floor
+from bench.floors import ACTIVITY_QUEUE, WORKFLOW_QUEUE, FloorWorkflow, start_floor
+from bench.handover_floors import floor_noop
 from bench.stack import LocalStack
 from timeshare.status import table
 from timeshare.workers.service import connect_temporal

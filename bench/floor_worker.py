@@ -2,7 +2,7 @@
 worker runs in its own: its CPU, read from /proc, is then comparable with the
 scheduler's (see bench.floors.measure_floor_cpu).
 
-    python -m bench.floor_worker --temporal HOST:PORT [--sandboxed | --inline]
+    python -m bench.floor_worker --temporal HOST:PORT [--sandboxed | --inline] [--task-queue Q]
 
 The floor workflow runs unsandboxed (the SDK's own floor), or with
 ``--sandboxed`` in a sandbox like the scheduler's, to tell what the sandbox
@@ -21,8 +21,10 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from bench.floors import READY_LINE, WORKFLOW_QUEUE, FloorWorkflow
+from bench.handover_floors import HandOverFloorWorkflow, MessagesFloorWorkflow
 from timeshare.workers.children import die_with_parent_if_asked
 from timeshare.workers.service import connect_temporal
+from timeshare.workflows.group import GroupWorkflow
 
 
 def runner(sandboxed: bool) -> SandboxedWorkflowRunner | UnsandboxedWorkflowRunner:
@@ -34,7 +36,7 @@ def runner(sandboxed: bool) -> SandboxedWorkflowRunner | UnsandboxedWorkflowRunn
     return SandboxedWorkflowRunner(restrictions=restrictions)
 
 
-async def serve(temporal: str, sandboxed: bool, inline: bool) -> None:
+async def serve(temporal: str, sandboxed: bool, inline: bool, task_queue: str) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -42,8 +44,8 @@ async def serve(temporal: str, sandboxed: bool, inline: bool) -> None:
     client = await connect_temporal(temporal, "default")
     async with Worker(
         client,
-        task_queue=WORKFLOW_QUEUE,
-        workflows=[FloorWorkflow],
+        task_queue=task_queue,
+        workflows=[FloorWorkflow, HandOverFloorWorkflow, MessagesFloorWorkflow, GroupWorkflow],
         workflow_runner=runner(sandboxed),
         debug_mode=inline,
     ):
@@ -59,10 +61,14 @@ def main() -> None:
     parser.add_argument(
         "--inline", action="store_true", help="activations on the event loop, as the scheduler's"
     )
+    parser.add_argument(
+        "--task-queue", default=WORKFLOW_QUEUE,
+        help="its own queue where two floors run side by side (default %(default)s)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.sandboxed and args.inline:
         parser.error("--inline runs outside the sandbox, as the scheduler does")
-    asyncio.run(serve(args.temporal, args.sandboxed, args.inline))
+    asyncio.run(serve(args.temporal, args.sandboxed, args.inline, args.task_queue))
 
 
 if __name__ == "__main__":

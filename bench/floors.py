@@ -25,11 +25,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-from temporalio import activity, workflow
+from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from bench.handover_floors import JOBS, Held, Layer, floor_noop
 from bench.procstat import cpu_seconds, tree_cpu_seconds
 from bench.profiling import Profiler
 from timeshare.workers.children import spawn, stop_process
@@ -39,11 +41,6 @@ WORKFLOW_QUEUE = "bench.floor"
 ACTIVITY_QUEUE = "bench.floor.activity"
 READY_SECONDS = 60.0
 READY_LINE = "floor worker: ready"
-
-
-@activity.defn(name="floor_noop")
-async def floor_noop() -> None:
-    return None
 
 
 @workflow.defn(name="FloorWorkflow")
@@ -141,7 +138,8 @@ class FloorCpu:
 
 @dataclass
 class PacedFloorCpu:
-    """The floor worker's CPU per pair of updates under a paced load."""
+    """The floor worker's CPU per pair of updates (or per hand-over of a
+    hand-over-shaped layer) under a paced load."""
 
     workflows: int
     period: float
@@ -152,6 +150,8 @@ class PacedFloorCpu:
     inline: bool = False
     # Each pair also upserted what a hand-over publishes (FloorWorkflow).
     publishes: bool = False
+    # The hand-over-shaped layer paced instead of the pair (bench.handover_floors).
+    layer: str = ""
 
 
 class PacedFloor:
@@ -166,33 +166,50 @@ class PacedFloor:
 
     def __init__(
         self, client: Client, temporal: str, workflows: int, period: float, workdir: Path,
-        seed: int = 1, inline: bool = False, publishes: bool = False,
+        seed: int = 1, inline: bool = False, publishes: bool = False, layer: Layer | None = None,
     ) -> None:  # fmt: skip
         """``inline``: the worker runs activations on its event loop, as the
         scheduler does, instead of the SDK's default thread pool.
-        ``publishes``: each pair upserts what a hand-over publishes."""
+        ``publishes``: each pair upserts what a hand-over publishes.
+        ``layer``: each workflow hands over (bench.handover_floors), paced as
+        a group of bench.scale_load, instead of being sent a pair."""
+        if publishes and layer is not None:
+            raise ValueError("publishes is the pair floor's; a layer says what it publishes")
         self._client, self._temporal = client, temporal
-        self.inline, self.publishes = inline, publishes
+        self.inline, self.publishes, self.layer = inline, publishes, layer
         self._workflows, self._period = workflows, period
-        self._log = workdir / "floor-worker-paced.log"
+        self._log = workdir / f"floor-worker-paced{f'-{layer.name}' if layer else ''}.log"
         self._rng = random.Random(seed)
         self._stack = contextlib.AsyncExitStack()
         self._worker: subprocess.Popen[bytes] | None = None
-        self._handles: list[WorkflowHandle[FloorWorkflow, None]] = []
+        self._handles: list[WorkflowHandle[Any, Any]] = []
+        # A layer's workflows: the turn each holds, and the index of the job asking next.
+        self._turns: list[tuple[Held, int]] = []
         self._sent: list[int] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.result: PacedFloorCpu | None = None
 
     async def __aenter__(self) -> PacedFloor:
-        self._worker = start_floor_worker(self._temporal, self._log, inline=self.inline)
+        layer, concurrency = self.layer, max(100, self._workflows)
+        queue = layer.task_queue if layer else WORKFLOW_QUEUE
+        self._worker = start_floor_worker(self._temporal, self._log, inline=self.inline,
+                                          task_queue=queue)  # fmt: skip
         self._stack.callback(stop_process, self._worker)
-        activities = Worker(
-            self._client,
-            task_queue=ACTIVITY_QUEUE,
-            activities=[floor_noop],
-            max_concurrent_activities=max(100, self._workflows),
-        )
+        activities = (
+            layer.activity_worker(self._client, concurrency)
+            if layer
+            else Worker(
+                self._client, task_queue=ACTIVITY_QUEUE, activities=[floor_noop],
+                max_concurrent_activities=concurrency,
+            )
+        )  # fmt: skip
         await self._stack.enter_async_context(activities)
+        if layer is not None:
+            self._handles = list(
+                await asyncio.gather(*(layer.start(self._client) for _ in range(self._workflows)))
+            )
+            self._turns = list(await asyncio.gather(*map(self._first_turns, self._handles)))
+            return self
         starts = (
             start_floor(self._client, publishes=self.publishes) for _ in range(self._workflows)
         )
@@ -202,23 +219,37 @@ class PacedFloor:
                 await handle.execute_update(update)
         return self
 
+    async def _first_turns(self, handle: WorkflowHandle[Any, Any]) -> tuple[Held, int]:
+        """Warm up: the first grant, then one hand-over, before the window."""
+        assert self.layer is not None
+        now = time.monotonic()
+        held = await self.layer.hand_over(handle, None, JOBS[0], now, now)
+        held = await self.layer.hand_over(handle, held, JOBS[1], now, now)
+        return held, 2
+
     async def __aexit__(self, *exc: object) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
-            if self.publishes and exc[0] is None:
+            if exc[0] is None and (self.publishes or (self.layer and self.layer.publishes)):
                 await self._check_published()
         finally:
             # Each workflow ends before its worker stops: one left open would
             # have its next task replayed from the whole history by the next
             # floor's worker, inside that floor's window.
             with contextlib.suppress(Exception):
-                await asyncio.gather(*(h.signal(FloorWorkflow.finish) for h in self._handles))
                 await asyncio.wait_for(
-                    asyncio.gather(*(h.result() for h in self._handles)), READY_SECONDS
+                    asyncio.gather(*(self._finish(h) for h in self._handles)), READY_SECONDS
                 )
             await self._stack.aclose()
+
+    async def _finish(self, handle: WorkflowHandle[Any, Any]) -> None:
+        if self.layer is not None:
+            await self.layer.finish(handle)
+            return
+        await handle.signal(FloorWorkflow.finish)
+        await handle.result()
 
     async def _check_published(self) -> None:
         """A floor that was to publish and did not would be compared unfairly."""
@@ -231,14 +262,22 @@ class PacedFloor:
         group's hand-overs: the trivial update half a period before each
         moment (as a waiter's acquire arrives), the update awaiting the
         activity on the moment (as the yield starts the switch, whose end
-        completes the acquire)."""
+        completes the acquire). A layer's workflow hands over at the same
+        moments, to the next of its three jobs in turn."""
         handle, period = self._handles[index], self._period
         moment = phase + period
         while moment <= until:
-            await asyncio.sleep(max(0.0, moment - period / 2 - time.monotonic()))
-            await handle.execute_update(FloorWorkflow.ping)
-            await asyncio.sleep(max(0.0, moment - time.monotonic()))
-            await handle.execute_update(FloorWorkflow.via_activity)
+            if self.layer is not None:
+                held, asking = self._turns[index]
+                held = await self.layer.hand_over(
+                    handle, held, JOBS[asking], moment - period / 2, moment
+                )
+                self._turns[index] = (held, (asking + 1) % len(JOBS))
+            else:
+                await asyncio.sleep(max(0.0, moment - period / 2 - time.monotonic()))
+                await handle.execute_update(FloorWorkflow.ping)
+                await asyncio.sleep(max(0.0, moment - time.monotonic()))
+                await handle.execute_update(FloorWorkflow.via_activity)
             self._sent[index] += 1
             moment += period
 
@@ -269,13 +308,18 @@ class PacedFloor:
                 used * 1000 / max(1, pairs),
                 self.inline,
                 self.publishes,
+                self.layer.name if self.layer else "",
             )
 
 
 def start_floor_worker(
-    temporal: str, log_path: Path, sandboxed: bool = False, inline: bool = False
-) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "bench.floor_worker", f"--temporal={temporal}"]
+    temporal: str, log_path: Path, sandboxed: bool = False, inline: bool = False,
+    task_queue: str = WORKFLOW_QUEUE,
+) -> subprocess.Popen[bytes]:  # fmt: skip
+    command = [
+        sys.executable, "-m", "bench.floor_worker", f"--temporal={temporal}",
+        f"--task-queue={task_queue}",
+    ]  # fmt: skip
     if sandboxed:
         command.append("--sandboxed")
     if inline:

@@ -20,6 +20,7 @@ server, sim backend, one node, zero-byte switches. In one run, on one server:
     python -m bench.scale --profile DIR       # py-spy of the schedulers at 50 groups
     python -m bench.scale --floor-inline      # the paced floor's activations inline too
     python -m bench.scale --floor-publishes   # the paced floor upserts as a hand-over does
+    python -m bench.scale --floor-handovers   # and a hand-over-shaped floor beside both
 
 worker_cpu_ratio: the scheduler's CPU per hand-over over the floor worker's
 per pair (a trivial update plus an update awaiting a remote activity), both
@@ -51,6 +52,7 @@ from pathlib import Path
 from temporalio.client import Client
 
 from bench.floors import FloorCpu, PacedFloor, PacedFloorCpu, measure_floor_cpu
+from bench.handover_floors import LAYERS
 from bench.idle_history import IdleHistory, measure_idle_history
 from bench.procstat import load_average
 from bench.profiling import Profiler, read_profile
@@ -123,7 +125,10 @@ def print_watch(watch: WatchCost) -> None:
     print(table(["no hand-overs: cores busy", *parts], rows))
 
 
-def print_floor(floor: FloorCpu, sandboxed: FloorCpu, paced: PacedFloorCpu | None) -> None:
+def print_floor(
+    floor: FloorCpu, sandboxed: FloorCpu, paced: PacedFloorCpu | None,
+    handovers: PacedFloorCpu | None,
+) -> None:  # fmt: skip
     rows = [
         ["trivial update", f"{floor.update_cpu_ms:.2f}", f"{floor.update_wall_ms:.1f}",
          f"{sandboxed.update_cpu_ms:.2f}"],
@@ -136,6 +141,11 @@ def print_floor(floor: FloorCpu, sandboxed: FloorCpu, paced: PacedFloorCpu | Non
         rows.append([f"the two, paced: {paced.workflows} workflows, a pair each every "
                      f"{paced.period:g} s ({paced.pairs} pairs{how})",
                      f"{paced.cpu_ms_per_pair:.2f}", "-", "-"])  # fmt: skip
+    if handovers is not None:
+        rows.append([f"a hand-over's shape alone, paced: {handovers.workflows} workflows, a "
+                     f"hand-over each every {handovers.period:g} s ({handovers.pairs} "
+                     "hand-overs, in the same window)",
+                     f"{handovers.cpu_ms_per_pair:.2f}", "-", "-"])  # fmt: skip
     headers = ["floor (workflow worker in its own process)", "CPU ms", "wall ms",
                "CPU ms in the scheduler's sandbox"]  # fmt: skip
     print(table(headers, rows))
@@ -230,11 +240,14 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
     history = await window_events(temporal, reference)
     side_by_side: LoadResult | None = None
     paced: PacedFloorCpu | None = None
+    handovers: PacedFloorCpu | None = None
     if args.period > 0:
-        side_by_side, paced = await load_beside_floor(args, stack, temporal, reference, workdir)
+        side_by_side, paced, handovers = await load_beside_floor(
+            args, stack, temporal, reference, workdir
+        )
     report(
-        args, stack, (floor, sandboxed, paced), idle, watch, results, operations, history,
-        side_by_side,
+        args, stack, (floor, sandboxed, paced, handovers), idle, watch, results, operations,
+        history, side_by_side,
     )  # fmt: skip
 
 
@@ -244,24 +257,41 @@ async def load_beside_floor(
     temporal: Client,
     reference: LoadResult,
     workdir: Path,
-) -> tuple[LoadResult, PacedFloorCpu]:
+) -> tuple[LoadResult, PacedFloorCpu, PacedFloorCpu | None]:
     """The reference load again, with the floor workflow paced the same way
-    beside it in the same window: worker_cpu_ratio compares the two."""
-    async with PacedFloor(
-        temporal, stack.temporal, reference.groups, args.period, workdir, args.seed,
-        inline=args.floor_inline, publishes=args.floor_publishes,
-    ) as floor:  # fmt: skip
+    beside it in the same window: worker_cpu_ratio compares the two. With
+    ``--floor-handovers`` the hand-over floor (bench.floors.HandOverFloorWorkflow)
+    runs in that window too, paced as the groups are."""
+    async with contextlib.AsyncExitStack() as floors:
+        floor = await floors.enter_async_context(PacedFloor(
+            temporal, stack.temporal, reference.groups, args.period, workdir, args.seed,
+            inline=args.floor_inline, publishes=args.floor_publishes,
+        ))  # fmt: skip
+        handovers = None
+        if args.floor_handovers:
+            handovers = await floors.enter_async_context(PacedFloor(
+                temporal, stack.temporal, reference.groups, args.period, workdir, args.seed + 1,
+                inline=args.floor_inline, layer=LAYERS["shape"],
+            ))  # fmt: skip
         load = await run_load(
             stack.addresses, stack_pids(stack), reference.groups, args.jobs_per_group,
             stack.node, args.period, args.seconds, args.seed, name="beside",
-            during=floor.window(args.seconds),
+            during=both(
+                floor.window(args.seconds),
+                handovers.window(args.seconds) if handovers else contextlib.nullcontext(),
+            ),
         )  # fmt: skip
     assert floor.result is not None
     print(f"beside the paced floor: scheduler "
           f"{load.cpu_ms_per_handoff(stack.scheduler_parts):.2f} ms CPU per hand-over, floor "
           f"{floor.result.cpu_ms_per_pair:.2f} ms per pair over {floor.result.pairs} pairs "
           f"(load {load_average()})", flush=True)  # fmt: skip
-    return load, floor.result
+    if handovers is not None:
+        assert handovers.result is not None
+        print(f"  and the hand-over floor: {handovers.result.cpu_ms_per_pair:.2f} ms per "
+              f"hand-over over {handovers.result.pairs}", flush=True)  # fmt: skip
+        return load, floor.result, handovers.result
+    return load, floor.result, None
 
 
 def reference_result(results: list[LoadResult]) -> LoadResult:
@@ -296,7 +326,7 @@ def print_operations(operations: TemporalOperations, result: LoadResult) -> None
 def report(
     args: argparse.Namespace,
     stack: LocalStack,
-    floors: tuple[FloorCpu, FloorCpu, PacedFloorCpu | None],
+    floors: tuple[FloorCpu, FloorCpu, PacedFloorCpu | None, PacedFloorCpu | None],
     idle: IdleHistory,
     watch: WatchCost,
     results: list[LoadResult],
@@ -304,9 +334,9 @@ def report(
     history: Counter[str],
     side_by_side: LoadResult | None,
 ) -> None:
-    floor, sandboxed, paced = floors
+    floor, sandboxed, paced, handovers = floors
     print()
-    print_floor(floor, sandboxed, paced)
+    print_floor(floor, sandboxed, paced, handovers)
     print()
     print_watch(watch)
     print()
@@ -356,6 +386,15 @@ def report(
               f"{reference.cpu_ms_per_handoff_with_edges(stack.scheduler_parts):.1f} ms counting "
               "each group's first grant and last yield too, as before 2026-12-03 "
               f"(ratio {with_edges:.2f})")  # fmt: skip
+    shape = ""
+    if handovers is not None and paced is not None:
+        worker_beside = measured.cpu_ms_per_handoff(stack.scheduler_parts)
+        shape = (
+            f"handover_floor_cpu_ms={handovers.cpu_ms_per_pair:.2f} "
+            f"handover_floor_ratio={handovers.cpu_ms_per_pair / paced.cpu_ms_per_pair:.2f} "
+            f"worker_cpu_ratio_vs_handover_floor="
+            f"{worker_beside / handovers.cpu_ms_per_pair:.2f} "
+        )
     under = [r.groups for r in results if r.p99_ms < P99_LIMIT_MS and not (r.evictions or r.lost)]
     last = results[-1]
     print(f"machine: {platform.node()} {platform.platform()}; load average at the end "
@@ -369,7 +408,7 @@ def report(
         f"worker_cpu_ms_per_handoff_beside_floor="
         f"{measured.cpu_ms_per_handoff(stack.scheduler_parts):.2f} "
         f"back_to_back_floor_cpu_ms={floor.per_handoff_floor_ms:.2f} "
-        f"worker_cpu_ratio_back_to_back={back_to_back:.2f} "
+        f"worker_cpu_ratio_back_to_back={back_to_back:.2f} {shape}"
         f"worker_cpu_ratio_with_edges={with_edges:.2f} "
         f"temporal_cpu_ms_per_handoff={temporal_ms:.2f} temporal_cpu_ratio={temporal_ratio:.2f} "
         f"workflow_tasks_per_handoff={workflow_tasks(history) / max(1, reference.handoffs):.2f} "
@@ -421,6 +460,11 @@ def main() -> None:
         "--floor-publishes", action="store_true",
         help="the paced floor's updates also upsert the search attributes a hand-over "
         "changes (the waiter's queue depth; the new holder), as the turn watch needs",
+    )  # fmt: skip
+    parser.add_argument(
+        "--floor-handovers", action="store_true",
+        help="also pace the hand-over floor (a hand-over's shape with nothing else) in the "
+        "same window: how much of the ratio any scheduler of this protocol pays",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", type=Path, help="py-spy the schedulers and gateways here")

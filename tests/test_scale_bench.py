@@ -18,7 +18,7 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
             sys.executable, "-m", "bench.scale", "--quick", "--period=1", "--sizes=2",
             "--seconds=4", "--idle-groups=1", "--idle-lease=12", "--idle-seconds=6",
             "--floor-iterations=5", "--watch-groups=3", "--watch-seconds=2", "--floor-inline",
-            "--floor-publishes",
+            "--floor-publishes", "--floor-handovers",
         ],
         capture_output=True, text=True, cwd=REPO, timeout=280,
     )  # fmt: skip
@@ -37,6 +37,8 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
         "temporal_store_requests_per_handoff",
         "temporal_cpu_ratio",
         "workflow_tasks_per_handoff",
+        "handover_floor_ratio",
+        "worker_cpu_ratio_vs_handover_floor",
     ):
         assert key in figures, output  # fmt: skip
     assert figures["groups"] == "2" and figures["lost_leases"] == "0", output
@@ -46,6 +48,9 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
     # --floor-publishes: its updates upserted what a hand-over publishes (an
     # upsert of an unregistered search attribute would have failed its tasks).
     assert "pairs, activations inline, publishing as a hand-over does)" in run.stdout, output
+    # --floor-handovers: the hand-over floor handed over in that same window.
+    shape = next(line for line in run.stdout.splitlines() if "and the hand-over floor" in line)
+    assert int(shape.split(" over ")[-1]) > 0, output
     # The first grants and last yields are measured apart from the hand-overs.
     assert float(figures["worker_cpu_ratio_with_edges"]) > float(figures["worker_cpu_ratio"])
     # The old heartbeat wrote history that the count saw; renewals now write less.

@@ -1,0 +1,304 @@
+"""Hand-over-shaped floors: what one hand-over costs the workflow worker,
+layer by layer, from the protocol's bare shape up to timeshare's own
+GroupWorkflow. Each layer runs on a task queue of its own (its worker is a
+bench.floor_worker process), so that side by side each worker's CPU is its
+own layer's.
+
+- ``shape``: the switch protocol (DESIGN.md) and nothing else: the waiter's
+  acquire is an update that stays open until its grant; the holder's yield
+  returns at once; the main loop then runs one activity on another task
+  queue (the switch) and grants the next waiter, whose acquire completes in
+  that same workflow task. Strings in and out.
+- ``messages``: the same, with the scheduler's pydantic messages on every
+  boundary (AcquireInput and AcquireResult, YieldInput and YieldOutput,
+  SwitchInput and SwitchOutput), as the project's rules ask.
+- ``published``: and the two search-attribute upserts of a hand-over that
+  the turn watch reads (workers/turn_watch.py): a waiter arrived (the holder
+  is now contended and renews its lease), and the new holder.
+- ``group``: timeshare's GroupWorkflow itself, sent the same updates by the
+  benchmark directly (no gateway), its switch served by a no-op activity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from temporalio import activity, workflow
+from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Worker
+
+with workflow.unsafe.imports_passed_through():
+    from timeshare.models import (
+        AcquireInput,
+        AcquireResult,
+        Grant,
+        GroupPolicy,
+        JoinInput,
+        NodeMove,
+        ReleaseInput,
+        ReleaseOutput,
+        SwitchInput,
+        SwitchOutput,
+        YieldInput,
+        YieldOutput,
+    )
+    from timeshare.names import group_workflow_id, node_task_queue
+    from timeshare.workers.turn_watch import WATCH_POLL_MEMO, poll_seconds
+    from timeshare.workflows.group import GroupInput, GroupWorkflow
+    from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH
+
+# A group's jobs take turns in this order, as bench.scale_load's do.
+JOBS = ("job-0", "job-1", "job-2")
+TOKEN_HASH = hashlib.sha256(b"bench-handover-floors").hexdigest()
+SWITCH_TIMEOUT = timedelta(seconds=30)
+
+
+def activity_queue(workflow_queue: str) -> str:
+    """Each layer's switch runs on a queue of its own, named after its workflows'."""
+    return f"{workflow_queue}.activity"
+
+
+@activity.defn(name="floor_noop")
+async def floor_noop() -> None:
+    return None
+
+
+@activity.defn(name="switch")
+async def floor_switch(input: SwitchInput) -> SwitchOutput:
+    """The switch of the typed layers and of the group's node: nothing moves."""
+    return SwitchOutput(node=input.move.node, backend="none")
+
+
+@activity.defn(name="release")
+async def floor_release(input: ReleaseInput) -> ReleaseOutput:
+    return ReleaseOutput(node="", job=input.job)
+
+
+@workflow.defn(name="HandOverFloorWorkflow")
+class HandOverFloorWorkflow:
+    """The ``shape`` layer."""
+
+    @workflow.init
+    def __init__(self) -> None:
+        self._holder = ""
+        self._waiting: list[str] = []
+        self._done = False
+
+    @workflow.run
+    async def run(self) -> None:
+        while True:
+            await workflow.wait_condition(
+                lambda: self._done or (not self._holder and bool(self._waiting))
+            )
+            if self._done:
+                return
+            await workflow.execute_activity(
+                "floor_noop",
+                task_queue=activity_queue(workflow.info().task_queue),
+                start_to_close_timeout=SWITCH_TIMEOUT,
+            )
+            self._holder = self._waiting.pop(0)
+
+    @workflow.update
+    async def acquire(self, job: str) -> None:
+        self._waiting.append(job)
+        await workflow.wait_condition(lambda: self._holder == job)
+
+    @workflow.update(name="yield")
+    def yield_turn(self, job: str) -> None:
+        if self._holder == job:
+            self._holder = ""
+
+    @workflow.signal
+    def finish(self) -> None:
+        self._done = True
+
+
+@workflow.defn(name="MessagesFloorWorkflow")
+class MessagesFloorWorkflow:
+    """The ``messages`` layer, and with ``publishes`` the ``published`` one."""
+
+    @workflow.init
+    def __init__(self, publishes: bool) -> None:
+        self._publishes = publishes
+        self._holder = ""
+        self._waiting: list[AcquireInput] = []
+        self._grants: dict[str, Grant] = {}
+        self._epoch = 0
+        self._done = False
+
+    @workflow.run
+    async def run(self, publishes: bool) -> None:
+        while True:
+            await workflow.wait_condition(
+                lambda: self._done or (not self._holder and bool(self._waiting))
+            )
+            if self._done:
+                return
+            request = self._waiting[0]
+            move = NodeMove(
+                node="floor-node", admit=request.job, evict=[j for j in JOBS if j != request.job]
+            )
+            output: SwitchOutput = await workflow.execute_activity(
+                "switch",
+                SwitchInput(group=workflow.info().workflow_id, epoch=self._epoch + 1, move=move),
+                result_type=SwitchOutput,
+                task_queue=activity_queue(workflow.info().task_queue),
+                start_to_close_timeout=SWITCH_TIMEOUT,
+            )
+            self._waiting.pop(0)
+            self._epoch += 1
+            self._holder = request.job
+            self._grants[request.job] = Grant(
+                job=request.job, request_id=request.request_id, epoch=self._epoch,
+                ticket=self._epoch, granted_at=workflow.time(), waited_seconds=0.0,
+                switch_seconds=output.seconds,
+            )  # fmt: skip
+            if self._publishes:
+                depth = QUEUE_DEPTH.value_set(len(self._waiting))
+                workflow.upsert_search_attributes([HOLDER.value_set(request.job), depth])
+
+    @workflow.update
+    async def acquire(self, input: AcquireInput) -> AcquireResult:
+        self._waiting.append(input)
+        if self._publishes:
+            workflow.upsert_search_attributes([QUEUE_DEPTH.value_set(len(self._waiting))])
+        await workflow.wait_condition(lambda: self._holder == input.job)
+        return AcquireResult(grant=self._grants[input.job])
+
+    @workflow.update(name="yield")
+    def yield_turn(self, input: YieldInput) -> YieldOutput:
+        if self._holder == input.job:
+            self._holder = ""
+        return YieldOutput(held_seconds=0.0)
+
+    @workflow.signal
+    def finish(self) -> None:
+        self._done = True
+
+
+@dataclass(frozen=True)
+class Held:
+    """The turn a job holds: what its yield names."""
+
+    job: str
+    epoch: int = 0
+
+
+async def _typed_acquire(handle: WorkflowHandle[Any, Any], job: str) -> Grant:
+    while True:  # a GroupWorkflow answers "still waiting" after each wait slice
+        request = AcquireInput(job=job, token_hash=TOKEN_HASH, request_id=uuid.uuid4().hex)
+        result: AcquireResult = await handle.execute_update(
+            "acquire", request, result_type=AcquireResult
+        )
+        if result.grant is not None:
+            if result.grant.job != job:
+                raise RuntimeError(f"{job} asked and {result.grant.job} was granted")
+            return result.grant
+
+
+@dataclass(frozen=True)
+class Layer:
+    """How the benchmark starts, drives and ends one layer's workflows."""
+
+    name: str
+    typed: bool
+    publishes: bool = False
+    group: bool = False
+
+    @property
+    def task_queue(self) -> str:
+        return f"bench.floor.{self.name}"
+
+    @property
+    def node(self) -> str:
+        """The group layer's one node, whose agent the benchmark plays."""
+        return f"bench-floor-{self.name}"
+
+    def activity_worker(self, client: Client, concurrency: int) -> Worker:
+        if self.group:
+            activities: list[Callable[..., Any]] = [floor_switch, floor_release]
+            queue = node_task_queue(self.node)
+        else:
+            activities = [floor_switch] if self.typed else [floor_noop]
+            queue = activity_queue(self.task_queue)
+        return Worker(
+            client, task_queue=queue, activities=activities, max_concurrent_activities=concurrency
+        )
+
+    async def start(self, client: Client) -> WorkflowHandle[Any, Any]:
+        name = f"floor-{self.name}-{uuid.uuid4().hex[:8]}"
+        if not self.group:
+            workflow_name = "MessagesFloorWorkflow" if self.typed else "HandOverFloorWorkflow"
+            args = [self.publishes] if self.typed else []
+            return await client.start_workflow(
+                workflow_name, args=args, id=name, task_queue=self.task_queue
+            )
+        policy = GroupPolicy(gpus=[0])
+        handle = await client.start_workflow(
+            GroupWorkflow.run,
+            GroupInput(group=name, policy=policy),
+            id=group_workflow_id(name),
+            task_queue=self.task_queue,
+            memo={WATCH_POLL_MEMO: poll_seconds(policy)},
+        )
+        for job in JOBS:
+            join = JoinInput(job=job, nodes=[self.node], token_hash=TOKEN_HASH)
+            await handle.execute_update(GroupWorkflow.join, join)
+        return handle
+
+    async def hand_over(
+        self, handle: WorkflowHandle[Any, Any], holder: Held | None, waiter: str,
+        ask_at: float, yield_at: float,
+    ) -> Held:  # fmt: skip
+        """One hand-over, timed as bench.scale_load times a group's: the
+        waiter asks at ``ask_at``, the holder yields at ``yield_at``
+        (time.monotonic()); returns once the waiter is granted."""
+        await asyncio.sleep(max(0.0, ask_at - time.monotonic()))
+        granted: asyncio.Future[Grant | None] = asyncio.ensure_future(
+            _typed_acquire(handle, waiter)
+            if self.typed
+            else handle.execute_update("acquire", waiter, result_type=type(None))
+        )
+        try:
+            await asyncio.sleep(max(0.0, yield_at - time.monotonic()))
+            if holder is not None:
+                given_back: object = (
+                    YieldInput(job=holder.job, token_hash=TOKEN_HASH, epoch=holder.epoch)
+                    if self.typed
+                    else holder.job
+                )
+                await handle.execute_update("yield", given_back)
+            grant = await granted
+        finally:
+            # A hand-over cut short by the window's end leaves no call waiting
+            # (the client raises its own error for the cancelled call: taken here).
+            granted.cancel()
+            await asyncio.gather(granted, return_exceptions=True)
+        return Held(waiter, grant.epoch if grant is not None else 0)
+
+    async def finish(self, handle: WorkflowHandle[Any, Any]) -> None:
+        """End the workflow: a group never ends by itself, so it is terminated."""
+        if self.group:
+            await handle.terminate("the benchmark is over")
+            return
+        await handle.signal("finish")
+        await handle.result()
+
+
+LAYERS = {
+    layer.name: layer
+    for layer in (
+        Layer("shape", typed=False),
+        Layer("messages", typed=True),
+        Layer("published", typed=True, publishes=True),
+        Layer("group", typed=True, group=True),
+    )
+}
