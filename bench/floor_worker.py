@@ -4,6 +4,11 @@ scheduler's (see bench.floors.measure_floor_cpu).
 
     python -m bench.floor_worker --temporal HOST:PORT [--sandboxed | --inline] [--task-queue Q]
 
+It also serves the hand-over-shaped layers of bench.handover_floors, the
+group layer's GroupWorkflow among them; each floor or layer that runs beside
+another is given a ``--task-queue`` of its own, so that each worker's CPU is
+its own floor's.
+
 The floor workflow runs unsandboxed (the SDK's own floor), or with
 ``--sandboxed`` in a sandbox like the scheduler's, to tell what the sandbox
 itself costs. Its activations run on the SDK's thread pool, as the SDK's

@@ -9,7 +9,9 @@ the updates sent back to back to one workflow; PacedFloor sends
 them as bench.scale's paced load sends its messages (many workflows, one pair
 each per period), so that the two are compared under the same load; with
 ``publishes``, each pair also upserts the search attributes a hand-over
-changes, which the turn watch reads (timeshare.workers.turn_watch).
+changes, which the turn watch reads (timeshare.workers.turn_watch). Given a
+``layer`` of bench.handover_floors, PacedFloor paces hand-overs of that
+layer's workflows instead of pairs.
 """
 
 from __future__ import annotations

@@ -260,8 +260,8 @@ async def load_beside_floor(
 ) -> tuple[LoadResult, PacedFloorCpu, PacedFloorCpu | None]:
     """The reference load again, with the floor workflow paced the same way
     beside it in the same window: worker_cpu_ratio compares the two. With
-    ``--floor-handovers`` the hand-over floor (bench.floors.HandOverFloorWorkflow)
-    runs in that window too, paced as the groups are."""
+    ``--floor-handovers`` the hand-over floor (bench.handover_floors, its
+    ``shape`` layer) runs in that window too, paced as the groups are."""
     async with contextlib.AsyncExitStack() as floors:
         floor = await floors.enter_async_context(PacedFloor(
             temporal, stack.temporal, reference.groups, args.period, workdir, args.seed,
