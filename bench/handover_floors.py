@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
     from timeshare.models import (
         AcquireInput,
         AcquireResult,
+        BackendAction,
         Grant,
         GroupPolicy,
         JoinInput,
@@ -72,8 +73,15 @@ async def floor_noop() -> None:
 
 @activity.defn(name="switch")
 async def floor_switch(input: SwitchInput) -> SwitchOutput:
-    """The switch of the typed layers and of the group's node: nothing moves."""
-    return SwitchOutput(node=input.move.node, backend="none")
+    """The switch of the typed layers and of the group's node: nothing moves,
+    and the answer has the shape of the sim backend's for a zero-byte switch
+    (timeshare/activities/sim.py: a checkpoint per job evicted, a restore of
+    the one admitted), so that the workflow decodes and records as much."""
+    move = input.move
+    actions = [BackendAction(job=job, action="checkpoint") for job in move.evict]
+    if move.admit:
+        actions.append(BackendAction(job=move.admit, action="restore"))
+    return SwitchOutput(node=move.node, backend="none", actions=actions)
 
 
 @activity.defn(name="release")
@@ -129,6 +137,7 @@ class MessagesFloorWorkflow:
     def __init__(self, publishes: bool) -> None:
         self._publishes = publishes
         self._holder = ""
+        self._last_holder = ""
         self._waiting: list[AcquireInput] = []
         self._grants: dict[str, Grant] = {}
         self._epoch = 0
@@ -143,9 +152,9 @@ class MessagesFloorWorkflow:
             if self._done:
                 return
             request = self._waiting[0]
-            move = NodeMove(
-                node="floor-node", admit=request.job, evict=[j for j in JOBS if j != request.job]
-            )
+            # As a group's one-job GPU: the last holder leaves it.
+            evict = [self._last_holder] if self._last_holder else []
+            move = NodeMove(node="floor-node", admit=request.job, evict=evict)
             output: SwitchOutput = await workflow.execute_activity(
                 "switch",
                 SwitchInput(group=workflow.info().workflow_id, epoch=self._epoch + 1, move=move),
@@ -155,7 +164,7 @@ class MessagesFloorWorkflow:
             )
             self._waiting.pop(0)
             self._epoch += 1
-            self._holder = request.job
+            self._holder = self._last_holder = request.job
             self._grants[request.job] = Grant(
                 job=request.job, request_id=request.request_id, epoch=self._epoch,
                 ticket=self._epoch, granted_at=workflow.time(), waited_seconds=0.0,

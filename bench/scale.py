@@ -21,6 +21,7 @@ server, sim backend, one node, zero-byte switches. In one run, on one server:
     python -m bench.scale --floor-inline      # the paced floor's activations inline too
     python -m bench.scale --floor-publishes   # the paced floor upserts as a hand-over does
     python -m bench.scale --floor-handovers   # and a hand-over-shaped floor beside both
+    python -m bench.scale --floor-handovers group   # or GroupWorkflow itself, driven directly
 
 worker_cpu_ratio: the scheduler's CPU per hand-over over the floor worker's
 per pair (a trivial update plus an update awaiting a remote activity), both
@@ -142,8 +143,8 @@ def print_floor(
                      f"{paced.period:g} s ({paced.pairs} pairs{how})",
                      f"{paced.cpu_ms_per_pair:.2f}", "-", "-"])  # fmt: skip
     if handovers is not None:
-        rows.append([f"a hand-over's shape alone, paced: {handovers.workflows} workflows, a "
-                     f"hand-over each every {handovers.period:g} s ({handovers.pairs} "
+        rows.append([f"hand-over layer '{handovers.layer}', paced: {handovers.workflows} "
+                     f"workflows, a hand-over each every {handovers.period:g} s ({handovers.pairs} "
                      "hand-overs, in the same window)",
                      f"{handovers.cpu_ms_per_pair:.2f}", "-", "-"])  # fmt: skip
     headers = ["floor (workflow worker in its own process)", "CPU ms", "wall ms",
@@ -260,8 +261,8 @@ async def load_beside_floor(
 ) -> tuple[LoadResult, PacedFloorCpu, PacedFloorCpu | None]:
     """The reference load again, with the floor workflow paced the same way
     beside it in the same window: worker_cpu_ratio compares the two. With
-    ``--floor-handovers`` the hand-over floor (bench.handover_floors, its
-    ``shape`` layer) runs in that window too, paced as the groups are."""
+    ``--floor-handovers`` a hand-over floor (a layer of bench.handover_floors,
+    ``shape`` unless named) runs in that window too, paced as the groups are."""
     async with contextlib.AsyncExitStack() as floors:
         floor = await floors.enter_async_context(PacedFloor(
             temporal, stack.temporal, reference.groups, args.period, workdir, args.seed,
@@ -271,7 +272,7 @@ async def load_beside_floor(
         if args.floor_handovers:
             handovers = await floors.enter_async_context(PacedFloor(
                 temporal, stack.temporal, reference.groups, args.period, workdir, args.seed + 1,
-                inline=args.floor_inline, layer=LAYERS["shape"],
+                inline=args.floor_inline, layer=LAYERS[args.floor_handovers],
             ))  # fmt: skip
         load = await run_load(
             stack.addresses, stack_pids(stack), reference.groups, args.jobs_per_group,
@@ -288,7 +289,8 @@ async def load_beside_floor(
           f"(load {load_average()})", flush=True)  # fmt: skip
     if handovers is not None:
         assert handovers.result is not None
-        print(f"  and the hand-over floor: {handovers.result.cpu_ms_per_pair:.2f} ms per "
+        print(f"  and the hand-over floor ({handovers.result.layer}): "
+              f"{handovers.result.cpu_ms_per_pair:.2f} ms per "
               f"hand-over over {handovers.result.pairs}", flush=True)  # fmt: skip
         return load, floor.result, handovers.result
     return load, floor.result, None
@@ -390,6 +392,7 @@ def report(
     if handovers is not None and paced is not None:
         worker_beside = measured.cpu_ms_per_handoff(stack.scheduler_parts)
         shape = (
+            f"handover_floor_layer={handovers.layer} "
             f"handover_floor_cpu_ms={handovers.cpu_ms_per_pair:.2f} "
             f"handover_floor_ratio={handovers.cpu_ms_per_pair / paced.cpu_ms_per_pair:.2f} "
             f"worker_cpu_ratio_vs_handover_floor="
@@ -462,9 +465,10 @@ def main() -> None:
         "changes (the waiter's queue depth; the new holder), as the turn watch needs",
     )  # fmt: skip
     parser.add_argument(
-        "--floor-handovers", action="store_true",
-        help="also pace the hand-over floor (a hand-over's shape with nothing else) in the "
-        "same window: how much of the ratio any scheduler of this protocol pays",
+        "--floor-handovers", nargs="?", const="shape", choices=list(LAYERS), metavar="LAYER",
+        help="also pace a hand-over floor in the same window: the layer of "
+        "bench.handover_floors named (default shape: a hand-over's shape with nothing else, "
+        "what any scheduler of this protocol pays; group: GroupWorkflow driven directly)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", type=Path, help="py-spy the schedulers and gateways here")
