@@ -9,6 +9,7 @@ per workflow every period, the next job asking half a period before).
 
     python -m bench.handover_layers            # 25 workflows each, 3 rounds of 30 s
     python -m bench.handover_layers --quick    # one round of 20 s
+    python -m bench.handover_layers --floor-defaults   # the floor on the SDK's thread pool
 
 Each round's figures are CPU milliseconds per hand-over (per pair for the
 floor) and each layer's ratio to the floor of the same round; the last line
@@ -38,12 +39,16 @@ PAIR = "pair floor"
 
 
 async def one_round(
-    temporal: str, workdir: Path, workflows: int, period: float, seconds: float, seed: int
+    temporal: str, workdir: Path, args: argparse.Namespace, seed: int
 ) -> dict[str, PacedFloorCpu]:
     """Every layer and the pair floor, paced in one window."""
     client = await connect_temporal(temporal, "default")
+    workflows, period, seconds = args.workflows, args.period, args.seconds
     async with contextlib.AsyncExitStack() as stack:
-        floors = {PAIR: PacedFloor(client, temporal, workflows, period, workdir, seed, inline=True)}
+        pair = PacedFloor(
+            client, temporal, workflows, period, workdir, seed, inline=not args.floor_defaults
+        )
+        floors = {PAIR: pair}
         for offset, layer in enumerate(LAYERS.values(), start=1):
             floors[layer.name] = PacedFloor(
                 client, temporal, workflows, period, workdir, seed + offset, inline=True,
@@ -93,7 +98,8 @@ def report(rounds: list[dict[str, PacedFloorCpu]]) -> None:
     )
     print(f"machine: {platform.node()} {platform.platform()}; load average {load_average()}")
     print(
-        f"rounds={len(rounds)} pair_floor_cpu_ms={floor_ms:.2f} "
+        f"rounds={len(rounds)} pair_floor_inline={int(rounds[0][PAIR].inline)} "
+        f"pair_floor_cpu_ms={floor_ms:.2f} "
         + " ".join(f"{name}_ratio={value:.2f}" for name, value in medians.items())
         + f" group_over_shape={over_shape:.2f}"
     )
@@ -107,9 +113,7 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
         logs = workdir / f"round-{index + 1}"  # each round's workers write logs of their own
         logs.mkdir()
         seed = args.seed + 10 * index
-        rounds.append(
-            await one_round(stack.temporal, logs, args.workflows, args.period, args.seconds, seed)
-        )
+        rounds.append(await one_round(stack.temporal, logs, args, seed))
     report(rounds)
 
 
@@ -120,6 +124,11 @@ def main() -> None:
     parser.add_argument("--period", type=float, default=5.0, help="seconds between hand-overs")
     parser.add_argument("--seconds", type=float, help="per round (default 30, quick 20)")
     parser.add_argument("--rounds", type=int, help="default 3, quick 1")
+    parser.add_argument(
+        "--floor-defaults", action="store_true",
+        help="the pair floor's worker on the SDK's defaults (activations on its thread pool), "
+        "as worker_cpu_ratio's floor is; default: inline, as the layers and the scheduler",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     if args.workflows < 1 or args.period <= 0:
