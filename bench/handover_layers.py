@@ -32,10 +32,13 @@ from bench.floors import PacedFloor, PacedFloorCpu
 from bench.handover_floors import LAYERS
 from bench.procstat import load_average
 from bench.stack import LocalStack
+from timeshare.models import GroupPolicy
 from timeshare.status import table
 from timeshare.workers.service import connect_temporal
 
 PAIR = "pair floor"
+# The group layer's jobs hold their turns with the default policy's lease.
+MAX_PERIOD = GroupPolicy().lease_seconds / 2
 
 
 async def one_round(
@@ -131,8 +134,9 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    if args.workflows < 1 or args.period <= 0:
-        parser.error("--workflows must be at least 1 and --period positive")
+    if args.workflows < 1 or not 0 < args.period <= MAX_PERIOD:
+        # A holder yields a period after its grant: past its lease, it would be evicted.
+        parser.error(f"--workflows must be at least 1, --period over 0 and at most {MAX_PERIOD:g}")
     args.seconds = args.seconds or (20.0 if args.quick else 30.0)
     args.rounds = args.rounds or (1 if args.quick else 3)
     with tempfile.TemporaryDirectory() as scratch:
