@@ -13,7 +13,8 @@ per workflow every period, the next job asking half a period before).
 
 Each round's figures are CPU milliseconds per hand-over (per pair for the
 floor) and each layer's ratio to the floor of the same round; the last line
-gives the medians over the rounds: ``pair_floor_cpu_ms`` and, per layer,
+gives the medians over the rounds: ``pair_floor_cpu_ms`` (with
+``pair_floor_inline``, 0 under ``--floor-defaults``) and, per layer,
 ``<layer>_ratio``, and ``group_over_shape`` (what timeshare adds to the
 protocol's bare shape).
 """

@@ -26,6 +26,7 @@ def test_every_layer_hands_over_and_the_figures_are_printed() -> None:
     lines = run.stdout.strip().splitlines()
     figures = dict(item.split("=", 1) for item in lines[-1].split())
     assert figures["rounds"] == "1" and float(figures["pair_floor_cpu_ms"]) > 0, output
+    assert figures["pair_floor_inline"] == "1", output  # as the layers, unless --floor-defaults
     for name in LAYERS:
         assert float(figures[f"{name}_ratio"]) > 0, output
     assert float(figures["group_over_shape"]) > 0, output
