@@ -17,18 +17,16 @@ import asyncio
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from bench.floors import ACTIVITY_QUEUE, WORKFLOW_QUEUE, FloorWorkflow, start_floor
 from bench.handover_floors import floor_noop
-from bench.stack import LocalStack
+from bench.stack import temporal_only
 from timeshare.status import table
 from timeshare.workers.service import connect_temporal
 
@@ -87,24 +85,19 @@ def main() -> None:
         print(f"{RESULT_PREFIX} {total:.1f} {dispatch:.1f} {back:.1f}", flush=True)
         return
     rows = []
-    with tempfile.TemporaryDirectory() as scratch:
-        stack = LocalStack(Path(scratch))
-        try:
-            stack.start("temporal")
-            for run in range(args.runs):
-                one = subprocess.run(
-                    [sys.executable, "-m", "bench.floor_hops", f"--one={stack.temporal}",
-                     f"--iterations={args.iterations}"],
-                    capture_output=True, text=True, timeout=300,
-                )  # fmt: skip
-                line = next((x for x in one.stdout.splitlines() if x.startswith(RESULT_PREFIX)), "")
-                if not line:
-                    raise RuntimeError(f"run {run + 1} failed: {one.stderr[-800:]}")
-                figures = line.removeprefix(RESULT_PREFIX).split()
-                rows.append([str(run + 1), *figures])
-                print(f"run {run + 1}: {' '.join(figures)}", flush=True)
-        finally:
-            stack.stop_all()
+    with temporal_only() as stack:
+        for run in range(args.runs):
+            one = subprocess.run(
+                [sys.executable, "-m", "bench.floor_hops", f"--one={stack.temporal}",
+                 f"--iterations={args.iterations}"],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            line = next((x for x in one.stdout.splitlines() if x.startswith(RESULT_PREFIX)), "")
+            if not line:
+                raise RuntimeError(f"run {run + 1} failed: {one.stderr[-800:]}")
+            figures = line.removeprefix(RESULT_PREFIX).split()
+            rows.append([str(run + 1), *figures])
+            print(f"run {run + 1}: {' '.join(figures)}", flush=True)
     print()
     print(table(["run (new process)", "update+activity p50 ms", "activity dispatch p50 ms",
                  "dispatch back p50 ms"], rows))  # fmt: skip

@@ -26,13 +26,12 @@ import asyncio
 import contextlib
 import platform
 import statistics
-import tempfile
 from pathlib import Path
 
 from bench.floors import PacedFloor, PacedFloorCpu
 from bench.handover_floors import LAYERS
 from bench.procstat import load_average
-from bench.stack import LocalStack
+from bench.stack import temporal_only
 from timeshare.models import GroupPolicy
 from timeshare.status import table
 from timeshare.workers.service import connect_temporal
@@ -109,7 +108,7 @@ def report(rounds: list[dict[str, PacedFloorCpu]]) -> None:
     )
 
 
-async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> None:
+async def run(args: argparse.Namespace, temporal: str, workdir: Path) -> None:
     rounds = []
     for index in range(args.rounds):
         print(f"round {index + 1} of {args.rounds}: {args.seconds:g} s (load {load_average()})",
@@ -117,7 +116,7 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
         logs = workdir / f"round-{index + 1}"  # each round's workers write logs of their own
         logs.mkdir()
         seed = args.seed + 10 * index
-        rounds.append(await one_round(stack.temporal, logs, args, seed))
+        rounds.append(await one_round(temporal, logs, args, seed))
     report(rounds)
 
 
@@ -140,16 +139,9 @@ def main() -> None:
         parser.error(f"--workflows must be at least 1, --period over 0 and at most {MAX_PERIOD:g}")
     args.seconds = args.seconds or (20.0 if args.quick else 30.0)
     args.rounds = args.rounds or (1 if args.quick else 3)
-    with tempfile.TemporaryDirectory() as scratch:
-        workdir = Path(scratch)
-        stack = LocalStack(workdir)
-        try:
-            stack.workdir.mkdir(parents=True, exist_ok=True)
-            stack.start("temporal")
-            print(f"Temporal ready (load {load_average()})", flush=True)
-            asyncio.run(run(args, stack, workdir))
-        finally:
-            stack.stop_all()
+    with temporal_only() as stack:
+        print(f"Temporal ready (load {load_average()})", flush=True)
+        asyncio.run(run(args, stack.temporal, stack.workdir))
 
 
 if __name__ == "__main__":

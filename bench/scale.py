@@ -388,10 +388,10 @@ def report(
               f"{reference.cpu_ms_per_handoff_with_edges(stack.scheduler_parts):.1f} ms counting "
               "each group's first grant and last yield too, as before 2026-12-03 "
               f"(ratio {with_edges:.2f})")  # fmt: skip
-    shape = ""
+    layer_figures = ""
     if handovers is not None and paced is not None:
         worker_beside = measured.cpu_ms_per_handoff(stack.scheduler_parts)
-        shape = (
+        layer_figures = (
             f"handover_floor_layer={handovers.layer} "
             f"handover_floor_cpu_ms={handovers.cpu_ms_per_pair:.2f} "
             f"handover_floor_ratio={handovers.cpu_ms_per_pair / paced.cpu_ms_per_pair:.2f} "
@@ -411,7 +411,7 @@ def report(
         f"worker_cpu_ms_per_handoff_beside_floor="
         f"{measured.cpu_ms_per_handoff(stack.scheduler_parts):.2f} "
         f"back_to_back_floor_cpu_ms={floor.per_handoff_floor_ms:.2f} "
-        f"worker_cpu_ratio_back_to_back={back_to_back:.2f} {shape}"
+        f"worker_cpu_ratio_back_to_back={back_to_back:.2f} {layer_figures}"
         f"worker_cpu_ratio_with_edges={with_edges:.2f} "
         f"temporal_cpu_ms_per_handoff={temporal_ms:.2f} temporal_cpu_ratio={temporal_ratio:.2f} "
         f"workflow_tasks_per_handoff={workflow_tasks(history) / max(1, reference.handoffs):.2f} "

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -331,6 +332,19 @@ class LocalStack:
             if path.exists()
             for line in path.read_text().splitlines()
         ]
+
+
+@contextlib.contextmanager
+def temporal_only() -> Iterator[LocalStack]:
+    """A stack of which only the Temporal dev server runs, in a scratch
+    folder: for benchmarks that bring workers of their own."""
+    with tempfile.TemporaryDirectory() as scratch:
+        stack = LocalStack(Path(scratch))
+        try:
+            stack.start("temporal")
+            yield stack
+        finally:
+            stack.stop_all()
 
 
 def overlaps(record: list[dict[str, Any]]) -> int:
