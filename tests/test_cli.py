@@ -234,13 +234,13 @@ def test_temporal_address_alone_points_every_process_at_temporal(temporal_addres
                 process.wait(30)
 
 
-def test_the_scheduler_runs_activations_inline_unless_told_to_detect_deadlocks(
+def test_the_scheduler_runs_activations_inline_on_uvloop_unless_told_otherwise(
     temporal_address: str,
 ) -> None:
     """Its ready line says which: the SDK's thread pool (with its 2 s
     deadlock detector) only with --deadlock-detection or in the sandbox."""
     said = {}
-    for flags in ([], ["--deadlock-detection"], ["--workflow-sandbox"]):
+    for flags in ([], ["--deadlock-detection"], ["--workflow-sandbox"], ["--event-loop=asyncio"]):
         process = subprocess.Popen(
             timeshare_command("scheduler", f"--temporal={temporal_address}", *flags),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
@@ -253,6 +253,27 @@ def test_the_scheduler_runs_activations_inline_unless_told_to_detect_deadlocks(
     assert "deadlock detection" not in said[""] and "sandbox" not in said[""], said
     assert "activations on threads with deadlock detection" in said["--deadlock-detection"]
     assert "sandbox" in said["--workflow-sandbox"], said
+    # uvloop by default (the server extra installs it here), asyncio's own loop when told.
+    assert said[""].rstrip().endswith("event loop uvloop"), said
+    assert said["--event-loop=asyncio"].rstrip().endswith("event loop asyncio"), said
+
+
+def test_the_scheduler_refuses_an_event_loop_it_cannot_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unknown loop named by the environment, or uvloop where it is not
+    installed: one line saying what to do, before anything connects."""
+    from timeshare.cli import server_commands
+
+    monkeypatch.setenv("TIMESHARE_EVENT_LOOP", "libev")
+    args = cli.build_parser().parse_args(["scheduler", "--temporal=127.0.0.1:1"])
+    assert args.handler(args) == 1
+    assert "unknown event loop 'libev'" in capsys.readouterr().err
+    monkeypatch.setattr(server_commands, "uvloop_installed", lambda: False)
+    args = cli.build_parser().parse_args(["scheduler", "--event-loop=uvloop"])
+    assert args.handler(args) == 1
+    said = capsys.readouterr().err.strip()
+    assert said.count("\n") == 0 and "--event-loop asyncio" in said, said
 
 
 def test_temporal_dynamic_config_goes_over_timeshares_own() -> None:

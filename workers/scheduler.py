@@ -13,6 +13,7 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from timeshare.names import SCHEDULER_TASK_QUEUE
+from timeshare.workers.event_loop import running_event_loop
 from timeshare.workers.service import StartupError, connect_temporal, ready
 from timeshare.workers.telemetry import Telemetry
 from timeshare.workers.temporal_settings import TemporalSettings
@@ -103,6 +104,7 @@ async def serve_scheduler(
             where += ", workflows in the SDK's sandbox"
         elif not inline:
             where += ", activations on threads with deadlock detection"
+        where += f", event loop {running_event_loop()}"
         ready("scheduler", where)
         await stop.wait()
     await telemetry.close()

@@ -14,6 +14,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RetryConfig
 
+from timeshare.workers.event_loop import ASYNCIO, loop_factory
 from timeshare.workers.temporal_settings import TemporalSettings
 
 if TYPE_CHECKING:
@@ -58,15 +59,19 @@ async def connect_temporal(
         ) from None
 
 
-def run_service(name: str, serve: Callable[[asyncio.Event], Awaitable[None]]) -> NoReturn:
-    """Run ``serve(stop)`` until it returns; SIGINT or SIGTERM sets ``stop``.
+def run_service(
+    name: str, serve: Callable[[asyncio.Event], Awaitable[None]], event_loop: str = ASYNCIO
+) -> NoReturn:
+    """Run ``serve(stop)`` until it returns, on ``event_loop`` (one of
+    timeshare.workers.event_loop.EVENT_LOOPS); SIGINT or SIGTERM sets ``stop``.
 
     The process ends with os._exit after flushing: the Temporal SDK's native
     threads can abort a normal interpreter shutdown after all work is done.
     """
     code = 0
     try:
-        asyncio.run(_serve_until_stopped(serve))
+        with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
+            runner.run(_serve_until_stopped(serve))
     except StartupError as error:
         print(f"timeshare {name}: {error}", file=sys.stderr)
         code = 1

@@ -27,6 +27,12 @@ from timeshare.cli.server_settings import (
     telemetry,
     temporal_settings,
 )
+from timeshare.workers.event_loop import (
+    EVENT_LOOPS,
+    UVLOOP,
+    default_event_loop,
+    uvloop_installed,
+)
 
 Subparsers = Any  # argparse's _SubParsersAction, private in typeshed
 
@@ -63,6 +69,14 @@ def add_server_commands(commands: Subparsers) -> None:
         help="run each workflow activation on a thread, failing one that runs past 2 s "
         "(the SDK's deadlock detection): about a tenth more scheduler CPU per hand-over "
         "(env TIMESHARE_DEADLOCK_DETECTION=1; default off; on in the sandbox)",
+    )
+    scheduler.add_argument(
+        "--event-loop",
+        choices=EVENT_LOOPS,
+        default=os.environ.get("TIMESHARE_EVENT_LOOP") or default_event_loop(),
+        help="the process's asyncio event loop: uvloop spends 8-11 %% less scheduler CPU per "
+        "hand-over (env TIMESHARE_EVENT_LOOP; default uvloop where installed, as the server "
+        "extra does on Linux and macOS)",
     )
     scheduler.set_defaults(handler=run_scheduler, server=True)
 
@@ -179,9 +193,17 @@ def run_scheduler(args: argparse.Namespace) -> int:
         traced = telemetry(args)
     except (SettingsError, StartupError) as error:
         return fail(f"scheduler: {error}")
+    if args.event_loop not in EVENT_LOOPS:
+        return fail(f"scheduler: unknown event loop {args.event_loop!r} (TIMESHARE_EVENT_LOOP); "
+                    f"choose one of {', '.join(EVENT_LOOPS)}")  # fmt: skip
+    if args.event_loop == UVLOOP and not uvloop_installed():
+        return fail("scheduler: --event-loop uvloop needs the uvloop package: "
+                    "pip install 'timeshare[server]', or pass --event-loop asyncio")  # fmt: skip
     sandboxed, detect = bool(args.workflow_sandbox), bool(args.deadlock_detection)
     run_service(
-        "scheduler", lambda stop: serve_scheduler(stop, temporal, traced, sandboxed, detect)
+        "scheduler",
+        lambda stop: serve_scheduler(stop, temporal, traced, sandboxed, detect),
+        args.event_loop,
     )
 
 
