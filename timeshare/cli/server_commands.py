@@ -74,9 +74,9 @@ def add_server_commands(commands: Subparsers) -> None:
         "--event-loop",
         choices=EVENT_LOOPS,
         default=os.environ.get("TIMESHARE_EVENT_LOOP") or default_event_loop(),
-        help="the process's asyncio event loop: uvloop spends 8-11 %% less scheduler CPU per "
-        "hand-over (env TIMESHARE_EVENT_LOOP; default uvloop where installed, as the server "
-        "extra does on Linux and macOS)",
+        help="the process's asyncio event loop: uvloop spends less scheduler CPU per hand-over "
+        "(docs/operations.md; env TIMESHARE_EVENT_LOOP; default uvloop where installed, as the "
+        "server extra does on Linux and macOS)",
     )
     scheduler.set_defaults(handler=run_scheduler, server=True)
 
