@@ -238,7 +238,8 @@ def test_the_scheduler_runs_activations_inline_on_uvloop_unless_told_otherwise(
     temporal_address: str,
 ) -> None:
     """Its ready line says which: the SDK's thread pool (with its 2 s
-    deadlock detector) only with --deadlock-detection or in the sandbox."""
+    deadlock detector) only with --deadlock-detection or in the sandbox;
+    and its event loop: uvloop unless --event-loop asyncio."""
     said = {}
     for flags in ([], ["--deadlock-detection"], ["--workflow-sandbox"], ["--event-loop=asyncio"]):
         process = subprocess.Popen(
