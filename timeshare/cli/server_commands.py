@@ -73,7 +73,8 @@ def add_server_commands(commands: Subparsers) -> None:
     scheduler.add_argument(
         "--event-loop",
         choices=EVENT_LOOPS,
-        default=os.environ.get("TIMESHARE_EVENT_LOOP") or default_event_loop(),
+        # Resolved when the scheduler starts, not while every CLI command builds its parser.
+        default=os.environ.get("TIMESHARE_EVENT_LOOP", ""),
         help="the process's asyncio event loop: uvloop spends less scheduler CPU per hand-over "
         "(docs/operations.md; env TIMESHARE_EVENT_LOOP; default uvloop where installed, as the "
         "server extra does on Linux and macOS)",
@@ -193,17 +194,18 @@ def run_scheduler(args: argparse.Namespace) -> int:
         traced = telemetry(args)
     except (SettingsError, StartupError) as error:
         return fail(f"scheduler: {error}")
-    if args.event_loop not in EVENT_LOOPS:
-        return fail(f"scheduler: unknown event loop {args.event_loop!r} (TIMESHARE_EVENT_LOOP); "
+    event_loop = args.event_loop or default_event_loop()
+    if event_loop not in EVENT_LOOPS:
+        return fail(f"scheduler: unknown event loop {event_loop!r} (TIMESHARE_EVENT_LOOP); "
                     f"choose one of {', '.join(EVENT_LOOPS)}")  # fmt: skip
-    if args.event_loop == UVLOOP and not uvloop_installed():
+    if event_loop == UVLOOP and not uvloop_installed():
         return fail("scheduler: --event-loop uvloop needs the uvloop package: "
                     "pip install 'timeshare[server]', or pass --event-loop asyncio")  # fmt: skip
     sandboxed, detect = bool(args.workflow_sandbox), bool(args.deadlock_detection)
     run_service(
         "scheduler",
         lambda stop: serve_scheduler(stop, temporal, traced, sandboxed, detect),
-        args.event_loop,
+        event_loop,
     )
 
 
