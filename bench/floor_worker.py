@@ -3,6 +3,7 @@ worker runs in its own: its CPU, read from /proc, is then comparable with the
 scheduler's (see bench.floors.measure_floor_cpu).
 
     python -m bench.floor_worker --temporal HOST:PORT [--sandboxed | --inline] [--task-queue Q]
+        [--data-converter sdk|timeshare]
 
 It also serves the hand-over-shaped layers of bench.handover_floors, the
 group layer's GroupWorkflow among them; each floor or layer that runs beside
@@ -13,7 +14,10 @@ The floor workflow runs unsandboxed (the SDK's own floor), or with
 ``--sandboxed`` in a sandbox like the scheduler's, to tell what the sandbox
 itself costs. Its activations run on the SDK's thread pool, as the SDK's
 defaults have it, or with ``--inline`` on the event loop, as the scheduler
-runs them (timeshare.workers.scheduler.activations_inline).
+runs them (timeshare.workers.scheduler.activations_inline). It converts
+payloads with the SDK's own pydantic data converter, as the floor is the
+SDK's cost; the group layer, which stands for the scheduler, asks for
+timeshare's (``--data-converter timeshare``, timeshare.workers.data_converter).
 """
 
 from __future__ import annotations
@@ -22,14 +26,22 @@ import argparse
 import asyncio
 import signal
 
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from bench.floors import READY_LINE, WORKFLOW_QUEUE, FloorWorkflow
 from bench.handover_floors import HandOverFloorWorkflow, MessagesFloorWorkflow
 from timeshare.workers.children import die_with_parent_if_asked
+from timeshare.workers.data_converter import DATA_CONVERTER
 from timeshare.workers.service import connect_temporal
 from timeshare.workflows.group import GroupWorkflow
+
+DATA_CONVERTERS: dict[str, DataConverter] = {
+    "sdk": pydantic_data_converter,
+    "timeshare": DATA_CONVERTER,
+}
 
 
 def runner(sandboxed: bool) -> SandboxedWorkflowRunner | UnsandboxedWorkflowRunner:
@@ -41,12 +53,16 @@ def runner(sandboxed: bool) -> SandboxedWorkflowRunner | UnsandboxedWorkflowRunn
     return SandboxedWorkflowRunner(restrictions=restrictions)
 
 
-async def serve(temporal: str, sandboxed: bool, inline: bool, task_queue: str) -> None:
+async def serve(
+    temporal: str, sandboxed: bool, inline: bool, task_queue: str, data_converter: str
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    client = await connect_temporal(temporal, "default")
+    client = await connect_temporal(
+        temporal, "default", data_converter=DATA_CONVERTERS[data_converter]
+    )
     async with Worker(
         client,
         task_queue=task_queue,
@@ -70,10 +86,16 @@ def main() -> None:
         "--task-queue", default=WORKFLOW_QUEUE,
         help="its own queue where two floors run side by side (default %(default)s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--data-converter", choices=sorted(DATA_CONVERTERS), default="sdk",
+        help="the SDK's pydantic data converter (the floor's), or timeshare's",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.sandboxed and args.inline:
         parser.error("--inline runs outside the sandbox, as the scheduler does")
-    asyncio.run(serve(args.temporal, args.sandboxed, args.inline, args.task_queue))
+    asyncio.run(
+        serve(args.temporal, args.sandboxed, args.inline, args.task_queue, args.data_converter)
+    )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from temporalio.client import (
     Client,
     WorkflowUpdateFailedError,
 )
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from tests.conftest import SimNodes
@@ -23,6 +22,7 @@ from tests.polling import wait_until_async
 from tests.test_replay import HISTORIES
 from timeshare.models import JobInput, YieldInput
 from timeshare.names import SCHEDULER_TASK_QUEUE
+from timeshare.workers.data_converter import DATA_CONVERTER
 from timeshare.workflows.group import ACQUIRE_WAIT_SLICE_SECONDS, GroupWorkflow
 from timeshare.workflows.registry import NodeRegistryWorkflow
 from timeshare.workflows.sandbox import workflow_runner
@@ -128,7 +128,7 @@ async def test_history_replays_deterministically(
     history = await handle.fetch_history()
     replayer = Replayer(
         workflows=[GroupWorkflow],
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         workflow_runner=workflow_runner(),
     )
     await replayer.replay_workflow(history)
@@ -186,7 +186,7 @@ async def test_a_job_on_two_nodes_is_stopped_on_both_before_either_checkpoints(
     history = await a.fetch_history()
     replayer = Replayer(
         workflows=[GroupWorkflow],
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         workflow_runner=workflow_runner(),
     )
     await replayer.replay_workflow(history)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import Client, WorkflowHistory, WorkflowUpdateFailedError
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, Worker
 
 from tests.conftest import SimNodes
@@ -23,6 +22,7 @@ from tests.groups import acquire, eventually, group_on_one_node, heartbeat, join
 from tests.polling import wait_until_async
 from timeshare.models import DrainInput, EvictInput, GroupPolicy, JobInput, NodeInfo, PauseInput
 from timeshare.names import SCHEDULER_TASK_QUEUE
+from timeshare.workers.data_converter import DATA_CONVERTER
 from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.registry import (
     ClaimInput,
@@ -49,7 +49,7 @@ async def test_recorded_history_replays(path: Path) -> None:
 def replayer() -> Replayer:
     return Replayer(
         workflows=[GroupWorkflow, NodeRegistryWorkflow],
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         workflow_runner=workflow_runner(),
     )
 

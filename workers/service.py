@@ -11,9 +11,10 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, NoReturn
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter
 from temporalio.service import RetryConfig
 
+from timeshare.workers.data_converter import DATA_CONVERTER
 from timeshare.workers.event_loop import ASYNCIO, loop_factory
 from timeshare.workers.temporal_settings import TemporalSettings
 
@@ -33,8 +34,13 @@ RETRY = RetryConfig(max_interval_millis=1000, max_retries=30)
 
 
 async def connect_temporal(
-    target: str | TemporalSettings, namespace: str = "default", telemetry: Telemetry | None = None
+    target: str | TemporalSettings,
+    namespace: str = "default",
+    telemetry: Telemetry | None = None,
+    data_converter: DataConverter = DATA_CONVERTER,
 ) -> Client:
+    """``data_converter``: timeshare's (workers/data_converter.py) unless a
+    benchmark's floor asks for the SDK's own."""
     settings = (
         target
         if isinstance(target, TemporalSettings)
@@ -44,7 +50,7 @@ async def connect_temporal(
         return await Client.connect(
             settings.address,
             namespace=settings.namespace,
-            data_converter=pydantic_data_converter,
+            data_converter=data_converter,
             tls=settings.tls_config(),
             api_key=settings.api_key.get_secret_value() if settings.api_key else None,
             interceptors=telemetry.interceptors if telemetry else [],

@@ -1,0 +1,91 @@
+"""timeshare's data converter (workers/data_converter.py): the SDK's pydantic
+payloads byte for byte, without a new pydantic converter per clone."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
+from temporalio.converter import DataConverter, WorkflowSerializationContext
+
+from timeshare.models import (
+    AcquireInput,
+    AcquireResult,
+    BackendAction,
+    Grant,
+    GroupPolicy,
+    SwitchOutput,
+)
+from timeshare.workers.data_converter import DATA_CONVERTER
+from timeshare.workflows.group import GroupInput
+from timeshare.workflows.group_state import GroupState, StoredPolicy
+
+GRANT = Grant(
+    job="a", request_id="r-1", epoch=3, ticket=7, granted_at=1.5,
+    waited_seconds=0.25, switch_seconds=0.125, phase="rollout",
+)  # fmt: skip
+MESSAGES: list[Any] = [
+    AcquireInput(job="a", token_hash="h", request_id="r-1", phase="rollout"),
+    AcquireResult(grant=GRANT),
+    SwitchOutput(
+        node="n", backend="sim", actions=[BackendAction(job="a", action="restore", bytes=1 << 30)]
+    ),
+    GroupInput(
+        group="g",
+        state=GroupState(group="g", policy=StoredPolicy.stored(GroupPolicy(gpus=[0, 1]))),
+    ),
+    None,
+    "plain text",
+    {"nested": [1, 2.5, None]},
+]
+
+
+@pytest.mark.parametrize("value", MESSAGES, ids=lambda v: type(v).__name__)
+async def test_payloads_are_the_sdks_byte_for_byte(value: Any) -> None:
+    """Histories written by either converter replay with the other."""
+    ours = await DATA_CONVERTER.encode([value])
+    sdks = await pydantic_data_converter.encode([value])
+    assert [p.SerializeToString(deterministic=True) for p in ours] == [
+        p.SerializeToString(deterministic=True) for p in sdks
+    ]
+    hint = type(value) if value is not None and not isinstance(value, dict) else None
+    decoded = await DATA_CONVERTER.decode(ours, [hint] if hint else None)
+    assert decoded == [value]
+
+
+def pydantic_converters_made_by(clone: Any, monkeypatch: pytest.MonkeyPatch) -> int:
+    made = 0
+    make = PydanticPayloadConverter.__init__
+
+    def counted(self: PydanticPayloadConverter, *args: Any, **kwargs: Any) -> None:
+        nonlocal made
+        made += 1
+        make(self, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(PydanticPayloadConverter, "__init__", counted)
+        for _ in range(5):
+            clone()
+    return made
+
+
+@pytest.mark.parametrize(
+    "converter, made",
+    [(pydantic_data_converter, 5), (DATA_CONVERTER, 0)],
+    ids=["sdk", "timeshare"],
+)
+def test_a_clone_makes_no_pydantic_converter(
+    converter: DataConverter, made: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK clones the data converter twice per workflow activation and
+    once per activity scheduled (a dataclass copy that makes its payload
+    converter afresh): the SDK's makes a whole pydantic converter each time,
+    timeshare's none (the first line shows the count would see one)."""
+    assert pydantic_converters_made_by(lambda: dataclasses.replace(converter), monkeypatch) == made
+
+
+def test_a_clone_with_a_workflow_context_keeps_the_converter() -> None:
+    context = WorkflowSerializationContext(namespace="default", workflow_id="w")
+    assert DATA_CONVERTER.with_context(context) is DATA_CONVERTER
