@@ -8,7 +8,12 @@ from typing import Any
 
 import pytest
 from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
-from temporalio.converter import DataConverter, WorkflowSerializationContext
+from temporalio.converter import (
+    ActivitySerializationContext,
+    DataConverter,
+    SerializationContext,
+    WorkflowSerializationContext,
+)
 
 from timeshare.models import (
     AcquireInput,
@@ -86,6 +91,19 @@ def test_a_clone_makes_no_pydantic_converter(
     assert pydantic_converters_made_by(lambda: dataclasses.replace(converter), monkeypatch) == made
 
 
-def test_a_clone_with_a_workflow_context_keeps_the_converter() -> None:
-    context = WorkflowSerializationContext(namespace="default", workflow_id="w")
+CONTEXTS = [
+    WorkflowSerializationContext(namespace="default", workflow_id="w"),
+    ActivitySerializationContext(
+        namespace="default", activity_id="1", activity_type="switch",
+        activity_task_queue="timeshare-node-a", workflow_id="w", workflow_type="GroupWorkflow",
+        is_local=False,
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("context", CONTEXTS, ids=lambda c: type(c).__name__)
+def test_a_context_leaves_the_converter_as_the_sdk_would(context: SerializationContext) -> None:
+    """Its shortcut gives what the SDK's own with_context gives: should the
+    SDK ever make one of these parts take a context, this fails."""
     assert DATA_CONVERTER.with_context(context) is DATA_CONVERTER
+    assert DataConverter.with_context(DATA_CONVERTER, context) is DATA_CONVERTER

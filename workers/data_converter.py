@@ -13,7 +13,7 @@ TypeAdapter afresh. Live in the scheduler under `bench.scale --quick
 --period 5` those clones took about 60 µs each, about 5 % of its CPU per
 hand-over (docs/benchmarks.md, "fourteenth session"). Here every clone is an
 empty shell over one shared PydanticPayloadConverter, whose TypeAdapters are
-cached for the process.
+cached for the process, and a context leaves the converter as it is.
 
 Nothing about the payloads changes: the same converters write and read the
 same bytes, so histories written with the SDK's `pydantic_data_converter`
@@ -23,11 +23,11 @@ replay with this one and the other way round (tests/test_replay.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.pydantic import PydanticPayloadConverter
-from temporalio.converter import DataConverter, PayloadConverter
+from temporalio.converter import DataConverter, PayloadConverter, SerializationContext
 
 
 class SharedPydanticPayloadConverter(PayloadConverter):
@@ -47,4 +47,20 @@ class SharedPydanticPayloadConverter(PayloadConverter):
         return self.shared.from_payloads(payloads, type_hints)
 
 
-DATA_CONVERTER = DataConverter(payload_converter_class=SharedPydanticPayloadConverter)
+class ContextFreeDataConverter(DataConverter):
+    """A data converter none of whose parts takes a serialization context
+    (the shared converter above, the SDK's default failure converter, no
+    codec, no external storage): every context gives back the converter
+    itself. The SDK's own ``with_context`` comes to the same after checking
+    each part against an abstract class, which it does for every payload
+    sequence of every activation and completion (about a dozen times per
+    activation); tests/test_data_converter.py checks that it still comes
+    to the same."""
+
+    def with_context(self, context: SerializationContext) -> Self:
+        if self.payload_codec is None and self.external_storage is None:
+            return self
+        return super().with_context(context)
+
+
+DATA_CONVERTER = ContextFreeDataConverter(payload_converter_class=SharedPydanticPayloadConverter)
