@@ -17,6 +17,9 @@ own layer's.
   is now contended and renews its lease), and the new holder.
 - ``group``: timeshare's GroupWorkflow itself, sent the same updates by the
   benchmark directly (no gateway), its switch served by a no-op activity.
+  Its worker converts payloads with timeshare's data converter, as the
+  scheduler does (timeshare.workers.data_converter); the other layers and
+  the floors keep the SDK's own pydantic converter.
 """
 
 from __future__ import annotations
