@@ -211,3 +211,24 @@ async def test_a_waiting_acquire_starts_no_timer_of_its_own(
         if event.HasField("timer_started_event_attributes")
     ]
     assert timers and timedelta(seconds=ACQUIRE_WAIT_SLICE_SECONDS) not in timers
+
+
+async def test_a_grant_arms_no_timer_for_the_wait_it_ended(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    """The first acquire waits for its switch; once granted, its handler
+    resumes later in the same workflow task. The group's timer must not be
+    armed for that settled wait slice meanwhile (it was, at every grant to an
+    idle group, and cancelled when the next job asked)."""
+    handle, _ = await group_on_one_node(client, sim_nodes, unique)
+    grant = await acquire(handle, "a")
+    assert grant.switch_seconds > 0  # it waited for a switch
+    slice_seconds = timedelta(seconds=ACQUIRE_WAIT_SLICE_SECONDS)
+    timers = [
+        event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
+        async for event in handle.fetch_history_events()
+        if event.HasField("timer_started_event_attributes")
+    ]
+    assert timers
+    assert not [t for t in timers if slice_seconds - timedelta(seconds=5) < t <= slice_seconds]
+    await release(handle, "a", grant.epoch)

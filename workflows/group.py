@@ -112,6 +112,11 @@ PREFETCH_GUESS_PATCH = "timeshare-prefetch-the-job-away-longest"
 # its grant: before it, a job granted after waiting behind a dead holder
 # could be evicted a moment into its turn (LockQueue._lease_deadlines).
 LEASE_FROM_GRANT_PATCH = "timeshare-lease-from-grant"
+# From this change on, the main loop's timer is not armed for the wait slice
+# of an acquire already granted (its handler has yet to resume, in the same
+# workflow task): such a timer was started at every grant to an idle group,
+# and cancelled when the next job asked.
+SETTLED_SLICES_PATCH = "timeshare-no-timer-for-settled-slices"
 # A switch is not shown as `switching` outside the workflow (search
 # attributes) where the group's last one was over within this: it would be
 # over before anyone could look. Slower switches, and every retry, are shown.
@@ -168,8 +173,8 @@ class GroupWorkflow:
         self._timer: asyncio.Task[None] | None = None
         self._timer_at = 0.0
         self._rang = False
-        # When the wait slice of each waiting acquire ends, by update id.
-        self._slice_ends: dict[str, float] = {}
+        # Each waiting acquire's (job, request id, when its wait slice ends), by update id.
+        self._slice_ends: dict[str, tuple[str, str, float]] = {}
         # (job, node) releases under way in this run.
         self._releasing: set[tuple[str, str]] = set()
         self._release_tasks: set[asyncio.Task[None]] = set()
@@ -185,7 +190,7 @@ class GroupWorkflow:
             deadline = self._queue.next_deadline(self._now())
             self._changed = False
             if self._steady:
-                wakes = [*self._slice_ends.values(), *([] if deadline is None else [deadline])]
+                wakes = [*self._slice_wakes(), *([] if deadline is None else [deadline])]
                 self._arm(min(wakes, default=None))
                 await workflow.wait_condition(
                     lambda: self._changed or self._duty_due() or self._rang
@@ -221,6 +226,17 @@ class GroupWorkflow:
         if self._queue.prefetch_target(now, departed_ask_never=False, guess_unknown=False):
             return target
         return target if workflow.patched(PREFETCH_PAST_DEPARTED_PATCH) else None
+
+    def _slice_wakes(self) -> list[float]:
+        """When the wait slices the main loop's timer must end do end."""
+        slices = self._slice_ends.values()
+        waiting = [
+            ends for job, request_id, ends in slices if self._queue.is_waiting(job, request_id)
+        ]
+        # The patch is asked only where a slice has settled: elsewhere both agree.
+        if len(waiting) < len(slices) and workflow.patched(SETTLED_SLICES_PATCH):
+            return waiting
+        return [ends for _, _, ends in slices]
 
     def _arm(self, deadline: float | None) -> None:
         """Keep the timer that rings first at or before ``deadline``; a timer
@@ -457,7 +473,7 @@ class GroupWorkflow:
         update = workflow.current_update_info()
         key = update.id if update is not None else f"{job}/{request_id}"
         ends = self._now() + seconds
-        self._slice_ends[key] = ends
+        self._slice_ends[key] = (job, request_id, ends)
         self._mark_changed()  # the main loop arms its timer for the slice too
         try:
             await workflow.wait_condition(lambda: over() or self._now() >= ends)
