@@ -17,7 +17,15 @@ from temporalio.client import (
 from temporalio.worker import Replayer
 
 from tests.conftest import SimNodes
-from tests.groups import acquire, eventually, group_on_one_node, join, refusal_type, release
+from tests.groups import (
+    Handle,
+    acquire,
+    eventually,
+    group_on_one_node,
+    join,
+    refusal_type,
+    release,
+)
 from tests.polling import wait_until_async
 from tests.test_replay import HISTORIES
 from timeshare.models import JobInput, YieldInput
@@ -205,12 +213,17 @@ async def test_a_waiting_acquire_starts_no_timer_of_its_own(
     await eventually(handle, lambda s: s.queue == ["b"])
     await release(handle, "a", first.epoch)
     await waiting
-    timers = [
+    timers = await started_timers(handle)
+    assert timers and timedelta(seconds=ACQUIRE_WAIT_SLICE_SECONDS) not in timers
+
+
+async def started_timers(handle: Handle) -> list[timedelta]:
+    """How long each timer the group started was to run, in history order."""
+    return [
         event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
         async for event in handle.fetch_history_events()
         if event.HasField("timer_started_event_attributes")
     ]
-    assert timers and timedelta(seconds=ACQUIRE_WAIT_SLICE_SECONDS) not in timers
 
 
 async def test_a_grant_arms_no_timer_for_the_wait_it_ended(
@@ -224,11 +237,7 @@ async def test_a_grant_arms_no_timer_for_the_wait_it_ended(
     grant = await acquire(handle, "a")
     assert grant.switch_seconds > 0  # it waited for a switch
     slice_seconds = timedelta(seconds=ACQUIRE_WAIT_SLICE_SECONDS)
-    timers = [
-        event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
-        async for event in handle.fetch_history_events()
-        if event.HasField("timer_started_event_attributes")
-    ]
+    timers = await started_timers(handle)
     assert timers
     assert not [t for t in timers if slice_seconds - timedelta(seconds=5) < t <= slice_seconds]
     await release(handle, "a", grant.epoch)

@@ -9,7 +9,7 @@ by side, and the scheduler under bench.scale 3-7 % less, back to back
 themselves run on the SDK's own deterministic loop either way: the choice
 changes nothing they decide.
 
-This module imports nothing of Temporal: the CLI reads its defaults while
+This module imports nothing of Temporal: the CLI reads its choices while
 building the parser, which the light client builds too.
 """
 
