@@ -17,7 +17,9 @@ defaults have it, or with ``--inline`` on the event loop, as the scheduler
 runs them (timeshare.workers.scheduler.activations_inline). It converts
 payloads with the SDK's own pydantic data converter, as the floor is the
 SDK's cost; the group layer, which stands for the scheduler, asks for
-timeshare's (``--data-converter timeshare``, timeshare.workers.data_converter).
+timeshare's (``--data-converter timeshare``, timeshare.workers.data_converter),
+and with it the scheduler's one-at-a-time external-storage visits
+(timeshare.workers.scheduler.external_storage_concurrency).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ from bench.floors import READY_LINE, WORKFLOW_QUEUE, FloorWorkflow
 from bench.handover_floors import HandOverFloorWorkflow, MessagesFloorWorkflow
 from timeshare.workers.children import die_with_parent_if_asked
 from timeshare.workers.data_converter import DATA_CONVERTER
+from timeshare.workers.scheduler import (
+    external_storage_concurrency,
+    sdk_external_storage_concurrency,
+)
 from timeshare.workers.service import connect_temporal
 from timeshare.workflows.group import GroupWorkflow
 
@@ -60,8 +66,12 @@ async def serve(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    client = await connect_temporal(
-        temporal, "default", data_converter=DATA_CONVERTERS[data_converter]
+    converter = DATA_CONVERTERS[data_converter]
+    client = await connect_temporal(temporal, "default", data_converter=converter)
+    storage = (
+        external_storage_concurrency(converter)
+        if converter is DATA_CONVERTER
+        else sdk_external_storage_concurrency()
     )
     async with Worker(
         client,
@@ -69,6 +79,7 @@ async def serve(
         workflows=[FloorWorkflow, HandOverFloorWorkflow, MessagesFloorWorkflow, GroupWorkflow],
         workflow_runner=runner(sandboxed),
         debug_mode=inline,
+        max_workflow_task_external_storage_concurrency=storage,
     ):
         print(READY_LINE, flush=True)
         await stop.wait()
@@ -88,7 +99,8 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument(
         "--data-converter", choices=sorted(DATA_CONVERTERS), default="sdk",
-        help="the SDK's pydantic data converter (the floor's), or timeshare's",
+        help="the SDK's pydantic data converter (the floor's), or timeshare's with the "
+        "scheduler's external-storage visits",
     )  # fmt: skip
     args = parser.parse_args()
     if args.sandboxed and args.inline:

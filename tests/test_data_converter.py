@@ -4,14 +4,21 @@ payloads byte for byte, without a new pydantic converter per clone."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from temporalio.api.common.v1 import Payload
 from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
 from temporalio.converter import (
     ActivitySerializationContext,
     DataConverter,
+    ExternalStorage,
     SerializationContext,
+    StorageDriver,
+    StorageDriverClaim,
+    StorageDriverRetrieveContext,
+    StorageDriverStoreContext,
     WorkflowSerializationContext,
 )
 
@@ -24,6 +31,7 @@ from timeshare.models import (
     SwitchOutput,
 )
 from timeshare.workers.data_converter import DATA_CONVERTER
+from timeshare.workers.scheduler import external_storage_concurrency
 from timeshare.workflows.group import GroupInput
 from timeshare.workflows.group_state import GroupState, StoredPolicy
 
@@ -107,3 +115,29 @@ def test_a_context_leaves_the_converter_as_the_sdk_would(context: SerializationC
     SDK ever make one of these parts take a context, this fails."""
     assert DATA_CONVERTER.with_context(context) is DATA_CONVERTER
     assert DataConverter.with_context(DATA_CONVERTER, context) is DATA_CONVERTER
+
+
+class UnusedStore(StorageDriver):
+    """A store the scheduler is never given: it only has to exist."""
+
+    def name(self) -> str:
+        return "unused"
+
+    async def store(
+        self, context: StorageDriverStoreContext, payloads: Sequence[Payload]
+    ) -> list[StorageDriverClaim]:
+        raise AssertionError("not called")
+
+    async def retrieve(
+        self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
+    ) -> list[Payload]:
+        raise AssertionError("not called")
+
+
+def test_the_scheduler_visits_external_storage_one_at_a_time_only_where_there_is_none() -> None:
+    """Without external storage its visits are plain calls (a concurrency of
+    1); a converter that stores payloads outside history keeps the SDK's
+    concurrency."""
+    assert external_storage_concurrency(DATA_CONVERTER) == 1
+    stored = dataclasses.replace(DATA_CONVERTER, external_storage=ExternalStorage([UnusedStore()]))
+    assert external_storage_concurrency(stored) > 1

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from datetime import timedelta
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
+from temporalio.converter import DataConverter
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
@@ -55,6 +57,27 @@ async def check_search_attributes(client: Client) -> None:
         )
 
 
+def external_storage_concurrency(converter: DataConverter) -> int:
+    """How many external-storage visits an activation runs at once. The SDK
+    visits every activation's payloads, and every completion's, for external
+    storage (payloads kept outside history) even where none is set; at its
+    default concurrency of 3 each visit of a payload list is an asyncio task
+    of its own, at 1 a plain call. timeshare's converter has no external
+    storage (workers/data_converter.py), so one at a time costs nothing and
+    saves about 4 % of the scheduler's CPU per hand-over (docs/benchmarks.md,
+    "fifteenth session"). A converter with external storage keeps the SDK's
+    default."""
+    return 1 if converter.external_storage is None else sdk_external_storage_concurrency()
+
+
+def sdk_external_storage_concurrency() -> int:
+    """The SDK's default, as its Worker declares it."""
+    parameter = inspect.signature(Worker).parameters[
+        "max_workflow_task_external_storage_concurrency"
+    ]
+    return int(parameter.default)
+
+
 def activations_inline(sandboxed: bool, deadlock_detection: bool) -> bool:
     """Whether the worker runs each workflow activation on its event loop
     rather than on a thread of its pool. Inline saves about a tenth of the
@@ -97,6 +120,9 @@ async def serve_scheduler(
         # The SDK's one way to run activations inline (it names it for
         # debuggers); nothing else of it applies outside the sandbox.
         debug_mode=inline,
+        max_workflow_task_external_storage_concurrency=external_storage_concurrency(
+            client.data_converter
+        ),
     )
     async with worker:
         where = f"task queue {SCHEDULER_TASK_QUEUE} on {temporal.describe()}"
