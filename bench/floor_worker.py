@@ -3,7 +3,7 @@ worker runs in its own: its CPU, read from /proc, is then comparable with the
 scheduler's (see bench.floors.measure_floor_cpu).
 
     python -m bench.floor_worker --temporal HOST:PORT [--sandboxed | --inline] [--task-queue Q]
-        [--data-converter sdk|timeshare]
+        [--settings sdk|scheduler]
 
 It also serves the hand-over-shaped layers of bench.handover_floors, the
 group layer's GroupWorkflow among them; each floor or layer that runs beside
@@ -14,11 +14,13 @@ The floor workflow runs unsandboxed (the SDK's own floor), or with
 ``--sandboxed`` in a sandbox like the scheduler's, to tell what the sandbox
 itself costs. Its activations run on the SDK's thread pool, as the SDK's
 defaults have it, or with ``--inline`` on the event loop, as the scheduler
-runs them (timeshare.workers.scheduler.activations_inline). It converts
-payloads with the SDK's own pydantic data converter, as the floor is the
-SDK's cost; the group layer, which stands for the scheduler, asks for
-timeshare's (``--data-converter timeshare``, timeshare.workers.data_converter),
-and with it the scheduler's one-at-a-time external-storage visits
+runs them (timeshare.workers.scheduler.activations_inline). Its client and
+worker keep the SDK's defaults, as the floor is the SDK's cost: the SDK's
+pydantic data converter, gzip on the wire, external-storage visits three at
+a time. The group layer, which stands for the scheduler, asks for the
+scheduler's own (``--settings scheduler``): timeshare's data converter
+(timeshare.workers.data_converter), no compression
+(timeshare.workers.temporal_settings), one visit at a time
 (timeshare.workers.scheduler.external_storage_concurrency).
 """
 
@@ -29,7 +31,6 @@ import asyncio
 import signal
 
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -42,12 +43,10 @@ from timeshare.workers.scheduler import (
     sdk_external_storage_concurrency,
 )
 from timeshare.workers.service import connect_temporal
+from timeshare.workers.temporal_settings import TemporalSettings
 from timeshare.workflows.group import GroupWorkflow
 
-DATA_CONVERTERS: dict[str, DataConverter] = {
-    "sdk": pydantic_data_converter,
-    "timeshare": DATA_CONVERTER,
-}
+SETTINGS = ("sdk", "scheduler")
 
 
 def runner(sandboxed: bool) -> SandboxedWorkflowRunner | UnsandboxedWorkflowRunner:
@@ -60,17 +59,21 @@ def runner(sandboxed: bool) -> SandboxedWorkflowRunner | UnsandboxedWorkflowRunn
 
 
 async def serve(
-    temporal: str, sandboxed: bool, inline: bool, task_queue: str, data_converter: str
+    temporal: str, sandboxed: bool, inline: bool, task_queue: str, settings: str
 ) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    converter = DATA_CONVERTERS[data_converter]
-    client = await connect_temporal(temporal, "default", data_converter=converter)
+    as_scheduler = settings == "scheduler"
+    converter = DATA_CONVERTER if as_scheduler else pydantic_data_converter
+    connection = TemporalSettings(address=temporal)  # the scheduler's compression
+    if not as_scheduler:
+        connection = connection.model_copy(update={"compression": "gzip"})  # the SDK's
+    client = await connect_temporal(connection, data_converter=converter)
     storage = (
         external_storage_concurrency(converter)
-        if converter is DATA_CONVERTER
+        if as_scheduler
         else sdk_external_storage_concurrency()
     )
     async with Worker(
@@ -98,16 +101,13 @@ def main() -> None:
         help="its own queue where two floors run side by side (default %(default)s)",
     )  # fmt: skip
     parser.add_argument(
-        "--data-converter", choices=sorted(DATA_CONVERTERS), default="sdk",
-        help="the SDK's pydantic data converter (the floor's), or timeshare's with the "
-        "scheduler's external-storage visits",
+        "--settings", choices=SETTINGS, default="sdk",
+        help="the client's and worker's: the SDK's defaults (the floor's), or the scheduler's",
     )  # fmt: skip
     args = parser.parse_args()
     if args.sandboxed and args.inline:
         parser.error("--inline runs outside the sandbox, as the scheduler does")
-    asyncio.run(
-        serve(args.temporal, args.sandboxed, args.inline, args.task_queue, args.data_converter)
-    )
+    asyncio.run(serve(args.temporal, args.sandboxed, args.inline, args.task_queue, args.settings))
 
 
 if __name__ == "__main__":

@@ -194,9 +194,9 @@ class PacedFloor:
     async def __aenter__(self) -> PacedFloor:
         layer, concurrency = self.layer, max(100, self._workflows)
         queue = layer.task_queue if layer else WORKFLOW_QUEUE
-        converter = "timeshare" if layer and layer.group else "sdk"
+        settings = "scheduler" if layer and layer.group else "sdk"
         self._worker = start_floor_worker(self._temporal, self._log, inline=self.inline,
-                                          task_queue=queue, data_converter=converter)  # fmt: skip
+                                          task_queue=queue, settings=settings)  # fmt: skip
         self._stack.callback(stop_process, self._worker)
         activities = (
             layer.activity_worker(self._client, concurrency)
@@ -317,13 +317,13 @@ class PacedFloor:
 
 def start_floor_worker(
     temporal: str, log_path: Path, sandboxed: bool = False, inline: bool = False,
-    task_queue: str = WORKFLOW_QUEUE, data_converter: str = "sdk",
+    task_queue: str = WORKFLOW_QUEUE, settings: str = "sdk",
 ) -> subprocess.Popen[bytes]:  # fmt: skip
-    """``data_converter``: ``sdk`` for the floors, ``timeshare`` for a worker
-    that stands for the scheduler (bench.floor_worker)."""
+    """``settings``: ``sdk`` for the floors, ``scheduler`` for a worker that
+    stands for the scheduler (bench.floor_worker)."""
     command = [
         sys.executable, "-m", "bench.floor_worker", f"--temporal={temporal}",
-        f"--task-queue={task_queue}", f"--data-converter={data_converter}",
+        f"--task-queue={task_queue}", f"--settings={settings}",
     ]  # fmt: skip
     if sandboxed:
         command.append("--sandboxed")

@@ -17,9 +17,10 @@ own layer's.
   is now contended and renews its lease), and the new holder.
 - ``group``: timeshare's GroupWorkflow itself, sent the same updates by the
   benchmark directly (no gateway), its switch served by a no-op activity.
-  Its worker converts payloads with timeshare's data converter, as the
-  scheduler does (timeshare.workers.data_converter); the other layers and
-  the floors keep the SDK's own pydantic converter.
+  Its worker runs on the scheduler's client and worker settings (timeshare's
+  data converter, no gRPC compression, one external-storage visit at a
+  time: bench.floor_worker ``--settings scheduler``); the other layers and
+  the floors keep the SDK's defaults.
 """
 
 from __future__ import annotations

@@ -1,13 +1,17 @@
 """Temporal connection settings through Temporal's own environment configuration:
 flags over TEMPORAL_* variables over the config file's profile, the older
-TIMESHARE_* variables as deprecated aliases, and one line for what is wrong."""
+TIMESHARE_* variables as deprecated aliases, and one line for what is wrong;
+and what a connection made with them sends."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import grpc
 import pytest
+from temporalio.api.workflowservice.v1 import GetSystemInfoResponse
 
+from timeshare.workers.service import StartupError, connect_temporal
 from timeshare.workers.temporal_settings import SettingsError, load_temporal_settings
 
 PROFILES = """
@@ -120,3 +124,51 @@ def test_unknown_keys_in_the_config_file_are_named(tmp_path: Path) -> None:
     with pytest.raises(SettingsError) as refused:
         load_temporal_settings({"config_file": config}, {})
     assert "colour" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_compression_is_none_unless_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    assert load_temporal_settings({}, {}).compression == "none"
+    by_env = load_temporal_settings({}, {"TIMESHARE_TEMPORAL_COMPRESSION": "gzip"})
+    assert by_env.compression == "gzip"
+    by_flag = load_temporal_settings(
+        {"compression": "none"}, {"TIMESHARE_TEMPORAL_COMPRESSION": "gzip"}
+    )
+    assert by_flag.compression == "none"
+    with pytest.raises(SettingsError) as refused:
+        load_temporal_settings({"compression": "zstd"}, {})
+    assert "--temporal-compression" in str(refused.value) and "'zstd'" in str(refused.value)
+
+
+class IdentityOnlyFrontend(grpc.GenericRpcHandler):
+    """Temporal's frontend as far as connecting goes (GetSystemInfo), on real
+    gRPC over loopback: it records each call's metadata, and its server
+    refuses compressed requests."""
+
+    def __init__(self) -> None:
+        self.metadata: list[dict[str, str | bytes]] = []
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[bytes, bytes]:
+        self.metadata.append(dict(details.invocation_metadata or ()))
+        return grpc.unary_unary_rpc_method_handler(
+            lambda request, context: GetSystemInfoResponse().SerializeToString()
+        )
+
+
+async def test_connections_send_the_metadata_and_compress_only_when_asked() -> None:
+    """TEMPORAL_GRPC_META_* reach the server (they were read, then dropped);
+    requests go uncompressed by default, gzip-compressed when asked."""
+    frontend = IdentityOnlyFrontend()
+    # Only the identity algorithm (bit 0): a gzip-compressed request is refused.
+    server = grpc.aio.server(options=[("grpc.compression_enabled_algorithms_bitset", 1)])
+    server.add_generic_rpc_handlers([frontend])
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        environ = {"TEMPORAL_ADDRESS": f"127.0.0.1:{port}", "TEMPORAL_GRPC_META_X_TEAM": "rl"}
+        await connect_temporal(load_temporal_settings({}, environ))
+        assert frontend.metadata[-1].get("x-team") == "rl", frontend.metadata
+        gzip = load_temporal_settings({"compression": "gzip"}, environ)
+        with pytest.raises(StartupError, match="'gzip' is disabled"):
+            await connect_temporal(gzip)
+    finally:
+        await server.stop(None)

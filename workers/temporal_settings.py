@@ -9,6 +9,14 @@ the defaults (localhost:7233, namespace default). Flags are applied as those
 same variables, so envconfig alone merges every source and reads every
 certificate. The older `TIMESHARE_TEMPORAL*` variables still work, each with a
 deprecation line.
+
+One setting is timeshare's own, as envconfig has none for it: gRPC
+compression (`--temporal-compression`, `TIMESHARE_TEMPORAL_COMPRESSION`),
+`none` unless asked. The SDK's default, gzip, compresses every poll and
+every workflow task's completion, and has the server compress its answers:
+about 4 % of the scheduler's CPU per hand-over (docs/benchmarks.md,
+"fifteenth session") for messages of a few hundred bytes. `gzip` suits a
+Temporal reached over a slow link.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from temporalio.envconfig import ClientConfigProfile
@@ -39,6 +47,10 @@ FLAG_VARIABLES = {
     "tls_key": "TEMPORAL_TLS_CLIENT_KEY_PATH",
     "tls_server_name": "TEMPORAL_TLS_SERVER_NAME",
 }
+# Settings envconfig does not know: the flag's setting name -> timeshare's variable.
+OWN_VARIABLES = {"compression": "TIMESHARE_TEMPORAL_COMPRESSION"}
+Compression = Literal["none", "gzip"]
+COMPRESSIONS: tuple[str, ...] = get_args(Compression)
 # Variables of earlier releases -> the standard variable that replaces each.
 DEPRECATED_VARIABLES = {
     "TIMESHARE_TEMPORAL": "TEMPORAL_ADDRESS",
@@ -74,6 +86,7 @@ class TemporalSettings(BaseModel):
     tls: TLSConfig | bool = Field(default=False, repr=False)
     rpc_metadata: dict[str, str] = Field(default_factory=dict, repr=False)
     profile: str = "default"
+    compression: Compression = "none"
 
     @property
     def uses_tls(self) -> bool:
@@ -102,9 +115,11 @@ def load_temporal_settings(
     for name, value in flags.items():
         if value is None or value is False:
             continue
-        if name not in FLAG_VARIABLES:
+        variable = FLAG_VARIABLES.get(name) or OWN_VARIABLES.get(name)
+        if variable is None:
             raise SettingsError(f"unknown Temporal setting {name!r}")
-        variables[FLAG_VARIABLES[name]] = "true" if value is True else str(value)
+        variables[variable] = "true" if value is True else str(value)
+    compression = _compression(variables)
     config_file = variables.get("TEMPORAL_CONFIG_FILE")
     if config_file and not Path(config_file).is_file():
         raise SettingsError(f"Temporal config file {config_file} does not exist")
@@ -133,9 +148,20 @@ def load_temporal_settings(
             tls=connect.get("tls", False),
             rpc_metadata=dict(connect.get("rpc_metadata", {})),
             profile=variables.get("TEMPORAL_PROFILE") or "default",
+            compression=compression,
         )
     except ValidationError as error:
         raise SettingsError(_problems(error)) from None
+
+
+def _compression(variables: Mapping[str, str]) -> Compression:
+    value = variables.get(OWN_VARIABLES["compression"]) or "none"
+    if value not in COMPRESSIONS:
+        raise SettingsError(
+            f"--temporal-compression / {OWN_VARIABLES['compression']}: {value!r} is not "
+            f"one of {', '.join(COMPRESSIONS)}"
+        )
+    return cast(Compression, value)
 
 
 def _with_deprecated_variables(variables: dict[str, str]) -> dict[str, str]:

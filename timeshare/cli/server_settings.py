@@ -67,6 +67,12 @@ def add_temporal_options(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="file holding an API key, e.g. Temporal Cloud's (env TEMPORAL_API_KEY)",
     )
+    temporal.add_argument(
+        "--temporal-compression",
+        metavar="{none,gzip}",
+        help="gRPC compression (env TIMESHARE_TEMPORAL_COMPRESSION; default none; "
+        "gzip for a slow link)",
+    )
 
 
 def temporal_settings(args: argparse.Namespace) -> TemporalSettings:
@@ -90,6 +96,7 @@ def temporal_settings(args: argparse.Namespace) -> TemporalSettings:
         "tls_key": args.temporal_tls_key,
         "tls_server_name": args.temporal_tls_server_name,
         "api_key": api_key,
+        "compression": args.temporal_compression,
     }
     return load_temporal_settings(flags)
 
