@@ -67,9 +67,8 @@ async def serve(
         loop.add_signal_handler(signum, stop.set)
     as_scheduler = settings == "scheduler"
     converter = DATA_CONVERTER if as_scheduler else pydantic_data_converter
-    connection = TemporalSettings(address=temporal)  # the scheduler's compression
-    if not as_scheduler:
-        connection = connection.model_copy(update={"compression": "gzip"})  # the SDK's
+    # The scheduler's compression, or the SDK's default.
+    connection = TemporalSettings(address=temporal, compression="none" if as_scheduler else "gzip")
     client = await connect_temporal(connection, data_converter=converter)
     storage = (
         external_storage_concurrency(converter)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from temporalio.client import Client
 from temporalio.converter import DataConverter
-from temporalio.service import GrpcCompression, RetryConfig
+from temporalio.service import RetryConfig
 
 from timeshare.workers.data_converter import DATA_CONVERTER
 from timeshare.workers.event_loop import ASYNCIO, loop_factory
@@ -31,7 +31,6 @@ class StartupError(Exception):
 # would stay away for up to 5 s more while every lease keeps running. Retry
 # at least once a second instead. (Worker polls keep the SDK's own back-off.)
 RETRY = RetryConfig(max_interval_millis=1000, max_retries=30)
-COMPRESSION = {"none": GrpcCompression.NONE, "gzip": GrpcCompression.GZIP}
 
 
 async def connect_temporal(
@@ -58,7 +57,7 @@ async def connect_temporal(
             runtime=telemetry.runtime if telemetry and telemetry.runtime else None,
             retry_config=RETRY,
             rpc_metadata=settings.rpc_metadata,
-            grpc_compression=COMPRESSION[settings.compression],
+            grpc_compression=settings.grpc_compression(),
         )
     except Exception as error:
         raise StartupError(

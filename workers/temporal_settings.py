@@ -29,7 +29,7 @@ from typing import Any, Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from temporalio.envconfig import ClientConfigProfile
-from temporalio.service import TLSConfig
+from temporalio.service import GrpcCompression, TLSConfig
 
 DEFAULT_ADDRESS = "localhost:7233"
 DEFAULT_NAMESPACE = "default"
@@ -94,6 +94,9 @@ class TemporalSettings(BaseModel):
 
     def tls_config(self) -> TLSConfig | bool:
         return self.tls
+
+    def grpc_compression(self) -> GrpcCompression:
+        return GrpcCompression.GZIP if self.compression == "gzip" else GrpcCompression.NONE
 
     def describe(self) -> str:
         """For logs: never the key."""
