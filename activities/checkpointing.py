@@ -349,8 +349,15 @@ class ProcessCheckpointBackend(Backend):
         with self._host_memory_for(group, job, memory, on_device) as moving:
             # Phase one: every rank locked. Phase two: every rank checkpointed, at once.
             await self._lock_all(group, job, states)
-            moved = await self._each(group, job, "checkpoint", on_device, memory)
-            await self._check_all(group, job, CudaState.CHECKPOINTED, "checkpoint")
+            try:
+                moved = await self._each(group, job, "checkpoint", on_device, memory)
+                await self._check_all(group, job, CudaState.CHECKPOINTED, "checkpoint")
+            except (JobFailed, StateUnknown):
+                raise  # nothing may act on the job now
+            except BackendError as error:
+                if not self.processes.released(group, job):
+                    raise  # a member: the retry moves only what is left
+                raise BackendError(f"{error}{await self._resume(group, job)}") from None
             self._parked[(group, job)] = moving
         return self._action(job, "checkpoint", start, moved)
 
@@ -389,20 +396,12 @@ class ProcessCheckpointBackend(Backend):
             # Where it is not known to fit the driver decides: a restore that
             # finds no room fails and leaves the process checkpointed
             # ([API] "The GPU to restore onto needs to have enough memory").
-            outcomes = await asyncio.gather(
-                *(self._act_and_time("restore", pid) for pid in parked), return_exceptions=True
-            )
-            done += [f"restore of {pid}: {o}" for pid, o in zip(parked, outcomes, strict=True)
-                     if isinstance(o, BaseException)]  # fmt: skip
+            done += await self._try_each("restore", parked)
         locked = [
             pid for pid, state in (await self.states(group, job, allow_failed=True)).items()
             if state == CudaState.LOCKED
         ]  # fmt: skip
-        outcomes = await asyncio.gather(
-            *(self._act_and_time("unlock", pid) for pid in locked), return_exceptions=True
-        )
-        done += [f"unlock of {pid}: {o}" for pid, o in zip(locked, outcomes, strict=True)
-                 if isinstance(o, BaseException)]  # fmt: skip
+        done += await self._try_each("unlock", locked)
         after = await self.states(group, job, allow_failed=True)
         if not any(state == CudaState.CHECKPOINTED for state in after.values()):
             self._parked.pop((group, job), None)
@@ -414,7 +413,35 @@ class ProcessCheckpointBackend(Backend):
             done=done,
         )
 
+    async def _resume(self, group: str, job: str) -> str:
+        """After a checkpoint of a job that left its group failed part-way:
+        bring back the ranks it moved and unlock every rank, since nobody
+        would ever unlock them (the scheduler evicts a job whose state keeps
+        failing to move, then tries its switch once more; [CRIU] cuda_plugin
+        likewise resumes the devices of a task whose dump failed). Says what
+        could not be undone."""
+        states = await self.states(group, job, allow_failed=True)
+        undone = await self._try_each(
+            "restore", [pid for pid, state in states.items() if state == CudaState.CHECKPOINTED]
+        )
+        states = await self.states(group, job, allow_failed=True)
+        undone += await self._try_each(
+            "unlock", [pid for pid, state in states.items() if state == CudaState.LOCKED]
+        )
+        if not undone:
+            return "; the job runs on, its state on the device"
+        return f"; and it could not be resumed ({'; '.join(undone)})"
+
     # -- helpers -------------------------------------------------------------------
+
+    async def _try_each(self, action: str, pids: list[int]) -> list[str]:
+        """The action on each process at once; what failed, and why."""
+        pids = sorted(pids)
+        outcomes = await asyncio.gather(
+            *(self._act_and_time(action, pid) for pid in pids), return_exceptions=True
+        )
+        return [f"{action} of {pid}: {o}" for pid, o in zip(pids, outcomes, strict=True)
+                if isinstance(o, BaseException)]  # fmt: skip
 
     async def _act_and_time(self, action: str, pid: int) -> float:
         start = time.monotonic()

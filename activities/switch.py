@@ -147,16 +147,20 @@ class SwitchActivities:
             # nobody would ever unlock it.
             kept = [job for job in room.keep if not self.processes.released(group, job)]
             actions = [
-                await _step(self.backend.lock(group, job), CHECKPOINT_FAILED) for job in kept
+                await _step(self.backend.lock(group, job), CHECKPOINT_FAILED, job) for job in kept
             ]
             actions += [
                 await _step(
-                    self.backend.checkpoint(group, job, self._mode(group, job)), CHECKPOINT_FAILED
+                    self.backend.checkpoint(group, job, self._mode(group, job)),
+                    CHECKPOINT_FAILED,
+                    job,
                 )
                 for job in room.evict
             ]
             if move.admit:
-                actions.append(await _step(self.backend.restore(group, move.admit), RESTORE_FAILED))
+                actions.append(
+                    await _step(self.backend.restore(group, move.admit), RESTORE_FAILED, move.admit)
+                )
         activity.logger.info(
             "group %s epoch %d: node %s admitted %s (evicted %s; co-resident %s)",
             group,
@@ -195,7 +199,9 @@ class SwitchActivities:
         async with _heartbeating():
             actions = [
                 await _step(
-                    self.backend.quiesce(group, job, self._mode(group, job)), CHECKPOINT_FAILED
+                    self.backend.quiesce(group, job, self._mode(group, job)),
+                    CHECKPOINT_FAILED,
+                    job,
                 )
                 for job in sorted(input.move.evict)
             ]
@@ -331,7 +337,9 @@ def release_summary(
     return " ".join(parts).replace(" ;", ";")
 
 
-async def _step(action: Awaitable[BackendAction], failure_type: str) -> BackendAction:
+async def _step(action: Awaitable[BackendAction], failure_type: str, job: str) -> BackendAction:
+    """One backend action of a switch on ``job``; a failure names the job in
+    its details, so that the workflow knows whose state could not move."""
     with tracer.start_as_current_span(f"timeshare.{PHASE_OF_FAILURE[failure_type]}") as span:
         try:
             done = await action
@@ -351,7 +359,7 @@ async def _step(action: Awaitable[BackendAction], failure_type: str) -> BackendA
             raise ApplicationError(str(failed), failed.job, type=HOOK_FAILED) from None
         except BackendError as error:
             span.set_status(trace.StatusCode.ERROR, str(error))
-            raise ApplicationError(str(error), type=failure_type) from None
+            raise ApplicationError(str(error), job, type=failure_type) from None
         # A co-resident job is locked, not checkpointed; name what was done.
         span.update_name(f"timeshare.{done.action}")
         span.set_attributes({"timeshare.job": done.job, "timeshare.bytes": done.bytes})

@@ -43,6 +43,7 @@ METRICS = (
     Metric("timeshare.acquire.wait", "histogram", "seconds", "group job"),
     Metric("timeshare.turn.duration", "histogram", "seconds", "group job"),
     Metric("timeshare.queue.depth", "gauge", "", "group"),
+    Metric("timeshare.switch.failing", "gauge", "", "group cause"),
     Metric("timeshare.bytes.moved", "counter", "bytes", "group node"),
     Metric("timeshare.gpu.utilization", "gauge", "", "node gpu"),
     Metric("timeshare.gpu.memory.used", "gauge", "bytes", "node gpu"),

@@ -18,7 +18,10 @@ from timeshare.workflows.group_state import (
     StoredSwitch,
     SwitchPlan,
 )
-from timeshare.workflows.lockqueue import LockQueue, QueueError
+from timeshare.workflows.lockqueue import FailedMove, LockQueue, QueueError
+
+# Short, so that random traffic reaches the give-up of failing switches.
+GIVE_UP_SECONDS = 5.0
 
 
 def queue_with(*jobs: tuple[str, list[str]]) -> LockQueue:
@@ -254,7 +257,10 @@ class LockQueueMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        policy = GroupPolicy(lease_seconds=30, max_turn_seconds=20, preempt_grace_seconds=5)
+        policy = GroupPolicy(
+            lease_seconds=30, max_turn_seconds=20, preempt_grace_seconds=5,
+            switch_give_up_seconds=GIVE_UP_SECONDS,
+        )  # fmt: skip
         self.queue = LockQueue(GroupState(group="g", policy=StoredPolicy.stored(policy)))
         self.now = 0.0
         self.grants: list[tuple[int, int]] = []  # (epoch, ticket)
@@ -349,9 +355,26 @@ class LockQueueMachine(RuleBasedStateMachine):
             if outcome == "restore fails":
                 for node in failed:  # checkpointed, but nothing came back
                     self.device[node] = set()
-            self.queue.switch_failed(outcome, done, failed)
-            if outcome == "restore fails":
-                self.queue.abort_switch("could not restore", self.tick())
+            failures = [
+                FailedMove(
+                    node=move.node,
+                    cause=outcome,
+                    stuck=move.evict[0] if move.evict and outcome != "restore fails" else "",
+                    restore_failed=outcome == "restore fails",
+                )
+                for move in plan.moves
+                if move.node in failed
+            ]
+            verdict = self.queue.switch_failed(failures, done, failed, self.tick())
+            # A failed restore ends the request at once; other failures only
+            # once the run of failures has lasted the give-up time, and then
+            # always: nobody waits on a failing switch for ever.
+            assert verdict.given_up or outcome != "restore fails"
+            assert verdict.given_up == (self.queue.state.switching is None)
+            run = self.queue.state.failing
+            if not verdict.given_up and not verdict.evicted:
+                assert run is not None and self.now - run.since < GIVE_UP_SECONDS
+                assert 0 < verdict.pause <= self.now - run.since + GIVE_UP_SECONDS
         self.record()
 
     @precondition(lambda self: self.queue.state.switching is not None)
@@ -388,7 +411,9 @@ class LockQueueMachine(RuleBasedStateMachine):
             failed = data.draw(st.lists(st.sampled_from(nodes), min_size=1, unique=True))
             done = [node for node in nodes if node not in failed]
             self.move_state(plan.moves, done)
-            self.queue.switch_failed("checkpoint fails", done, failed)
+            failures = [FailedMove(node=node, cause="checkpoint fails") for node in failed]
+            verdict = self.queue.switch_failed(failures, done, failed, self.tick())
+            assert not verdict.given_up and not verdict.evicted  # nobody waits for a prefetch
             self.queue.abort_switch("", self.tick())
         self.record()
 

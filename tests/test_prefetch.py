@@ -15,7 +15,7 @@ from timeshare.activities.sim import SimBackend
 from timeshare.models import GroupPolicy, JobInput
 from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.group_state import RULES_POLICIES, GroupState, StoredPolicy
-from timeshare.workflows.lockqueue import LockQueue, QueueError
+from timeshare.workflows.lockqueue import FailedMove, LockQueue, QueueError
 
 # A GRPO-like job: sampling, the reward on the CPU, then training and at once
 # the next iteration's sampling; two such jobs take turns.
@@ -126,8 +126,8 @@ def test_a_failed_prefetch_refuses_nobody_and_leaves_what_the_node_said() -> Non
     queue = policy_queue()
     now = learned(queue)
     queue.begin_prefetch("a", now)
-    queue.switch_failed("restore failed", done=[], failed=["n1"])
-    queue.abort_switch("restore failed", now + 0.1)
+    failure = FailedMove(node="n1", cause="restore failed", restore_failed=True)
+    queue.switch_failed([failure], done=[], failed=["n1"], now=now + 0.1)
     assert queue.state.switching is None and not queue.state.aborted_requests
     assert set(queue.state.jobs) == {"a", "b"}
     # The node's state is uncertain: the next grant there switches first.

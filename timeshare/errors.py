@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import grpc
 
 from timeshare.refusals import Refusal
@@ -48,6 +50,23 @@ class Aborted(TimeshareError):
     """The job was evicted or its state could not be restored."""
 
     code: str = Refusal.ABORTED
+
+
+class SwitchFailed(Aborted):
+    """The switch that would have given this job its turn kept failing and
+    was given up: ``job`` names the job whose state could not be moved (this
+    job's own where its state could not come back), ``cause`` what the node
+    said. Acquire again once the cause is mended."""
+
+    def __init__(self, message: str, job: str = "", cause: str = "") -> None:
+        super().__init__(message)
+        self.job = job
+        self.cause = cause
+
+
+# The trailing metadata key under which the gateway sends SwitchFailed's
+# fields, as JSON: {"job": ..., "cause": ...}.
+SWITCH_FAILED_METADATA = "timeshare-switch-failed"
 
 
 class ResourceExhausted(TimeshareError):
@@ -104,8 +123,24 @@ def from_rpc_error(error: grpc.RpcError, address: str) -> TimeshareError:
             f"no timeshare gateway answers at {address} ({details}); start one with "
             "`timeshare up`, or set TIMESHARE_ADDRESS"
         )
+    switch = _switch_failure(error) if code == grpc.StatusCode.ABORTED else None
+    if switch is not None:
+        return SwitchFailed(details, job=switch.get("job", ""), cause=switch.get("cause", ""))
     error_class = _BY_CODE.get(code.name, TimeshareError)
     result = error_class(details)
     if error_class is TimeshareError:
         result.code = code.name
     return result
+
+
+def _switch_failure(error: grpc.RpcError) -> dict[str, str] | None:
+    """SwitchFailed's fields from the call's trailing metadata, if it has them."""
+    trailing = getattr(error, "trailing_metadata", None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key == SWITCH_FAILED_METADATA:
+            try:
+                fields = json.loads(value)
+            except (TypeError, ValueError):
+                return None
+            return {k: str(v) for k, v in fields.items()} if isinstance(fields, dict) else None
+    return None

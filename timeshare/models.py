@@ -58,6 +58,11 @@ class GroupPolicy(BaseModel):
     # A waiter that outranks the holder asks it to yield at once, and after
     # this long preempts it (0: never).
     preempt_lower_after_seconds: float = Field(default=0.0, ge=0.0, le=86400.0)
+    # A switch that keeps failing is given up after this long: the job whose
+    # state cannot be moved is evicted (its processes run again, never
+    # killed), and the waiting job gets the GPU if it fits, else an error
+    # naming the cause. Never forever: a waiter always hears an answer.
+    switch_give_up_seconds: float = Field(default=120.0, ge=1.0, le=86400.0)
 
     # The GPU indices the group's jobs use on each of their nodes; empty: all
     # of them. A GPU belongs to one group at a time (checked at join).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -15,6 +16,7 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from timeshare.errors import SWITCH_FAILED_METADATA
 from timeshare.names import group_workflow_id
 from timeshare.refusals import Refusal
 
@@ -112,6 +114,19 @@ def status_for(error: BaseException, group: str) -> tuple[grpc.StatusCode, str] 
     return None
 
 
+def trailing_metadata_for(error: BaseException) -> tuple[tuple[str, str], ...]:
+    """What a typed client error carries beside the status: the job and cause
+    of a switch that could not be made (timeshare.errors.SwitchFailed)."""
+    cause = error.cause if isinstance(error, WorkflowUpdateFailedError) else None
+    if not isinstance(cause, ApplicationError) or cause.type != Refusal.ABORTED:
+        return ()
+    details = cause.details[0] if cause.details else None
+    if not isinstance(details, dict) or not {"job", "cause"} <= details.keys():
+        return ()
+    fields = {"job": str(details["job"]), "cause": str(details["cause"])}
+    return ((SWITCH_FAILED_METADATA, json.dumps(fields)),)
+
+
 def stuck_group_message(group: str) -> str:
     return (
         f"group {group!r} is stuck: the scheduler fails its workflow task (see the "
@@ -134,7 +149,7 @@ def rpc(method: Method[Servicer, Request, Response]) -> Method[Servicer, Request
                 WorkflowQueryFailedError, RPCError) as error:  # fmt: skip
             status = status_for(error, getattr(request, "group", ""))
             assert status is not None
-            await context.abort(*status)
+            await context.abort(*status, trailing_metadata=trailing_metadata_for(error))
             raise  # unreachable: abort raises
 
     return wrapper

@@ -23,6 +23,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 with workflow.unsafe.imports_passed_through():
     from timeshare.history import GroupHistory
     from timeshare.models import (
+        CHECKPOINT_FAILED,
         HOOK_FAILED,
         JOB_FAILED,
         RESTORE_FAILED,
@@ -60,14 +61,13 @@ with workflow.unsafe.imports_passed_through():
         StoredSwitch,
         SwitchPlan,
     )
-    from timeshare.workflows.lockqueue import LockQueue, QueueError, Snapshot
+    from timeshare.workflows.lockqueue import FailedMove, LockQueue, QueueError, Snapshot
     from timeshare.workflows.visibility import LEAN_PATCH, YIELD_EPOCH_MEMO, GroupVisibility
 
 # An acquire waits inside one update at most this long, then returns "still
 # waiting" and the gateway asks again: no update stays open for long, so the
 # workflow can continue as new while jobs wait.
 ACQUIRE_WAIT_SLICE_SECONDS = 60.0
-SWITCH_RETRY_PAUSE_MAX_SECONDS = 30.0
 # A plan failing this many times is set aside and planned afresh.
 SWITCH_PLAN_ATTEMPTS = 5
 # A switch activity is retried by Temporal this often before the workflow
@@ -147,6 +147,16 @@ class MoveFailure(BaseModel):
     failed_job: str = ""
     # The job whose own workload hooks failed its checkpoint, if that was the cause.
     hook_job: str = ""
+    # The job whose state the node could not move off (its lock or checkpoint failed).
+    stuck_job: str = ""
+
+    def as_failed_move(self) -> FailedMove:
+        return FailedMove(
+            node=self.node,
+            cause=self.cause,
+            stuck=self.stuck_job,
+            restore_failed=self.restore_failed,
+        )
 
 
 @workflow.defn(name="GroupWorkflow")
@@ -367,7 +377,10 @@ class GroupWorkflow:
             raise  # a rejection the handler chose, with the state it meant to leave
         except QueueError as refusal:
             self._undo(before)
-            raise ApplicationError(refusal.message, type=refusal.code, non_retryable=True) from None
+            details = [refusal.details] if refusal.details else []
+            raise ApplicationError(
+                refusal.message, *details, type=refusal.code, non_retryable=True
+            ) from None
         except Exception as bug:
             undone = self._undo(before)
             workflow.logger.exception(
@@ -659,23 +672,24 @@ class GroupWorkflow:
                 )
                 self._queue.finish_switch(self._now(), restored)
                 return
-            cause = "; ".join(f"node {f.node}: {f.cause}" for f in failures)
             group = self._queue.state.group
             workflow.logger.warning(
-                "group %s: switch to %s failed: %s", group, plan.waiter.job, cause
-            )
-            self._queue.switch_failed(
-                cause,
+                "group %s: switch to %s failed: %s", group, plan.waiter.job,
+                "; ".join(f"node {f.node}: {f.cause}" for f in failures),
+            )  # fmt: skip
+            verdict = self._queue.switch_failed(
+                [f.as_failed_move() for f in failures],
                 done=[r.node for r in results if isinstance(r, SwitchOutput)],
                 # A quiesce that failed moved nothing: the nodes hold what they held.
                 failed=[f.node for f in failures] if results else [],
+                now=self._now(),
             )
-            if all(f.restore_failed for f in failures):
-                # Every other job's state is off these nodes, but this job's
-                # state could not come back: it cannot have its turn.
-                self._queue.abort_switch(f"its state could not be restored: {cause}", self._now())
-                return
-            pause = min(SWITCH_RETRY_PAUSE_MAX_SECONDS, 2.0**plan.attempts)
+            if verdict.given_up or verdict.evicted:
+                self._release_left_jobs()
+                if verdict.given_up:
+                    return
+                continue
+            pause = verdict.pause
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
                     lambda: not self._queue.switch_plan_stands(),
@@ -761,6 +775,13 @@ class GroupWorkflow:
                 failed_job = str(cause.details[0])
             if isinstance(cause, ApplicationError) and cause.type == HOOK_FAILED and cause.details:
                 hook_job = str(cause.details[0])
+            stuck_job = ""
+            if (
+                isinstance(cause, ApplicationError)
+                and cause.type == CHECKPOINT_FAILED
+                and cause.details
+            ):
+                stuck_job = str(cause.details[0])
             if phase == "switch":
                 self._record_move(plan, move, started, None, reason)
             return MoveFailure(
@@ -769,6 +790,7 @@ class GroupWorkflow:
                 restore_failed=restore_failed,
                 failed_job=failed_job,
                 hook_job=hook_job,
+                stuck_job=stuck_job,
             )
         if phase == "switch":
             self._record_move(plan, move, started, output, "")

@@ -66,6 +66,7 @@ class StoredPolicy(StoredModel):
     aging_seconds: float = 0.0
     phase_priority: dict[str, int] = Field(default_factory=dict)
     preempt_lower_after_seconds: float = 0.0
+    switch_give_up_seconds: float = 120.0
 
     @property
     def idle_lease(self) -> float:
@@ -216,6 +217,31 @@ class SwitchPlan(StoredModel):
         ]
 
 
+class SwitchFailing(StoredModel):
+    """A run of failed switch attempts, kept across plans until one succeeds
+    or the scheduler gives up (LockQueue.switch_failed)."""
+
+    since: float
+    last_at: float = 0.0
+    attempts: int = 0
+    cause: str = ""
+    # The jobs whose state a node could not move off (checkpoint or lock
+    # failed), by job: the node and the cause. Evicted when the run is given up.
+    stuck: dict[str, str] = Field(default_factory=dict)
+    # The stuck jobs were evicted at give-up: the next failure ends the wait.
+    stuck_evicted: bool = False
+
+
+class SwitchAbort(StoredModel):
+    """Why a waiter's request was ended by a switch that could not be made:
+    what the client's SwitchFailed error carries."""
+
+    # The job whose state could not be moved (the waiter's own for a failed
+    # restore), and what the node said.
+    job: str
+    cause: str
+
+
 class GroupState(StoredModel):
     """Everything the scheduler knows about a group; carried across continue-as-new."""
 
@@ -259,6 +285,10 @@ class GroupState(StoredModel):
     # Jobs that left the group (leave, eviction, lease, exit), and the nodes
     # whose agents have yet to release their processes.
     releasing: dict[str, list[str]] = Field(default_factory=dict)
+    # Failed switch attempts since the last switch that worked (None: none).
+    failing: SwitchFailing | None = None
+    # Requests ended by a switch that could not be made, by request id.
+    switch_aborts: dict[str, SwitchAbort] = Field(default_factory=dict)
 
     @field_validator("schema_version")
     @classmethod

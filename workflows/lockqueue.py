@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from timeshare.history import HISTORY_SWITCHES, HISTORY_TURNS, GroupHistory
 from timeshare.models import GroupStateName, GroupStatus, HeartbeatOutput, JobStatus
@@ -48,6 +48,8 @@ from timeshare.workflows.group_state import (
     StoredMove,
     StoredSwitch,
     StoredTurn,
+    SwitchAbort,
+    SwitchFailing,
     SwitchPlan,
     Waiter,
 )
@@ -62,6 +64,11 @@ LEGACY, IDLE, HELD = "legacy", "idle", "held"
 # Marks a node whose state a failed switch left uncertain: any job needs a
 # switch there before it may be granted.
 UNKNOWN_RESIDENT = "?"
+# The longest pause between two attempts of a failing switch.
+SWITCH_RETRY_PAUSE_MAX_SECONDS = 30.0
+# A failure this long after the last one starts a new run of failures: the
+# longest pause between attempts, and then some.
+SWITCH_RUN_GAP_SECONDS = 2 * SWITCH_RETRY_PAUSE_MAX_SECONDS
 # Phases whose ask gaps a job keeps (the oldest is forgotten first).
 MAX_PHASES_REMEMBERED = 16
 # A request later than expected by more than this share of its usual gap,
@@ -89,15 +96,44 @@ class GroupSummary:
     ordering: str
     phase_priority: tuple[tuple[str, int], ...]
     resident: tuple[tuple[str, str], ...]
+    # Attempts of the switch failing now, and their last cause (0: none fails).
+    failing_attempts: int = 0
+    failing_cause: str = ""
 
 
 class QueueError(Exception):
-    """A message the queue refuses; ``code`` says why, as the gRPC status to report."""
+    """A message the queue refuses; ``code`` says why, as the gRPC status to
+    report; ``details``, what the client's typed error carries (SwitchFailed)."""
 
-    def __init__(self, code: Refusal, message: str) -> None:
+    def __init__(self, code: Refusal, message: str, details: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.details = details
+
+
+@dataclass(frozen=True)
+class FailedMove:
+    """What a node said when its part of a switch failed: ``stuck``, the job
+    whose state it could not move off (a checkpoint or a lock failed)."""
+
+    node: str
+    cause: str
+    stuck: str = ""
+    # The admitted job's state could not come back there.
+    restore_failed: bool = False
+
+
+@dataclass(frozen=True)
+class RetryVerdict:
+    """What follows a failed switch attempt (LockQueue.switch_failed):
+    try again after ``pause`` seconds; or at once, the jobs in ``evicted``
+    having been evicted because their state could not be moved; or nothing,
+    ``given_up``: the waiter was told why (or nobody waits any more)."""
+
+    pause: float = 0.0
+    evicted: tuple[str, ...] = ()
+    given_up: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,7 +152,10 @@ def _same_objects(these: list[Any], those: list[Any]) -> bool:
     return len(these) == len(those) and all(a is b for a, b in zip(these, those, strict=True))
 
 
-def _remember(reasons: dict[str, str], key: str, reason: str) -> None:
+Remembered = TypeVar("Remembered")
+
+
+def _remember(reasons: dict[str, Remembered], key: str, reason: Remembered) -> None:
     reasons[key] = reason
     while len(reasons) > MAX_REMEMBERED_REASONS:
         del reasons[next(iter(reasons))]
@@ -375,7 +414,9 @@ class LockQueue:
     def raise_if_aborted(self, request_id: str) -> None:
         reason = self.state.aborted_requests.get(request_id)
         if reason is not None:
-            raise QueueError(Refusal.ABORTED, reason)
+            abort = self.state.switch_aborts.get(request_id)
+            details = abort.model_dump() if abort is not None else None
+            raise QueueError(Refusal.ABORTED, reason, details)
 
     def grant_for(self, job: str, request_id: str) -> StoredGrant | None:
         turn = self.state.turn
@@ -708,6 +749,8 @@ class LockQueue:
         s = self.state
         if not self.policies or s.policy.prefetch != "auto" or not self._idle():
             return None
+        if s.failing is not None:
+            return None  # switches fail here: move nothing on a guess
         expected = {job: self.expected_ask(job, now) for job in s.jobs}
         known = {job: at for job, at in expected.items() if at is not None}
         if not known:
@@ -769,9 +812,21 @@ class LockQueue:
         plan = self.state.switching
         return plan is not None and self.switch_target_waits_for(plan)
 
-    def switch_failed(self, cause: str, done: list[str], failed: list[str]) -> None:
-        """Record an attempt that some nodes could not complete: the nodes that
-        finished hold the admitted job now; the others are uncertain."""
+    def switch_failed(
+        self,
+        failures: list[FailedMove],
+        done: list[str],
+        failed: list[str],
+        now: float,
+    ) -> RetryVerdict:
+        """Record an attempt that some nodes could not complete (the nodes
+        that finished hold the admitted job now; the others are uncertain)
+        and decide what follows. Attempts fail in a run that lasts until one
+        succeeds; the run is given up after the policy's
+        switch_give_up_seconds. Then the jobs whose state could not be moved
+        are evicted and the switch tried once more, at once: the waiter gets
+        the GPUs if it fits beside what is left there. If that fails too, or
+        no node named a job to blame, the waiter is told why (SwitchAbort)."""
         plan = self._plan()
         plan.attempts += 1
         for move in plan.moves:
@@ -779,21 +834,79 @@ class LockQueue:
                 self._now_resident(move)
             elif move.node in failed:
                 self.state.resident[move.node] = UNKNOWN_RESIDENT
-        self.state.degraded_cause = cause
+        cause = "; ".join(f"node {f.node}: {f.cause}" for f in failures)
+        if failures and all(f.restore_failed for f in failures):
+            # Every other job's state is off these nodes, but this job's
+            # state could not come back: it cannot have its turn.
+            self.abort_switch(
+                f"its state could not be restored: {cause}",
+                now,
+                SwitchAbort(job=plan.waiter.job, cause=cause),
+            )
+            return RetryVerdict(given_up=True)
+        run = self.state.failing
+        give_up = self.state.policy.switch_give_up_seconds
+        if run is None or now - run.last_at > SWITCH_RUN_GAP_SECONDS:
+            run = self.state.failing = SwitchFailing(since=now)
+        run.attempts += 1
+        run.last_at = now
+        run.cause = cause
+        for failure in failures:
+            if failure.stuck and failure.stuck != plan.waiter.job:
+                run.stuck[failure.stuck] = f"node {failure.node}: {failure.cause}"
+        self.state.degraded_cause = f"switch failing: {cause} (attempt {run.attempts})"
+        if plan.prefetch:
+            # Nobody waits: nothing to give up on, and nobody to evict for.
+            return RetryVerdict(pause=min(SWITCH_RETRY_PAUSE_MAX_SECONDS, 2.0**plan.attempts))
+        given_up_at = run.since + give_up
+        if now < given_up_at:
+            pause = min(SWITCH_RETRY_PAUSE_MAX_SECONDS, 2.0**plan.attempts, given_up_at - now)
+            return RetryVerdict(pause=max(0.0, pause))
+        stuck = sorted(job for job in run.stuck if job in self.state.jobs)
+        if stuck and not run.stuck_evicted:
+            run.stuck_evicted = True
+            for job in stuck:
+                self.evict_failed(
+                    job,
+                    f"its state could not be moved off the GPU for {give_up:g} s "
+                    f"({run.stuck[job]}); its processes run again",
+                    now,
+                )
+            return RetryVerdict(evicted=tuple(stuck))
+        # Where no node named a job (its agent did not answer, say): the jobs
+        # those nodes were to move off, else the waiter's own.
+        suspects = {job for m in plan.moves if m.node in failed for job in m.evict}
+        blamed = sorted(run.stuck) or sorted(suspects) or [plan.waiter.job]
+        abort = SwitchAbort(job=", ".join(blamed), cause=cause)
+        self.abort_switch(
+            f"the switch to job {plan.waiter.job!r} failed for {now - run.since:.0f} s "
+            f"(attempt {run.attempts}), the state of job {abort.job} could not be moved: "
+            f"{cause}; see `timeshare status {self.state.group}`, mend the cause and acquire again",
+            now,
+            abort,
+        )
+        return RetryVerdict(given_up=True)
 
-    def abort_switch(self, reason: str, now: float) -> None:
-        """Give up on the switch: its waiter (if still there) is told ``reason``.
-        A preempted turn that cannot come back ends its job: it is evicted."""
+    def abort_switch(self, reason: str, now: float, abort: SwitchAbort | None = None) -> None:
+        """Give up on the switch: its waiter (if still there) is told ``reason``
+        (and ``abort``, for its typed error). A preempted turn that cannot come
+        back ends its job: it is evicted. A run of failures ends only where the
+        waiter was told: a plan dropped because nobody waits any more leaves
+        it to the next one."""
         plan = self._plan()
         self.state.switching = None
         self.state.degraded_cause = ""
         self.state.since = now
+        if reason:
+            self.state.failing = None
         if self.switch_target_waits_for(plan):
             if plan.waiter.resumes_epoch:
                 self.evict(plan.waiter.job, f"its preempted turn could not resume: {reason}", now)
                 return
             self.state.queue = [w for w in self.state.queue if w.ticket != plan.waiter.ticket]
             _remember(self.state.aborted_requests, plan.waiter.request_id, reason)
+            if abort is not None:
+                _remember(self.state.switch_aborts, plan.waiter.request_id, abort)
         self._grant_ready(now)
 
     def set_switch_aside(self, now: float) -> None:
@@ -831,6 +944,7 @@ class LockQueue:
             prefetched.restored_ahead = True
         self.state.switching = None
         self.state.degraded_cause = ""
+        self.state.failing = None
         self.state.switches += 1
         self.state.since = now
         seconds = max(0.0, now - plan.started_at)
@@ -941,6 +1055,8 @@ class LockQueue:
             ordering=s.policy.ordering,
             phase_priority=tuple(sorted(s.policy.phase_priority.items())),
             resident=tuple(sorted(s.resident.items())),
+            failing_attempts=s.failing.attempts if s.failing and s.degraded_cause else 0,
+            failing_cause=s.failing.cause if s.failing and s.degraded_cause else "",
         )
 
     def _queue_in_grant_order(self, now: float) -> list[str]:

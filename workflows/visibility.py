@@ -33,6 +33,8 @@ YIELD_EPOCH_MEMO = "yield_epoch"
 # asked to yield when the last run ended, and is no longer asked, kept saying
 # so. From this change on such a run writes 0 (asked only where they differ).
 CARRIED_MEMO_PATCH = "timeshare-carried-yield-epoch"
+# A failing switch's cause labels its gauge series; this much of it.
+FAILING_CAUSE_CHARS = 200
 
 
 class GroupVisibility:
@@ -49,6 +51,9 @@ class GroupVisibility:
         self._carried_yield_epoch = carried_yield_epoch
         # Made once: each new gauge is a call into the SDK's core.
         self._queue_depth: MetricGauge | None = None
+        self._switch_failing: MetricGauge | None = None
+        # The cause whose series shows the attempts of the switch failing now.
+        self._failing_shown: tuple[str, int] = ("", 0)
 
     def publish(self, summary: GroupSummary, yield_epoch: int | None = None) -> None:
         """``yield_epoch`` None: a group from before yield requests were
@@ -75,7 +80,31 @@ class GroupVisibility:
                 )
             self._queue_depth.set(len(summary.queue))
             self._published = shown
+        self._show_switch_failing(summary)
         workflow.set_current_details(current_details(summary))
+
+    def _show_switch_failing(self, summary: GroupSummary) -> None:
+        """The gauge of a failing switch: its attempts so far, under its cause
+        (one series per cause; back to 0 once the switch works or is given up)."""
+        shown = (summary.failing_cause[:FAILING_CAUSE_CHARS], summary.failing_attempts)
+        if shown == self._failing_shown:
+            return
+        if self._switch_failing is None:
+            self._switch_failing = (
+                workflow.metric_meter()
+                .with_additional_attributes({"group": summary.group})
+                .create_gauge(
+                    "timeshare.switch.failing",
+                    "Attempts of the group's switch failing now, by cause (0: none fails)",
+                    "{attempt}",
+                )
+            )
+        before_cause, _ = self._failing_shown
+        if before_cause and before_cause != shown[0]:
+            self._switch_failing.set(0, {"cause": before_cause})
+        if shown[0]:
+            self._switch_failing.set(shown[1], {"cause": shown[0]})
+        self._failing_shown = shown
 
     def _upsert(self, shown: tuple[str, int, str]) -> None:
         holder, depth, state = shown

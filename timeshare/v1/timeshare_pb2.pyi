@@ -64,6 +64,7 @@ class GroupPolicy(_message.Message):
     FAIR_CREDIT_SECONDS_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     PREFETCH_FIELD_NUMBER: _builtins.int
+    SWITCH_GIVE_UP_SECONDS_FIELD_NUMBER: _builtins.int
     lease_seconds: _builtins.float
     """A holder that others wait for and that sends nothing (renewals
     included) for this long is evicted, and the turn moves on (30).
@@ -105,6 +106,12 @@ class GroupPolicy(_message.Message):
     nodes ahead of its request, so its acquire is granted at once; "off":
     state moves only for a waiting acquire.
     """
+    switch_give_up_seconds: _builtins.float
+    """A switch that keeps failing is given up after this long (120): the job
+    whose state cannot be moved is evicted (its processes run again), and the
+    waiting job gets the GPUs if it fits, else its acquire fails (ABORTED)
+    naming the cause and that job.
+    """
     @_builtins.property
     def phase_priority(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Added to the job's priority for a request of that phase."""
@@ -133,10 +140,11 @@ class GroupPolicy(_message.Message):
         fair_credit_seconds: _builtins.float = ...,
         gpus: _abc.Iterable[_builtins.int] | None = ...,
         prefetch: _builtins.str = ...,
+        switch_give_up_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout_seconds", b"agent_timeout_seconds", "aging_seconds", b"aging_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "fair_credit_seconds", b"fair_credit_seconds", "gpus", b"gpus", "idle_lease_seconds", b"idle_lease_seconds", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "ordering", b"ordering", "phase_priority", b"phase_priority", "preempt_grace_seconds", b"preempt_grace_seconds", "preempt_lower_after_seconds", b"preempt_lower_after_seconds", "prefetch", b"prefetch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout_seconds", b"agent_timeout_seconds", "aging_seconds", b"aging_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "fair_credit_seconds", b"fair_credit_seconds", "gpus", b"gpus", "idle_lease_seconds", b"idle_lease_seconds", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "ordering", b"ordering", "phase_priority", b"phase_priority", "preempt_grace_seconds", b"preempt_grace_seconds", "preempt_lower_after_seconds", b"preempt_lower_after_seconds", "prefetch", b"prefetch", "switch_give_up_seconds", b"switch_give_up_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
