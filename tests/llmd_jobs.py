@@ -5,8 +5,10 @@ Slime's `RoleLocks` from `timeslice_slime`), installed from
 llm-d-incubation/llm-d-rl-time-slicing (pkg/client/python and
 pkg/integrations/slime); with ``--client wire`` it sends the same calls with
 timeshare's copy of the wire format. Each turn it takes prints one JSON line
-(group, job, when it began and ended, as the job saw it); a call that fails
-prints {"error": ...} and the process exits 3.
+(group, job, when it began and ended as the job saw it, how long it
+waited); a call that fails prints {"error": ...} and the process exits 3.
+Once connected it prints {"ready": true} and waits for a line on its standard
+input, so that the test starts its jobs together and they contend.
 
     python -m tests.llmd_jobs --client llm-d --address A contend --group G --job J
     python -m tests.llmd_jobs --client wire --address A slime --job J --trainer T --sampler S
@@ -19,8 +21,6 @@ import importlib.util
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,7 +40,9 @@ class Locks(Protocol):
 
 
 class Turns(Protocol):
-    def acquire(self, group: str) -> None: ...
+    def acquire(self, group: str) -> int:
+        """Milliseconds waited, as the server says."""
+
     def release(self, group: str) -> None: ...
     def close(self) -> None: ...
 
@@ -64,8 +66,9 @@ class LlmdTurns:
             self._clients[group] = self._make(self._address, job_id=self._job, group_id=group)
         return self._clients[group]
 
-    def acquire(self, group: str) -> None:
-        self._client(group).acquire(timeout_sec=60)
+    def acquire(self, group: str) -> int:
+        waited: int = self._client(group).acquire(timeout_sec=60).waited_ms
+        return waited
 
     def release(self, group: str) -> None:
         self._client(group).release()
@@ -88,8 +91,10 @@ class WireTurns:
         self._channel = grpc.insecure_channel(address)
         self._stub = llmd_grpc.TimeSliceOrchestratorServiceStub(self._channel)
 
-    def acquire(self, group: str) -> None:
-        self._stub.Acquire(self._llmd.AcquireRequest(job_id=self._job, group_id=group), timeout=60)
+    def acquire(self, group: str) -> int:
+        request = self._llmd.AcquireRequest(job_id=self._job, group_id=group)
+        waited: int = self._stub.Acquire(request, timeout=60).waited_ms
+        return waited
 
     def release(self, group: str) -> None:
         self._stub.Yield(self._llmd.YieldRequest(job_id=self._job, group_id=group), timeout=60)
@@ -136,26 +141,21 @@ def llmd_role_locks(address: str, job: str, trainer: str, sampler: str) -> Locks
     return locks
 
 
-@contextmanager
-def turn(
-    group: str, job: str, acquire: Callable[[], None], release: Callable[[], None]
-) -> Iterator[None]:
-    acquire()
-    began = time.time()
-    try:
-        yield
-    finally:
-        say(group=group, job=job, began=began, ended=time.time())
-        release()
+def wait_for_the_start() -> None:
+    say(ready=True)
+    sys.stdin.readline()
 
 
 def contend(args: argparse.Namespace) -> None:
     turns: Turns = (LlmdTurns if args.client == "llm-d" else WireTurns)(args.address, args.job)
+    wait_for_the_start()
     try:
         for _ in range(args.turns):
-            with turn(args.group, args.job, lambda: turns.acquire(args.group),
-                      lambda: turns.release(args.group)):  # fmt: skip
-                time.sleep(HOLD_SECONDS)
+            waited = turns.acquire(args.group)
+            began = time.time()
+            time.sleep(HOLD_SECONDS)
+            say(group=args.group, job=args.job, began=began, ended=time.time(), waited_ms=waited)
+            turns.release(args.group)
             time.sleep(HOLD_SECONDS / 2)  # CPU work between GPU phases
     finally:
         turns.close()
@@ -167,6 +167,7 @@ def slime(args: argparse.Namespace) -> None:
     else:
         locks = WireRoleLocks(WireTurns(args.address, args.job), args.trainer, args.sampler)
     groups = {"trainer": args.trainer, "sampler": args.sampler}
+    wait_for_the_start()
     try:
         for _ in range(args.steps):
             for _phase, role in SLIME_STEP:
@@ -191,7 +192,7 @@ def main() -> int:
     one = modes.add_parser("contend")
     one.add_argument("--group", required=True)
     one.add_argument("--job", required=True)
-    one.add_argument("--turns", type=int, default=3)
+    one.add_argument("--turns", type=int, default=2)
     two = modes.add_parser("slime")
     two.add_argument("--job", required=True)
     two.add_argument("--trainer", required=True)

@@ -43,26 +43,42 @@ class JobRun:
     output: str
 
 
-async def run_job(client: str, address: str, *args: str) -> JobRun:
-    """One llm-d job as a process of its own (tests/llmd_jobs.py)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.llmd_jobs", "--client", client, "--address", address, *args,
-        cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    out, _ = await asyncio.wait_for(process.communicate(), JOB_SECONDS)
-    output = out.decode()
+async def run_jobs(client: str, address: str, *jobs: list[str]) -> list[JobRun]:
+    """llm-d jobs as processes of their own (tests/llmd_jobs.py), started
+    together once each has connected."""
+    command = [sys.executable, "-m", "tests.llmd_jobs", "--client", client, "--address", address]
+    pipe = asyncio.subprocess.PIPE
+    processes = [
+        await asyncio.create_subprocess_exec(
+            *command, *args, cwd=REPO, stdin=pipe, stdout=pipe, stderr=asyncio.subprocess.STDOUT
+        )
+        for args in jobs
+    ]
+    early: list[bytes] = []
+    for process in processes:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), JOB_SECONDS)
+        early.append(b"" if line.startswith(b'{"ready"') else line)
+    outputs = await asyncio.gather(
+        *(asyncio.wait_for(p.communicate(b"go\n"), JOB_SECONDS) for p in processes)
+    )
+    return [
+        job_run(p.returncode, (first + out).decode())
+        for p, first, (out, _) in zip(processes, early, outputs, strict=True)
+    ]
+
+
+def job_run(returncode: int | None, output: str) -> JobRun:
     lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     error = next((line["error"] for line in lines if "error" in line), "")
-    turns = [line for line in lines if "error" not in line]
-    assert process.returncode is not None
-    return JobRun(process.returncode, turns, error, output)
+    turns = [line for line in lines if "group" in line]
+    assert returncode is not None
+    return JobRun(returncode, turns, error, output)
 
 
-async def slime_job(client: str, address: str, index: int, trainers: str, samplers: str
-                    ) -> JobRun:  # fmt: skip
+def slime_job(index: int, trainers: str, samplers: str) -> list[str]:
     """A Slime job with llm-d's RoleLocks: trainer and sampler groups."""
-    return await run_job(client, address, "slime", "--job", f"slime-{index}",
-                         "--trainer", trainers, "--sampler", samplers)  # fmt: skip
+    return ["slime", "--job", f"slime-{index}", "--trainer", trainers, "--sampler", samplers]
 
 
 def assert_one_holder_per_group(runs: list[JobRun]) -> dict[str, int]:
@@ -101,15 +117,13 @@ async def test_groups_placed_on_gpus_of_their_own_take_turns_side_by_side(
         temporal_address, f"trainers-*={node}:0", f"samplers-*={node}:1", f"pool-*={node}:2"
     )
     try:
-        contenders = [
-            run_job(kind, gateway.address, "contend", "--group", pool, "--job", f"job-{i}")
-            for i in range(3)
-        ]
-        runs = await asyncio.gather(*contenders)
+        contenders = [["contend", "--group", pool, "--job", f"job-{i}"] for i in range(3)]
+        runs = await run_jobs(kind, gateway.address, *contenders)
         assert [r.error for r in runs] == ["", "", ""], [r.output for r in runs]
-        assert assert_one_holder_per_group(runs) == {pool: 9}
-        slime_jobs = [slime_job(kind, gateway.address, i, trainers, samplers) for i in (1, 2)]
-        runs = await asyncio.gather(*slime_jobs)
+        assert assert_one_holder_per_group(runs) == {pool: 6}
+        assert any(t["waited_ms"] > 0 for r in runs for t in r.turns)  # they did contend
+        slime_jobs = [slime_job(i, trainers, samplers) for i in (1, 2)]
+        runs = await run_jobs(kind, gateway.address, *slime_jobs)
         assert [r.error for r in runs] == ["", ""], [r.output for r in runs]
         assert not any("FAILED" in r.output for r in runs), [r.output for r in runs]
         # Two steps each: generate, train, weight sync (both).
@@ -135,8 +149,8 @@ async def test_a_second_group_on_one_gpu_is_refused_at_its_first_call(
     backend = await sim_nodes.start(node)
     gateway = await compat_gateway(temporal_address, f"*-{unique}={node}:0")
     try:
-        slime_jobs = [slime_job(kind, gateway.address, i, trainers, samplers) for i in (1, 2)]
-        runs = await asyncio.gather(*slime_jobs)
+        slime_jobs = [slime_job(i, trainers, samplers) for i in (1, 2)]
+        runs = await run_jobs(kind, gateway.address, *slime_jobs)
     finally:
         await gateway.close()
     for run in runs:
