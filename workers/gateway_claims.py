@@ -15,16 +15,17 @@ leave, and their leases are how their GPUs come back."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import grpc
 from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
 
-from timeshare.models import GroupPolicy, GroupStatus
+from timeshare.models import GroupPolicy, GroupStatus, JoinInput, JoinOutput
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE
-from timeshare.workers.gateway_errors import AccessDenied
-from timeshare.workers.group_client import group_handle, group_running
+from timeshare.workers.gateway_errors import MESSAGE_SECONDS, AccessDenied, within
+from timeshare.workers.group_client import group_handle, group_running, join_group
 from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.registry import (
     Claim,
@@ -45,6 +46,26 @@ async def group_gpus(client: Client, group: str, requested: GroupPolicy | None) 
         status = await group_handle(client, group).query(GroupWorkflow.status)
         return list(status.policy.gpus)
     return list((requested or GroupPolicy()).gpus)
+
+
+async def join_claiming_gpus(
+    client: Client,
+    group: str,
+    message: JoinInput,
+    policy: GroupPolicy | None,
+    remedy: str = "",
+) -> JoinOutput:
+    """Claim the GPUs the job's group uses on its nodes, then join it; a
+    join that fails drops the claim. Refused as claim_gpus says."""
+    gpus = await within(MESSAGE_SECONDS, group_gpus(client, group, policy))
+    claim = ClaimInput(group=group, job=message.job, nodes=message.nodes, gpus=gpus)
+    await within(MESSAGE_SECONDS, claim_gpus(client, claim, time.time(), remedy))
+    try:
+        return await within(MESSAGE_SECONDS, join_group(client, group, message, policy))
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await unclaim(client, UnclaimInput(group=group, job=message.job))
+        raise
 
 
 async def claim_gpus(client: Client, claim: ClaimInput, now: float, remedy: str = "") -> None:

@@ -12,11 +12,9 @@ its state cannot be restored beside the other's.
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import os
 import secrets
-import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass, field
@@ -34,13 +32,12 @@ from timeshare.refusals import Refusal
 from timeshare.v1 import llmd_compat_pb2 as llmd
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
 from timeshare.workers import gateway_convert as convert
-from timeshare.workers.gateway_claims import claim_gpus, group_gpus, unclaim
+from timeshare.workers.gateway_claims import join_claiming_gpus
 from timeshare.workers.gateway_errors import MESSAGE_SECONDS, InvalidRequest, rpc, within
 from timeshare.workers.group_client import (
     GroupHandle,
     acquire_or_withdraw,
     group_handle,
-    join_group,
     registered_nodes,
     running_groups,
 )
@@ -48,7 +45,6 @@ from timeshare.workers.llmd_placement import FLAG as PLACEMENT_FLAG
 from timeshare.workers.llmd_placement import LlmdPlacement, parse_placements, placement_for
 from timeshare.workers.llmd_status import group_status_response
 from timeshare.workflows.group import GroupWorkflow
-from timeshare.workflows.registry import ClaimInput, UnclaimInput
 
 Context = grpc.aio.ServicerContext[Any, Any]
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -222,21 +218,13 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
             lease_seconds=lease, idle_lease_seconds=lease, ordering="fifo",
             gpus=placement.gpus if placement is not None else [],
         )  # fmt: skip
-        # A group that runs keeps the GPUs it was created with.
-        gpus = await within(MESSAGE_SECONDS, group_gpus(self._client, group, policy))
-        claim = ClaimInput(group=group, job=job, nodes=nodes, gpus=gpus)
         remedy = (
             f"place the groups on GPUs of their own with the gateway's {PLACEMENT_FLAG} "
             "PATTERN=NODE:GPU[,GPU...], or call again once that claim has lapsed"
         )
-        await within(MESSAGE_SECONDS, claim_gpus(self._client, claim, time.time(), remedy))
         message = JoinInput(job=job, nodes=nodes, token_hash=token_hash)
-        try:
-            await within(MESSAGE_SECONDS, join_group(self._client, group, message, policy))
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await unclaim(self._client, UnclaimInput(group=group, job=job))
-            raise
+        # A group that runs keeps the GPUs it was created with.
+        await join_claiming_gpus(self._client, group, message, policy, remedy)
 
     async def _nodes_for(self, group: str, placement: LlmdPlacement | None) -> list[str]:
         """The group's nodes if its jobs agree on them, else the node
