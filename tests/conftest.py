@@ -12,6 +12,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from timeshare.activities.processes import ProcessTable
 from timeshare.activities.sim import SimBackend
 from timeshare.activities.switch import SwitchActivities
 from timeshare.names import SCHEDULER_TASK_QUEUE, node_task_queue
+from timeshare.workers.agent import drop_claim
 from timeshare.workers.device_memory import sim_state_path
 from timeshare.workers.service import connect_temporal
 from timeshare.workflows.group import GroupWorkflow
@@ -119,7 +121,8 @@ async def scheduler(client: Client) -> AsyncIterator[Worker]:
 
 
 class SimNodes:
-    """In-process node agents with sim backends, one per node name."""
+    """In-process node agents with sim backends, one per node name. Like a
+    real agent, one drops a job's GPU claim there once it has released it."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
@@ -132,15 +135,18 @@ class SimNodes:
         state_bytes: int = 2**26,
         processes: ProcessTable | None = None,
         capacity_bytes: int | None = None,
+        gpus: int = 1,
     ) -> SimBackend:
         config = BackendConfig(
             node=node,
             sim_state_bytes=state_bytes,
             sim_bandwidth_bytes_per_second=1e10,
             sim_capacity_bytes=capacity_bytes,
+            sim_gpus=gpus,
         )
         backend = SimBackend(config)
         agent = SwitchActivities(node, backend, processes)
+        agent.on_release.append(partial(drop_claim, self.client, node))
         worker = Worker(
             self.client,
             task_queue=node_task_queue(node),

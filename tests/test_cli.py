@@ -93,6 +93,10 @@ def test_ready_made_hooks_are_imported_only_when_used() -> None:
 def test_llmd_compat_flags_are_checked() -> None:
     result = run("gateway", "--llmd-compat", "--llmd-compat-allow=not-a-network")
     assert_one_line_failure(result, "--llmd-compat-allow", "not-a-network")
+    # Each bad value's wording: test_llmd_claims.py.
+    result = run("gateway", "--llmd-compat", "--llmd-gpus", "s-*=node-0:0", "t-*=node-0:zero")
+    assert_one_line_failure(result, "--llmd-gpus 't-*=node-0:zero'", "not a GPU index")
+    assert_one_line_failure(run("gateway", "--llmd-gpus", "g=n:0"), "needs --llmd-compat")
 
 
 def test_probe_says_in_one_line_when_there_is_no_gpu() -> None:

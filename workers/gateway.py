@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -40,7 +39,7 @@ from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from timeshare.workers import gateway_convert as convert
 from timeshare.workers.gateway_access import Access, GatewaySecurity
-from timeshare.workers.gateway_claims import claim_gpus, group_gpus, unclaim
+from timeshare.workers.gateway_claims import join_claiming_gpus, unclaim
 from timeshare.workers.gateway_errors import (
     MESSAGE_SECONDS,
     AccessDenied,
@@ -56,7 +55,6 @@ from timeshare.workers.group_client import (
     count_running_groups,
     group_handle,
     group_running,
-    join_group,
     registered_nodes,
     running_groups,
 )
@@ -71,7 +69,7 @@ from timeshare.workers.telemetry import Telemetry
 from timeshare.workers.temporal_settings import TemporalSettings
 from timeshare.workers.turn_watch import GroupNotFound, TurnWatches
 from timeshare.workflows.group import GroupWorkflow
-from timeshare.workflows.registry import ClaimInput, NodeRegistryWorkflow, UnclaimInput
+from timeshare.workflows.registry import NodeRegistryWorkflow, UnclaimInput
 
 Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TimeSlicer"].full_name
@@ -102,9 +100,6 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         nodes = convert.nodes(request.nodes) or await self._only_live_node()
         policy = convert.policy(request.policy) if request.HasField("policy") else None
         await self._check_room_for(group)
-        gpus = await within(MESSAGE_SECONDS, group_gpus(self._client, group, policy))
-        claim = ClaimInput(group=group, job=job, nodes=nodes, gpus=gpus)
-        await within(MESSAGE_SECONDS, claim_gpus(self._client, claim, time.time()))
         token = secrets.token_urlsafe(32)
         message = JoinInput(
             job=job,
@@ -113,12 +108,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
             weight=convert.weight(request.weight),
             priority=convert.priority(request.priority),
         )
-        try:
-            joined = await within(MESSAGE_SECONDS, join_group(self._client, group, message, policy))
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await unclaim(self._client, UnclaimInput(group=group, job=job))
-            raise
+        joined = await join_claiming_gpus(self._client, group, message, policy)
         return pb.JoinResponse(
             job_token=token,
             nodes=joined.nodes,

@@ -2,6 +2,12 @@
 served by the gateway with --llmd-compat so that llm-d's clients work against
 timeshare unchanged. Its clients send no job token, so the gateway holds one
 per job itself, and serves only the networks and groups the operator allows.
+
+A GPU belongs to one group at a time, for llm-d's groups as for timeshare's:
+a job's first call claims its group's GPUs (those --llmd-gpus places the group
+on, else all of its node's), and a group that would share one with another is
+refused then, with FAILED_PRECONDITION, never admitted and then aborted when
+its state cannot be restored beside the other's.
 """
 
 from __future__ import annotations
@@ -26,15 +32,17 @@ from timeshare.refusals import Refusal
 from timeshare.v1 import llmd_compat_pb2 as llmd
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
 from timeshare.workers import gateway_convert as convert
+from timeshare.workers.gateway_claims import join_claiming_gpus
 from timeshare.workers.gateway_errors import MESSAGE_SECONDS, InvalidRequest, rpc, within
 from timeshare.workers.group_client import (
     GroupHandle,
     acquire_or_withdraw,
     group_handle,
-    join_group,
     registered_nodes,
     running_groups,
 )
+from timeshare.workers.llmd_placement import FLAG as PLACEMENT_FLAG
+from timeshare.workers.llmd_placement import LlmdPlacement, parse_placements, placement_for
 from timeshare.workers.llmd_status import group_status_response
 from timeshare.workflows.group import GroupWorkflow
 
@@ -60,10 +68,16 @@ class CompatSettings:
     secret: bytes = field(
         default_factory=lambda: os.environ.get(SECRET_ENV, "").encode() or secrets.token_bytes(32)
     )
+    # Where groups go (--llmd-gpus); a group no value matches claims all
+    # GPUs of its node.
+    placements: list[LlmdPlacement] = field(default_factory=list)
 
 
 def compat_settings(
-    groups: str | None, allow: list[str] | None, lease_seconds: float
+    groups: str | None,
+    allow: list[str] | None,
+    lease_seconds: float,
+    gpus: list[str] | None = None,
 ) -> CompatSettings:
     """Settings from the gateway's flags; ValueError names the bad one."""
     chosen = None
@@ -77,7 +91,10 @@ def compat_settings(
             raise ValueError(f"--llmd-compat-allow {cidr!r}: {error}") from None
     if not 1 <= lease_seconds <= 86400 * 7:
         raise ValueError(f"--llmd-compat-lease-seconds must be 1 to 604800, got {lease_seconds}")
-    return CompatSettings(groups=chosen, allow=networks, lease_seconds=lease_seconds)
+    return CompatSettings(
+        groups=chosen, allow=networks, lease_seconds=lease_seconds,
+        placements=parse_placements(gpus),
+    )  # fmt: skip
 
 
 def log_llmd_compat(settings: CompatSettings) -> None:
@@ -88,6 +105,12 @@ def log_llmd_compat(settings: CompatSettings) -> None:
         "Its clients send no job token: any caller from those networks can act as any job",
         flush=True,
     )
+    placed = " ".join(p.describe() for p in settings.placements)
+    print(
+        f"timeshare gateway: llm-d groups placed on GPUs: {placed}" if placed else
+        f"timeshare gateway: no {PLACEMENT_FLAG}: each llm-d group claims every GPU of its node",
+        flush=True,
+    )  # fmt: skip
     if not os.environ.get(SECRET_ENV):
         print(
             f"timeshare gateway: {SECRET_ENV} is not set: llm-d jobs' tokens are known only to "
@@ -186,15 +209,26 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
         return job not in {j.job for j in status.jobs}
 
     async def _join(self, group: str, job: str, token_hash: str) -> None:
-        nodes = await self._nodes_for(group)
+        """Join the job, once it has claimed its group's GPUs."""
+        placement = placement_for(self._settings.placements, group)
+        nodes = await self._nodes_for(group, placement)
         # llm-d's groups are FIFO, and its clients never renew a lease.
         lease = self._settings.lease_seconds
-        policy = GroupPolicy(lease_seconds=lease, idle_lease_seconds=lease, ordering="fifo")
+        policy = GroupPolicy(
+            lease_seconds=lease, idle_lease_seconds=lease, ordering="fifo",
+            gpus=placement.gpus if placement is not None else [],
+        )  # fmt: skip
+        remedy = (
+            f"place the groups on GPUs of their own with the gateway's {PLACEMENT_FLAG} "
+            "PATTERN=NODE:GPU[,GPU...], or call again once that claim has lapsed"
+        )
         message = JoinInput(job=job, nodes=nodes, token_hash=token_hash)
-        await within(MESSAGE_SECONDS, join_group(self._client, group, message, policy))
+        # A group that runs keeps the GPUs it was created with.
+        await join_claiming_gpus(self._client, group, message, policy, remedy)
 
-    async def _nodes_for(self, group: str) -> list[str]:
-        """The group's nodes if its jobs agree on them, else the only live node."""
+    async def _nodes_for(self, group: str, placement: LlmdPlacement | None) -> list[str]:
+        """The group's nodes if its jobs agree on them, else the node
+        --llmd-gpus places it on, else the only live node."""
         try:
             status = await within(MESSAGE_SECONDS, group_handle(self._client, group).query(
                 GroupWorkflow.status))  # fmt: skip
@@ -204,13 +238,16 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
         except RPCError as error:
             if error.status != RPCStatusCode.NOT_FOUND:
                 raise
+        if placement is not None:
+            return [placement.node]
         nodes = await within(MESSAGE_SECONDS, registered_nodes(self._client))
         live = [n.node for n in nodes if n.alive]
         if len(live) != 1:
             raise InvalidRequest(
                 f"cannot tell which nodes a new job of group {group!r} uses: the group has "
-                f"no jobs that agree on their nodes and {len(live)} nodes are live; join one "
-                "job through the timeshare API first to set the group's nodes"
+                f"no jobs that agree on their nodes and {len(live)} nodes are live; place the "
+                f"group with the gateway's {PLACEMENT_FLAG} PATTERN=NODE:GPU[,GPU...], or join "
+                "one job through the timeshare API first to set the group's nodes"
             )
         return live
 

@@ -156,6 +156,14 @@ def _gateway_options(gateway: argparse.ArgumentParser) -> None:
         default=3600.0,
         help="lease of groups it creates: longer than any GPU phase (default %(default)s)",
     )
+    compat.add_argument(
+        "--llmd-gpus",
+        action="extend",
+        nargs="+",
+        metavar="PATTERN=NODE:GPU[,GPU...]",
+        help="place the llm-d groups whose id matches PATTERN (fnmatch) on those GPUs of NODE "
+        "(repeatable; first match wins; default: every GPU of the group's node)",
+    )
 
 
 def dynamic_setting(text: str) -> tuple[str, str]:
@@ -220,9 +228,14 @@ def run_gateway(args: argparse.Namespace) -> int:
 
     try:
         compat = None
+        if args.llmd_gpus and not args.llmd_compat:
+            return fail("gateway: --llmd-gpus places llm-d groups: it needs --llmd-compat")
         if args.llmd_compat:
             compat = compat_settings(
-                args.llmd_compat_groups, args.llmd_compat_allow, args.llmd_compat_lease_seconds
+                args.llmd_compat_groups,
+                args.llmd_compat_allow,
+                args.llmd_compat_lease_seconds,
+                args.llmd_gpus,
             )
         options = GatewayOptions(
             temporal=temporal_settings(args),
