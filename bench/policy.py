@@ -7,8 +7,12 @@
 
 1. fairness: three jobs always want the GPU, one holding 0.6 s turns and two
    holding 0.1 s turns; Jain's index of their GPU-seconds under FIFO and fair.
-   (With two such jobs every ordering alternates them: when one yields, the
-   other is the only waiter. Fair share orders waiters; it cannot preempt.)
+   Then the blog's own case, two jobs, one holding 0.4 s turns and one 0.07 s:
+   the ratio of their GPU-seconds under the default policy (fair share holds
+   the turn open for the short job when it yields behind its share) and with
+   that anticipation off (fair_anticipation_seconds=0: they alternate, as any
+   ordering of waiters would), hand-overs, and the GPU's idle milliseconds per
+   hand-over while a job waited (the window's cost).
 2. priority: three low-priority jobs keep the GPU busy; a high-priority job
    asks for a 0.2 s turn every second; p50 waits, against the same load with
    everyone at one priority.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import tempfile
 import time
 import uuid
@@ -77,6 +82,47 @@ async def fairness(stack: LocalStack, ordering: str, seconds: float) -> float:
         for job in (long, *shorts):
             await job.leave()
     return jain([j.held_seconds for j in status.jobs])
+
+
+@dataclass
+class TwoJobs:
+    ratio: float  # the larger job's GPU-seconds over the smaller's
+    handovers: int
+    idle_ms_per_handover: float
+    busy: float  # the share of the run the GPU was held
+
+
+async def two_jobs(stack: LocalStack, anticipation: bool, seconds: float) -> TwoJobs:
+    """Two jobs always want the GPU: one holds 0.4 s turns, the other 0.07 s."""
+    group = f"two-{'ant' if anticipation else 'off'}-{uuid.uuid4().hex[:6]}"
+    policy = GroupPolicy() if anticipation else GroupPolicy(fair_anticipation_seconds=0)
+    async with timeshare.aio.connect(stack.address) as api:
+        long = await api.join(group, "long", [stack.node], policy=policy)
+        short = await api.join(group, "short", [stack.node])
+        until = asyncio.get_running_loop().time() + seconds
+        log = Log()
+        await asyncio.gather(busy(long, 0.4, until, log), busy(short, 0.07, until, log))
+        status = await api.get_group(group)
+        history = await api.group_history(group)
+        for job in (long, short):
+            await job.leave()
+    held = [j.held_seconds for j in status.jobs]
+    turns = sorted(history.turns, key=lambda t: t.epoch)
+    handovers = idle = 0.0
+    for n, (before, after) in enumerate(itertools.pairwise(turns)):
+        # The GPU sat idle from one turn's end to the next one's start (its
+        # switch aside) while a job that had asked waited: a turn held open
+        # for its yielder costs that job's own gap before it asks again.
+        waited = any(t.requested_at <= before.released_at for t in turns[n + 1 :])
+        if before.released_at and waited:
+            idle += max(0.0, after.granted_at - after.switch_seconds - before.released_at)
+        handovers += before.job != after.job
+    return TwoJobs(
+        ratio=max(held) / min(held) if min(held) > 0 else float("inf"),
+        handovers=int(handovers),
+        idle_ms_per_handover=1000 * idle / handovers if handovers else 0.0,
+        busy=sum(held) / seconds,
+    )
 
 
 async def priority(stack: LocalStack, prioritised: bool, seconds: float) -> tuple[float, float]:
@@ -144,6 +190,19 @@ async def run(stack: LocalStack, seconds: float) -> dict[str, float]:
     for ordering in ("fifo", "fair"):
         figures[f"{ordering}_jain"] = await fairness(stack, ordering, seconds)
         print(f"fairness {ordering}: Jain {figures[f'{ordering}_jain']:.3f}", flush=True)
+    for anticipation in (True, False):
+        pair = await two_jobs(stack, anticipation, seconds)
+        key = "two_jobs" if anticipation else "two_jobs_no_anticipation"
+        figures[f"{key}_ratio"] = pair.ratio
+        figures[f"{key}_handovers"] = pair.handovers
+        figures[f"{key}_idle_ms_per_handover"] = pair.idle_ms_per_handover
+        figures[f"{key}_busy"] = pair.busy
+        print(
+            f"two jobs (0.4 s and 0.07 s turns), anticipation {'on' if anticipation else 'off'}: "
+            f"GPU time {pair.ratio:.2f}x, {pair.handovers} hand-overs, "
+            f"{pair.idle_ms_per_handover:.1f} ms idle per hand-over, GPU held {pair.busy:.0%}",
+            flush=True,
+        )
     for prioritised in (False, True):
         high, low = await priority(stack, prioritised, seconds)
         key = "priority" if prioritised else "same_priority"

@@ -11,6 +11,9 @@ from tests.conftest import REPO
 
 FIGURES = [
     "fifo_jain", "fair_jain",
+    "two_jobs_ratio", "two_jobs_handovers", "two_jobs_idle_ms_per_handover", "two_jobs_busy",
+    "two_jobs_no_anticipation_ratio", "two_jobs_no_anticipation_handovers",
+    "two_jobs_no_anticipation_idle_ms_per_handover", "two_jobs_no_anticipation_busy",
     "same_priority_high_wait_p50_ms", "same_priority_low_wait_p50_ms",
     "priority_high_wait_p50_ms", "priority_low_wait_p50_ms",
     "trainer_step_alone_s", "trainer_step_fifo_s", "trainer_step_phase_priority_s",

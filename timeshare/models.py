@@ -63,6 +63,11 @@ class GroupPolicy(BaseModel):
     # killed), and the waiting job gets the GPU if it fits, else an error
     # naming the cause. Never forever: a waiter always hears an answer.
     switch_give_up_seconds: float = Field(default=120.0, ge=1.0, le=86400.0)
+    # With ordering "fair": when a job behind its share yields while a job
+    # ahead of it waits, the turn is held open for the yielder this long at
+    # most (sized from how soon it asked again before), so that a job with
+    # short turns is not handed over after every one of them (0: never).
+    fair_anticipation_seconds: float = Field(default=0.03, ge=0.0, le=1.0)
 
     # The GPU indices the group's jobs use on each of their nodes; empty: all
     # of them. A GPU belongs to one group at a time (checked at join).

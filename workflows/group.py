@@ -53,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
     from timeshare.names import node_task_queue
     from timeshare.refusals import Refusal
     from timeshare.workflows.group_state import (
+        RULES_ANTICIPATION,
         RULES_LEGACY,
         RULES_POLICIES,
         GroupState,
@@ -84,6 +85,9 @@ FAILED_JOBS_PATCH = "timeshare-evict-failed-jobs"
 # share, priorities, leases only for a holder others wait for); older groups
 # keep their rules (group_state.RULES_LEGACY) for as long as they run.
 POLICIES_PATCH = "timeshare-scheduling-policies"
+# Groups created from this change on hold the turn open for a yielder behind
+# its fair share (group_state.RULES_ANTICIPATION); older groups never do.
+ANTICIPATION_PATCH = "timeshare-fair-share-anticipation"
 # One lease timer kept while the deadline it waits for is not later than the
 # group's next one, instead of a timer started and cancelled by every message:
 # two history events fewer per message.
@@ -166,7 +170,7 @@ class GroupWorkflow:
         state = input.state or GroupState(
             group=input.group,
             policy=StoredPolicy.stored(input.policy or GroupPolicy()),
-            rules=RULES_POLICIES if workflow.patched(POLICIES_PATCH) else RULES_LEGACY,
+            rules=_rules_of_a_new_group(),
         )
         self._queue = LockQueue(state, lease_from_grant=workflow.patched(LEASE_FROM_GRANT_PATCH))
         self._grants_at_start = state.grants
@@ -822,6 +826,15 @@ class GroupWorkflow:
                 )
             ]
         )
+
+
+def _rules_of_a_new_group() -> int:
+    """The rules a group decides by for as long as it runs: the newest this
+    scheduler knows, asked of Temporal so that a group created by an older
+    scheduler replays with the rules it was created with."""
+    if not workflow.patched(POLICIES_PATCH):
+        return RULES_LEGACY
+    return RULES_ANTICIPATION if workflow.patched(ANTICIPATION_PATCH) else RULES_POLICIES
 
 
 def _refuse_bad_phase(phase: str) -> None:

@@ -29,6 +29,9 @@ SCHEMA_VERSION = 1
 # across continue-as-new: an upgrade never changes them under it.
 RULES_LEGACY = 1
 RULES_POLICIES = 2
+# 3: policies, and fair share anticipates a yielder behind its share
+# (LockQueue._anticipate).
+RULES_ANTICIPATION = 3
 Public = TypeVar("Public", bound=BaseModel)
 Stored = TypeVar("Stored", bound="StoredModel")
 
@@ -67,6 +70,7 @@ class StoredPolicy(StoredModel):
     phase_priority: dict[str, int] = Field(default_factory=dict)
     preempt_lower_after_seconds: float = 0.0
     switch_give_up_seconds: float = 120.0
+    fair_anticipation_seconds: float = 0.03
 
     @property
     def idle_lease(self) -> float:
@@ -217,6 +221,14 @@ class SwitchPlan(StoredModel):
         ]
 
 
+class Anticipation(StoredModel):
+    """The turn held open for ``job``, which yielded behind its fair share
+    while a job ahead of it waits, until ``until`` (LockQueue._anticipate)."""
+
+    job: str
+    until: float
+
+
 class SwitchFailing(StoredModel):
     """A run of failed switch attempts, kept across plans until one succeeds
     or the scheduler gives up (LockQueue.switch_failed)."""
@@ -285,6 +297,8 @@ class GroupState(StoredModel):
     # Jobs that left the group (leave, eviction, lease, exit), and the nodes
     # whose agents have yet to release their processes.
     releasing: dict[str, list[str]] = Field(default_factory=dict)
+    # The turn held open for a yielder behind its fair share (None: none).
+    anticipation: Anticipation | None = None
     # Failed switch attempts since the last switch that worked (None: none).
     failing: SwitchFailing | None = None
     # Requests ended by a switch that could not be made, by request id.

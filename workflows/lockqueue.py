@@ -41,7 +41,9 @@ from timeshare.models import GroupStateName, GroupStatus, HeartbeatOutput, JobSt
 from timeshare.refusals import Refusal
 from timeshare.workflows import ordering
 from timeshare.workflows.group_state import (
+    RULES_ANTICIPATION,
     RULES_POLICIES,
+    Anticipation,
     GroupState,
     JobEntry,
     StoredGrant,
@@ -69,6 +71,10 @@ SWITCH_RETRY_PAUSE_MAX_SECONDS = 30.0
 # A failure this long after the last one starts a new run of failures: the
 # longest pause between attempts, and then some.
 SWITCH_RUN_GAP_SECONDS = 2 * SWITCH_RETRY_PAUSE_MAX_SECONDS
+# A turn held open for a yielder behind its share lasts this many times its
+# usual gap before asking again, plus this slack (capped by the policy).
+ANTICIPATION_GAP_SHARE = 2.0
+ANTICIPATION_SLACK_SECONDS = 0.005
 # Phases whose ask gaps a job keeps (the oldest is forgotten first).
 MAX_PHASES_REMEMBERED = 16
 # A request later than expected by more than this share of its usual gap,
@@ -535,8 +541,48 @@ class LockQueue:
         self._end_turn(turn, now, "")
         self.state.turn = None
         self.state.since = now
+        self._anticipate(job, turn, now)
         self._grant_ready(now)
         return held
+
+    def _anticipate(self, job: str, turn: StoredGrant, now: float) -> None:
+        """Hold the turn open for a yielder that fair share would serve before
+        the jobs waiting, if it usually asks again within the policy's
+        fair_anticipation_seconds (as disk schedulers anticipate a process's
+        next read). Without it, two busy jobs alternate whatever their shares:
+        the waiter is granted as the holder yields, before it can ask again.
+        The yielder is still on its GPUs: its next turn moves nothing."""
+        s, policy = self.state, self.state.policy
+        cap = policy.fair_anticipation_seconds
+        if s.rules < RULES_ANTICIPATION or policy.ordering != "fair" or cap <= 0 or s.paused:
+            return
+        entry = s.jobs[job]
+        gap = entry.ask_gaps.get(turn.phase)
+        waiting = [w for w in self._eligible() if w.job != job]
+        if gap is None or gap > cap or not waiting or self.moves_for(job):
+            return
+        # Behind even after another turn like this one: a job just level
+        # with the others is not kept, so equal jobs still alternate.
+        held = max(0.0, now - turn.granted_at) / entry.weight
+        first = ordering.in_grant_order(waiting, s.jobs, policy, now)[0]
+        if entry.share_seconds + held > s.jobs[first.job].share_seconds:
+            return
+        asks = Waiter(job=job, request_id="", ticket=s.next_ticket, since=now, phase=turn.phase)
+        if ordering.in_grant_order([asks, first], s.jobs, policy, now)[0] is not asks:
+            return  # outranked (priority, phase priority, aging)
+        window = min(cap, ANTICIPATION_GAP_SHARE * gap + ANTICIPATION_SLACK_SECONDS)
+        s.anticipation = Anticipation(job=job, until=now + window)
+
+    def _anticipated(self, now: float) -> str | None:
+        """The job the turn is held open for now, if any (an expired or void
+        hold is dropped)."""
+        held = self.state.anticipation
+        if held is None:
+            return None
+        if now >= held.until or held.job not in self.state.jobs or self.state.paused:
+            self.state.anticipation = None
+            return None
+        return held.job
 
     # -- timers ---------------------------------------------------------------
 
@@ -544,6 +590,8 @@ class LockQueue:
         """When expire() next has something to do, or the holder is next asked
         to yield, if nothing else happens first."""
         deadlines = [deadline for _, deadline, _ in self._lease_deadlines()]
+        if self.state.anticipation is not None:
+            deadlines.append(self.state.anticipation.until)
         asked, preempt_at = self._yield_times()
         if preempt_at is not None:
             deadlines.append(preempt_at)
@@ -567,6 +615,10 @@ class LockQueue:
                     reason = self._lease_reason(kind)
                     self.evict(job, reason, now)
                     done.append(f"evicted {job}: {reason}")
+        held = self.state.anticipation
+        if held is not None and self._anticipated(now) is None:
+            done.append(f"held the turn for {held.job} in vain")
+            self._grant_ready(now)
         turn = self.state.turn
         _, preempt_at = self._yield_times()
         if turn is not None and preempt_at is not None and now >= preempt_at:
@@ -684,7 +736,10 @@ class LockQueue:
 
     def needs_switch(self) -> bool:
         """True when a waiter may go next but nodes must move first."""
-        return self.state.turn is None and self.state.switching is None and bool(self._eligible())
+        s = self.state
+        return (
+            s.turn is None and s.switching is None and not s.anticipation and bool(self._eligible())
+        )
 
     def begin_switch(self, now: float, whole_jobs: bool = True) -> SwitchPlan:
         """Plan the switch to the next waiter. ``whole_jobs`` False: plan as
@@ -1042,10 +1097,13 @@ class LockQueue:
         that search attributes and the UI's details show), cheaper to make
         than the whole status and to compare with the last one shown."""
         s = self.state
+        # A turn held open for its last holder shows as still held by it:
+        # nothing changes outside for a hold its job ends by asking again.
+        holder = s.anticipation.job if s.anticipation is not None else ""
         return GroupSummary(
             group=s.group,
             state=self._state_name(),
-            holder=s.turn.job if s.turn is not None else "",
+            holder=s.turn.job if s.turn is not None else holder,
             holder_phase=s.turn.phase if s.turn is not None else "",
             yield_epoch=self.yield_requested_epoch(now) if self.policies else 0,
             epoch=s.epoch,
@@ -1071,7 +1129,7 @@ class LockQueue:
             return "degraded"
         if s.switching is not None or self.needs_switch():
             return "switching"
-        if s.turn is not None:
+        if s.turn is not None or s.anticipation is not None:
             return "held"
         return "paused" if s.paused else "idle"
 
@@ -1242,6 +1300,15 @@ class LockQueue:
         would come first now (it is next in line, and may preempt)."""
         self._clock = max(self._clock, now)
         waiter = self._next_waiter(now)
+        anticipated = self._anticipated(now)
+        if anticipated is not None:
+            # Held open for one job: nobody else is granted until it asks or
+            # the hold ends (expire()).
+            asks = [w for w in self._eligible() if w.job == anticipated]
+            if not asks:
+                return
+            waiter = asks[0]
+            self.state.anticipation = None
         if switched is not None and self.policies:
             planned = [w for w in self._eligible() if w.ticket == switched[0]]
             waiter = planned[0] if planned else waiter

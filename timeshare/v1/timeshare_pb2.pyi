@@ -65,6 +65,7 @@ class GroupPolicy(_message.Message):
     GPUS_FIELD_NUMBER: _builtins.int
     PREFETCH_FIELD_NUMBER: _builtins.int
     SWITCH_GIVE_UP_SECONDS_FIELD_NUMBER: _builtins.int
+    FAIR_ANTICIPATION_SECONDS_FIELD_NUMBER: _builtins.int
     lease_seconds: _builtins.float
     """A holder that others wait for and that sends nothing (renewals
     included) for this long is evicted, and the turn moves on (30).
@@ -112,6 +113,12 @@ class GroupPolicy(_message.Message):
     waiting job gets the GPUs if it fits, else its acquire fails (ABORTED)
     naming the cause and that job.
     """
+    fair_anticipation_seconds: _builtins.float
+    """With ordering "fair": when a job behind its share yields while a job
+    ahead of it waits, the turn is held open for the yielder at most this
+    long (sized from how soon it asked again before; 0.03; 0: never). Set
+    explicitly (optional): an unset field keeps the default, 0 turns it off.
+    """
     @_builtins.property
     def phase_priority(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Added to the job's priority for a request of that phase."""
@@ -141,12 +148,15 @@ class GroupPolicy(_message.Message):
         gpus: _abc.Iterable[_builtins.int] | None = ...,
         prefetch: _builtins.str = ...,
         switch_give_up_seconds: _builtins.float = ...,
+        fair_anticipation_seconds: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_fair_anticipation_seconds", b"_fair_anticipation_seconds", "fair_anticipation_seconds", b"fair_anticipation_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout_seconds", b"agent_timeout_seconds", "aging_seconds", b"aging_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "fair_credit_seconds", b"fair_credit_seconds", "gpus", b"gpus", "idle_lease_seconds", b"idle_lease_seconds", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "ordering", b"ordering", "phase_priority", b"phase_priority", "preempt_grace_seconds", b"preempt_grace_seconds", "preempt_lower_after_seconds", b"preempt_lower_after_seconds", "prefetch", b"prefetch", "switch_give_up_seconds", b"switch_give_up_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_fair_anticipation_seconds", b"_fair_anticipation_seconds", "agent_timeout_seconds", b"agent_timeout_seconds", "aging_seconds", b"aging_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "fair_anticipation_seconds", b"fair_anticipation_seconds", "fair_credit_seconds", b"fair_credit_seconds", "gpus", b"gpus", "idle_lease_seconds", b"idle_lease_seconds", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "ordering", b"ordering", "phase_priority", b"phase_priority", "preempt_grace_seconds", b"preempt_grace_seconds", "preempt_lower_after_seconds", b"preempt_lower_after_seconds", "prefetch", b"prefetch", "switch_give_up_seconds", b"switch_give_up_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__fair_anticipation_seconds: _TypeAlias = _typing.Literal["fair_anticipation_seconds"]  # noqa: Y015
+    _WhichOneofArgType__fair_anticipation_seconds: _TypeAlias = _typing.Literal["_fair_anticipation_seconds", b"_fair_anticipation_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fair_anticipation_seconds) -> _WhichOneofReturnType__fair_anticipation_seconds | None: ...
 
 Global___GroupPolicy: _TypeAlias = GroupPolicy  # noqa: Y015
 
