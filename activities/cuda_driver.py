@@ -149,11 +149,20 @@ class CudaDriverBackend(ProcessCheckpointBackend):
     def describe(self) -> str:
         return f"cuda (driver checkpoint API, cuda-bindings {bindings_version()})"
 
+    def _not_cuda(self, result: Any) -> bool:
+        """The driver's answer for a pid that holds no CUDA context. Driver
+        580.159.04 answered CUDA_ERROR_NOT_INITIALIZED for a process that
+        never touched CUDA, to a caller that had called cuInit (GPU-FACTS.md);
+        [CRIU] and ai-dynamo's cuda-checkpoint-helper expect
+        CUDA_ERROR_INVALID_VALUE, which older drivers may give. This agent's
+        own cuInit succeeded before it started (create_with), so here neither
+        answer is about the caller."""
+        codes = self.driver.CUresult
+        return bool(result in (codes.CUDA_ERROR_NOT_INITIALIZED, codes.CUDA_ERROR_INVALID_VALUE))
+
     async def restore_thread(self, pid: int) -> int | None:
         result, tid = await self._call(self.driver.cuCheckpointProcessGetRestoreThreadId, pid)
-        # [CRIU] and ai-dynamo's cuda-checkpoint-helper: the driver answers
-        # CUDA_ERROR_INVALID_VALUE for a process without CUDA checkpoint state.
-        if result == self.driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+        if self._not_cuda(result):
             return None
         self._check(result, f"asking process {pid} for its CUDA restore thread")
         return int(tid)
@@ -164,7 +173,7 @@ class CudaDriverBackend(ProcessCheckpointBackend):
         except ValueError:
             # cuda-bindings 12.x turns CUDA 13's in-progress values into ValueError.
             return CudaState.BUSY
-        if result == self.driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+        if self._not_cuda(result):
             raise NotCuda(pid)
         self._check(result, f"reading the CUDA state of process {pid}")
         found = STATES.get(int(state))

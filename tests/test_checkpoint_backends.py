@@ -75,10 +75,13 @@ def start_job(
     ranks: int = 2,
     nbytes: int = 8 * MiB,
     group: str = "g",
+    children: int = 0,
 ) -> Job:
     job = []
     for index in range(ranks):
-        worker = start_worker(emu.env, tmp_path, f"{group}-{name}-{index}", nbytes=nbytes)
+        worker = start_worker(
+            emu.env, tmp_path, f"{group}-{name}-{index}", nbytes=nbytes, children=children
+        )
         workers.append(worker)
         job.append(worker)
         table.register(group, name, worker.pid)
@@ -455,3 +458,85 @@ async def test_a_switch_whose_checkpoint_outlives_the_call_timeout_fails_as_unkn
     emulator.clear_faults(emu.state_dir)
     wait_until(lambda: emu.state(job.pids[0]) == (0, CHECKPOINTED), "the hung call to end")
     assert [s for s in (RUNNING, LOCKED) if s == emu.state(job.pids[0])[1]] == []
+
+
+async def test_a_rank_with_a_child_without_cuda_is_moved_and_the_child_left_alone(
+    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker], kind: str
+) -> None:
+    """The child (a DataLoader's worker) answers CUDA_ERROR_NOT_INITIALIZED,
+    as on driver 580 (GPU-FACTS.md): no CUDA there, not a failed switch."""
+    emu, table = gpu_emulator, ProcessTable()
+    backend = backend_of(kind, emu, table)
+    (rank,) = start_job(emu, tmp_path, workers, table, "a", ranks=1, children=1).ranks
+    (child,) = rank.children
+    assert emu.restore_tid(child)[0] == emulator.CUDA_ERROR_NOT_INITIALIZED
+    assert (await backend.checkpoint("g", "a")).pids == [rank.pid]
+    assert emu.state(rank.pid) == (0, CHECKPOINTED)
+    assert (await backend.restore("g", "a")).pids == [rank.pid]
+    rank.advancing()
+    assert not [e for e in emulator.read_log(emu.log) if e["pid"] == child
+                and e["call"] != "cuCheckpointProcessGetRestoreThreadId"]  # fmt: skip
+
+
+def utility_that(tmp_path: Path, emu: Emulator, name: str, script: str) -> str:
+    """A cuda-checkpoint that runs ``script`` (sh) for some calls; "real"
+    passes a call on to the emulator's utility."""
+    path = tmp_path / name
+    real = f'exec {emu.lib_dir / emulator.UTILITY} "$@"'
+    path.write_text(f"#!/bin/sh\nreal() {{ {real}; }}\n{script}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+BROKEN_UTILITIES = {
+    # Its driver library is missing: the loader's words, exit 127.
+    "cannot load": (
+        'echo "cuda-checkpoint: error while loading shared libraries: libcuda.so.1: '
+        'cannot open shared object file" >&2; exit 127',
+        r"--get-restore-tid --pid \d+ failed \(exit 127\): .*libcuda.so.1",
+    ),
+    "refuses": (
+        'echo "Could not get restore thread for process ID $3: \\"operation not permitted\\"" >&2;'
+        " exit 1",
+        r"failed \(exit 1\): Could not get restore thread .*operation not permitted",
+    ),
+    "crashes": ("kill -SEGV $$", r"failed \(killed by signal 11\): no output"),
+    "prints nonsense": ('echo "tid: unknown"', r"exit 0\): printed 'tid: unknown', not a thread id"),
+    "cannot read the state": (
+        '[ "$1" = --get-state ] && { echo "Error getting process state for process ID $3: '
+        '\\"operation not permitted\\"" >&2; exit 1; }; real "$@"',
+        r"--get-state --pid \d+ failed \(exit 1\): Error getting process state",
+    ),
+}
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN_UTILITIES))
+async def test_a_utility_that_fails_otherwise_than_no_cuda_fails_the_switch_loudly(
+    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker], broken: str
+) -> None:
+    """Only "Could not find restore thread for process ID P" means no CUDA:
+    read as "nothing to move", any other failure would leave the job's state
+    on the device and report the switch done."""
+    emu, table = gpu_emulator, ProcessTable()
+    script, expected = BROKEN_UTILITIES[broken]
+    utility = utility_that(tmp_path, emu, "cuda-checkpoint", script)
+    backend = CudaCheckpointBackend(CONFIG, utility)
+    backend.attach(table)
+    (rank,) = start_job(emu, tmp_path, workers, table, "a", ranks=1).ranks
+    with pytest.raises(BackendError, match=expected) as failed:
+        await backend.checkpoint("g", "a")
+    assert f"run `{utility} --get-" in str(failed.value)  # what to do next
+    assert emu.state(rank.pid) == (0, RUNNING)
+
+
+async def test_a_utility_the_agent_cannot_run_fails_the_switch_loudly(
+    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker]
+) -> None:
+    emu, table = gpu_emulator, ProcessTable()
+    utility = utility_that(tmp_path, emu, "cuda-checkpoint", 'real "$@"')
+    backend = CudaCheckpointBackend(CONFIG, utility)
+    backend.attach(table)
+    start_job(emu, tmp_path, workers, table, "a", ranks=1)
+    Path(utility).chmod(0o644)  # as after a copy that lost its mode
+    with pytest.raises(BackendError, match=r"could not run \(Permission denied\)"):
+        await backend.checkpoint("g", "a")
