@@ -25,7 +25,12 @@ import shutil
 from pathlib import Path
 
 from timeshare.activities.backend import BackendConfig, BackendError
-from timeshare.activities.checkpointing import CudaState, NotCuda, ProcessCheckpointBackend
+from timeshare.activities.checkpointing import (
+    CudaState,
+    NotCuda,
+    OutOfDeviceMemory,
+    ProcessCheckpointBackend,
+)
 from timeshare.activities.gpus import CHECKPOINT_API_DRIVER, NoGpus, gpu_inventory
 
 HELP_SECONDS = 30.0
@@ -103,7 +108,12 @@ class CudaCheckpointBackend(ProcessCheckpointBackend):
         )
         code, out, err = await self._run("--action", action, "--pid", str(pid), *timeout)
         if code != 0:
-            raise BackendError(f"{action} of process {pid} failed (cuda-checkpoint): {err or out}")
+            # The driver's own words for CUDA_ERROR_OUT_OF_MEMORY, as the
+            # utility printed them in NVIDIA/cuda-checkpoint issue 44.
+            failed = OutOfDeviceMemory if action == "restore" and '"out of memory"' in err else None
+            raise (failed or BackendError)(
+                f"{action} of process {pid} failed (cuda-checkpoint): {err or out}"
+            )
 
     async def _run(self, *args: str) -> tuple[int, str, str]:
         """One run of the utility, waited for until it exits."""

@@ -29,7 +29,12 @@ from types import ModuleType
 from typing import Any
 
 from timeshare.activities.backend import BackendConfig, BackendError
-from timeshare.activities.checkpointing import CudaState, NotCuda, ProcessCheckpointBackend
+from timeshare.activities.checkpointing import (
+    CudaState,
+    NotCuda,
+    OutOfDeviceMemory,
+    ProcessCheckpointBackend,
+)
 from timeshare.activities.gpus import CHECKPOINT_API_DRIVER, NoGpus, gpu_inventory
 
 # CUprocessState ([API]; 4 and 5 from CUDA 13, cuda-bindings 13.x).
@@ -112,10 +117,13 @@ def check_driver(driver: ModuleType, driver_version: str) -> None:
 class CudaDriverBackend(ProcessCheckpointBackend):
     name = "cuda"
 
-    def __init__(self, config: BackendConfig, driver: ModuleType) -> None:
-        super().__init__(config)
+    def __init__(
+        self, config: BackendConfig, driver: ModuleType, threads: int = MAX_CONCURRENT_CALLS
+    ) -> None:
+        # Calls that hang keep their thread: at most half the pool.
+        super().__init__(config, stuck_limit=max(1, threads // 2))
         self.driver = driver
-        self._executor = ThreadPoolExecutor(MAX_CONCURRENT_CALLS, thread_name_prefix="cuda-call")
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="cuda-call")
 
     @classmethod
     def create(cls, config: BackendConfig) -> CudaDriverBackend:
@@ -188,6 +196,8 @@ class CudaDriverBackend(ProcessCheckpointBackend):
             arguments.timeoutMs = max(1, int(self.lock_timeout * 1000))
         function = getattr(self.driver, f"cuCheckpointProcess{action.capitalize()}")
         (result,) = await self._call(function, pid, arguments)
+        if action == "restore" and result == self.driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+            raise OutOfDeviceMemory(f"restore of process {pid} failed: {self._name(result)}")
         self._check(result, f"{action} of process {pid}")
 
     async def _call(self, function: Callable[..., Any], *args: Any) -> Any:

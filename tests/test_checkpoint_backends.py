@@ -14,13 +14,24 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from tests import emulator
+from tests.cuda_backends import (
+    CONFIG,
+    KINDS,
+    MiB,
+    backend_of,
+    driver_backend,
+    read_emulated_nvml,
+    running_workers,
+    spans,
+    start_job,
+    switch_input,
+)
 from tests.emulator import CHECKPOINTED, CHECKPOINTING, LOCKED, RUNNING
 from tests.emulator.rig import (
     REPO,
@@ -31,98 +42,32 @@ from tests.emulator.rig import (
     start_worker,
 )
 from tests.polling import async_check, wait_until, wait_until_async
-from timeshare.activities.backend import BackendConfig, BackendError
-from timeshare.activities.checkpointing import CudaState, ProcessCheckpointBackend
+from timeshare.activities.backend import BackendError
+from timeshare.activities.checkpointing import CudaState
 from timeshare.activities.cuda_checkpoint import CudaCheckpointBackend
-from timeshare.activities.cuda_driver import CudaDriverBackend
 from timeshare.activities.freeze import FreezeBackend
 from timeshare.activities.processes import ProcessTable
 from timeshare.activities.stacked import StackedBackend
 from timeshare.activities.switch import SwitchActivities
-from timeshare.models import CHECKPOINT_FAILED, NodeInfo, NodeMove, NodeRecord, SwitchInput
+from timeshare.models import CHECKPOINT_FAILED, NodeInfo, NodeRecord
 from timeshare.status import nodes_table
 from timeshare.workers.agent import node_info
 
-MiB = 2**20
-GiB = 2**30
-CONFIG = BackendConfig(node="n", lock_timeout_seconds=2.0, call_timeout_seconds=30.0)
-
-
-class Job:
-    def __init__(self, ranks: list[CudaWorker]) -> None:
-        self.ranks = sorted(ranks, key=lambda rank: rank.pid)
-
-    @property
-    def pids(self) -> list[int]:
-        return [rank.pid for rank in self.ranks]
-
 
 @pytest.fixture
-def workers(gpu_emulator: Emulator, tmp_path: Path) -> Iterator[list[CudaWorker]]:
-    started: list[CudaWorker] = []
-    yield started
-    emulator.clear_faults(gpu_emulator.state_dir)
-    for worker in started:
-        worker.kill()
+def workers(gpu_emulator: Emulator) -> Iterator[list[CudaWorker]]:
+    with running_workers(gpu_emulator) as started:
+        yield started
 
 
-def start_job(
-    emu: Emulator,
-    tmp_path: Path,
-    workers: list[CudaWorker],
-    table: ProcessTable,
-    name: str,
-    ranks: int = 2,
-    nbytes: int = 8 * MiB,
-    group: str = "g",
-    children: int = 0,
-) -> Job:
-    job = []
-    for index in range(ranks):
-        worker = start_worker(
-            emu.env, tmp_path, f"{group}-{name}-{index}", nbytes=nbytes, children=children
-        )
-        workers.append(worker)
-        job.append(worker)
-        table.register(group, name, worker.pid)
-    return Job(job)
-
-
-def driver_backend(emu: Emulator, table: ProcessTable, config: BackendConfig = CONFIG) -> Any:
-    backend = CudaDriverBackend(config, emu.driver)
-    backend.attach(table)
-    return backend
-
-
-def utility_backend(emu: Emulator, table: ProcessTable) -> CudaCheckpointBackend:
-    backend = CudaCheckpointBackend(CONFIG, str(emu.lib_dir / emulator.UTILITY))
-    backend.attach(table)
-    return backend
-
-
-@pytest.fixture(params=["cuda", "cuda-checkpoint"])
+@pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def backend_of(kind: str, emu: Emulator, table: ProcessTable) -> ProcessCheckpointBackend:
-    made: ProcessCheckpointBackend = (
-        driver_backend(emu, table) if kind == "cuda" else utility_backend(emu, table)
-    )
-    return made
-
-
-def spans(emu: Emulator, call: str, pids: list[int]) -> list[tuple[float, float, int]]:
-    return sorted(s for s in emulator.intervals(emu.log, call) if s[2] in pids)
-
-
 @pytest.fixture
 def nvml(gpu_emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The backends read NVML (through the real pynvml, in a child process)."""
-    monkeypatch.setattr(
-        "timeshare.activities.checkpointing.device_memory",
-        lambda: nvml_device_memory(gpu_emulator.env),
-    )
+    read_emulated_nvml(monkeypatch, gpu_emulator)
 
 
 async def test_ranks_are_all_locked_first_then_moved_in_parallel_each_reported(
@@ -277,7 +222,7 @@ bindings = types.ModuleType("driver")
 for name in dir(driver):
     if name != "cuCheckpointProcessRestore":  # as cuda-bindings 13.0.0 and 13.0.1
         setattr(bindings, name, getattr(driver, name))
-from timeshare.activities.backend import BackendConfig, BackendError
+from timeshare.activities.backend import BackendConfig, BackendError, JobFailed, NoDeviceRoom
 from timeshare.activities.cuda_driver import CudaDriverBackend
 try:
     CudaDriverBackend.create_with(BackendConfig(node="n"), lambda: bindings)
@@ -327,7 +272,7 @@ async def test_host_memory_is_held_for_every_checkpoint_under_way_whatever_its_g
     first = start_job(emu, tmp_path, workers, table, "a", ranks=1, nbytes=64 * MiB, group="g1")
     start_job(emu, tmp_path, workers, table, "b", ranks=1, nbytes=64 * MiB, group="g2")
     monkeypatch.setattr(
-        "timeshare.activities.checkpointing.host_memory_available", lambda: 100 * MiB
+        "timeshare.activities.checkpoint_memory.host_memory_available", lambda: 100 * MiB
     )
     # One group's checkpoint is under way (slow) ...
     emulator.add_fault(emu.state_dir, first.pids[0], "checkpoint", "delay", 1500)
@@ -342,7 +287,7 @@ async def test_host_memory_is_held_for_every_checkpoint_under_way_whatever_its_g
         await backend.checkpoint("g2", "b")
     assert list((await backend.states("g2", "b")).values()) == [CudaState.RUNNING]
     assert (await under_way).bytes == 64 * MiB
-    monkeypatch.setattr("timeshare.activities.checkpointing.host_memory_available", lambda: 0)
+    monkeypatch.setattr("timeshare.activities.checkpoint_memory.host_memory_available", lambda: 0)
     with pytest.raises(BackendError, match=r"parked here already: g1/a 0\.1 GiB"):
         await backend.checkpoint("g2", "b")
 
@@ -364,13 +309,6 @@ async def test_footprints_come_from_nvml_and_are_remembered_while_parked(
     assert await backend.admission_footprint("g", "a") == {"gpu0": 64 * MiB}
     restored = await backend.restore("g", "a")
     assert (restored.action, restored.bytes) == ("restore", 64 * MiB)
-
-
-def switch_input(group: str, admit: str, plan: int, evict: list[str] | None = None) -> SwitchInput:
-    return SwitchInput(
-        group=group, epoch=plan, plan=plan, co_residency="auto",
-        move=NodeMove(node="n", admit=admit, evict=evict or []),
-    )  # fmt: skip
 
 
 async def test_memory_nvml_cannot_tell_is_unknown_and_such_a_job_is_moved_never_packed(
@@ -501,7 +439,10 @@ BROKEN_UTILITIES = {
         r"failed \(exit 1\): Could not get restore thread .*operation not permitted",
     ),
     "crashes": ("kill -SEGV $$", r"failed \(killed by signal 11\): no output"),
-    "prints nonsense": ('echo "tid: unknown"', r"exit 0\): printed 'tid: unknown', not a thread id"),
+    "prints nonsense": (
+        'echo "tid: unknown"',
+        r"exit 0\): printed 'tid: unknown', not a thread id",
+    ),
     "cannot read the state": (
         '[ "$1" = --get-state ] && { echo "Error getting process state for process ID $3: '
         '\\"operation not permitted\\"" >&2; exit 1; }; real "$@"',
