@@ -81,11 +81,29 @@ class AppBackend(Backend):
         self._given_up.discard((group, job))
         return await self._call_all(group, job, "admit", None)
 
-    async def release(self, group: str, job: str) -> Released:
-        if (group, job) not in self._failing:
-            return Released()
-        self._given_up.add((group, job))
-        return Released(done=["its failing hooks are not called again"])
+    async def release(self, group: str, job: str, wake: bool = True) -> Released:
+        """The job left its group: what its hooks put away comes back (a
+        sleeping vLLM or SGLang engine wakes, offloaded tensors return), as
+        at an admission, unless ``wake`` is off (its device state is still
+        parked: its hooks' CUDA calls would block). Hooks that failed are not
+        called again."""
+        key = (group, job)
+        if key in self._failing:
+            self._given_up.add(key)
+            return Released(done=["its failing hooks are not called again"])
+        if not wake:
+            evicted = [c.pid for c in self.hooks.connections(group, job) if c.evicted]
+            return Released(
+                done=[f"admit hooks of {evicted} not called: its device state is still parked"]
+                if evicted
+                else []
+            )
+        try:
+            woke = await self._call_all(group, job, "admit", None)
+        except HookFailed as failed:
+            self._given_up.add(key)
+            return Released(done=[f"{failed}; its hooks are not called again"])
+        return Released(done=[f"admit hooks of {woke.pids} ran"] if woke.action != "noop" else [])
 
     async def _call_all(
         self, group: str, job: str, hook: HookName, mode: EvictMode | None

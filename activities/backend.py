@@ -100,6 +100,17 @@ class HookFailed(BackendError):
         self.group, self.job = group, job
 
 
+class NoDeviceRoom(BackendError):
+    """The job's parked state does not fit in the device memory free now, so
+    it was not restored: it stays parked and can be restored once the room is
+    free. Never retried blindly: a restore the driver fails for lack of memory
+    cannot be retried on driver 580 (NVIDIA/cuda-checkpoint issue 44)."""
+
+    def __init__(self, group: str, job: str, message: str) -> None:
+        super().__init__(message)
+        self.group, self.job = group, job
+
+
 class StateUnknown(BackendError):
     """A call on the job's processes is still running past its time limit:
     until it ends nobody can say where the job's state is."""

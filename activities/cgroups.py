@@ -1,8 +1,9 @@
-"""Freezing a job's own cgroup: cgroup v2 `cgroup.freeze`, or the v1 freezer.
+"""A job's cgroups: freezing its own cgroup (cgroup v2 `cgroup.freeze`, or
+the v1 freezer), and the memory limit its processes live under.
 
-Used when every registered process of a job (and nothing else) sits in one
-cgroup that is not the root: freezing it is atomic and catches processes the
-job starts later, which SIGSTOP of a process tree cannot."""
+Freezing is used when every registered process of a job (and nothing else)
+sits in one cgroup that is not the root: freezing it is atomic and catches
+processes the job starts later, which SIGSTOP of a process tree cannot."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ PROC = Path("/proc")
 
 @dataclass(frozen=True)
 class Hierarchy:
-    version: int  # 2: unified; 1: the v1 freezer controller
+    version: int  # 2: unified; 1: a v1 controller's own hierarchy
     mount: Path
+    controller: str = "freezer"  # the v1 controller (v2 has every one)
 
 
 @dataclass(frozen=True)
@@ -53,17 +55,17 @@ class FreezerCgroup:
         return True
 
 
-def hierarchies() -> list[Hierarchy]:
-    """Writable cgroup v2 and v1-freezer mounts, v2 first."""
+def hierarchies(controller: str = "freezer") -> list[Hierarchy]:
+    """Cgroup v2 mounts and the v1 mounts of ``controller``, v2 first."""
     found = []
     for line in (PROC / "self" / "mountinfo").read_text().splitlines():
         fields = line.split()
         separator = fields.index("-")
         mount, fstype, options = Path(fields[4]), fields[separator + 1], fields[-1]
         if fstype == "cgroup2":
-            found.append(Hierarchy(2, mount))
-        elif fstype == "cgroup" and "freezer" in options.split(","):
-            found.append(Hierarchy(1, mount))
+            found.append(Hierarchy(2, mount, controller))
+        elif fstype == "cgroup" and controller in options.split(","):
+            found.append(Hierarchy(1, mount, controller))
     return sorted(found, key=lambda h: -h.version)
 
 
@@ -75,7 +77,7 @@ def cgroup_of(pid: int, hierarchy: Hierarchy) -> str | None:
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if (hierarchy.version == 2 and controllers == "") or (
-            hierarchy.version == 1 and "freezer" in controllers.split(",")
+            hierarchy.version == 1 and hierarchy.controller in controllers.split(",")
         ):
             return path
     return None
@@ -97,3 +99,68 @@ def own_cgroup(pids: list[int]) -> FreezerCgroup | None:
         if members <= set(pids) and os.getpid() not in members and os.access(path, os.W_OK):
             return FreezerCgroup(hierarchy, path)
     return None
+
+
+# Limits of v1 (memory.limit_in_bytes) at or above this are "no limit": the
+# kernel shows an unlimited cgroup as PAGE_COUNTER_MAX pages (9223372036854771712
+# with 4 KiB pages).
+V1_NO_LIMIT = 1 << 62
+
+
+@dataclass(frozen=True)
+class MemoryRoom:
+    """How much more a cgroup (the tightest of a process's and its
+    ancestors') can be charged before it reaches its memory limit."""
+
+    bytes: int
+    cgroup: str
+    file: str
+    limit: int
+    used: int
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit (v2)
+
+
+def cgroup_memory_room(hierarchy: Hierarchy, path: str) -> MemoryRoom | None:
+    """The tightest memory limit from the cgroup at ``path`` up to the
+    hierarchy's root: v2 memory.max less memory.current, v1
+    memory.limit_in_bytes less memory.usage_in_bytes; None where none is set."""
+    names = (
+        ("memory.max", "memory.current")
+        if hierarchy.version == 2
+        else ("memory.limit_in_bytes", "memory.usage_in_bytes")
+    )
+    tightest: MemoryRoom | None = None
+    directory = hierarchy.mount / path.lstrip("/")
+    while True:
+        limit, used = _read_int(directory / names[0]), _read_int(directory / names[1])
+        if limit is not None and used is not None and limit < V1_NO_LIMIT:
+            relative = directory.relative_to(hierarchy.mount)
+            name = "/" if relative == Path(".") else f"/{relative}"
+            room = MemoryRoom(max(0, limit - used), name, names[0], limit, used)
+            if tightest is None or room.bytes < tightest.bytes:
+                tightest = room
+        if directory == hierarchy.mount or hierarchy.mount not in directory.parents:
+            return tightest
+        directory = directory.parent
+
+
+def memory_room(pids: list[int]) -> MemoryRoom | None:
+    """The tightest memory limit any of these processes lives under (the
+    memory controller of cgroup v2 where it is enabled, else v1's)."""
+    tightest: MemoryRoom | None = None
+    for pid in pids:
+        for hierarchy in hierarchies("memory"):
+            path = cgroup_of(pid, hierarchy)
+            if path is None:
+                continue
+            room = cgroup_memory_room(hierarchy, path)
+            if room is not None and (tightest is None or room.bytes < tightest.bytes):
+                tightest = room
+    return tightest

@@ -29,14 +29,20 @@ Rules:
   is bounded by the driver's own timeoutMs ([API] CUcheckpointLockArgs); a call
   still running after the call timeout leaves the job's state unknown
   (StateUnknown), and the next action on that process first waits for the call
-  to end and reads the state again.
+  to end and reads the state again. Reads count as in flight too, and hung
+  calls cannot take every thread (bounded_calls.py).
 - A checkpoint that leaves any CUDA process of the job on the device fails.
-- Host memory for a checkpoint is reserved before anything is locked, against
-  every checkpoint under way on the node, whatever its group.
+- Host memory for a checkpoint is reserved before anything is locked, and
+  device memory for a restore before the driver is asked (checkpoint_memory.py);
+  a restore that does not fit is refused (NoDeviceRoom) and the job stays
+  parked, restorable. One the driver still fails for lack of memory can never
+  be restored on driver 580 (NVIDIA/cuda-checkpoint issue 44): the job is
+  failed (JobFailed) and never asked to restore again.
 - A job's footprint is read from NVML while it is on the device and is the
   one NVML showed at its checkpoint while parked. Memory NVML cannot tell
-  (MIG, no accounting) is unknown, never zero: such a job is never kept
-  co-resident, and its host reservation is the whole of its GPUs' used memory.
+  (MIG, no accounting, a process it does not list) is unknown, never zero:
+  such a job is never kept co-resident, and its reservations are the whole of
+  its GPUs' used memory.
 """
 
 from __future__ import annotations
@@ -47,10 +53,9 @@ import contextlib
 import enum
 import json
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
 
 from timeshare.activities.backend import (
     Backend,
@@ -58,19 +63,29 @@ from timeshare.activities.backend import (
     BackendError,
     DeviceBytes,
     JobFailed,
+    NoDeviceRoom,
     Released,
     StateUnknown,
 )
-from timeshare.activities.gpus import DeviceMemory, device_memory, host_memory_available, node_gpus
+from timeshare.activities.bounded_calls import BoundedCalls
+from timeshare.activities.checkpoint_memory import (
+    MemoryHeld,
+    footprint,
+    rank_bytes,
+    unrestorable_message,
+    upper_bounds,
+)
+from timeshare.activities.gpus import DeviceMemory, device_memory, node_gpus
 from timeshare.activities.processes import ProcessTable, alive
-from timeshare.activities.residency import fits
 from timeshare.hooks.protocol import EvictMode
 from timeshare.models import ActionName, BackendAction, RankAction
 
-Result = TypeVar("Result")
 JobKey = tuple[str, str]
 GiB = 2**30
 STATE_POLL_SECONDS = 0.02
+# Calls that may hang past the call timeout before no new one starts: half
+# of a backend's threads (cuda_driver.py's pool) stay for healthy processes.
+STUCK_CALLS = 32
 
 
 class CudaState(enum.StrEnum):
@@ -93,26 +108,34 @@ class NotCuda(Exception):
     """The process holds no CUDA context (never had one, or has exited)."""
 
 
+class OutOfDeviceMemory(BackendError):
+    """A restore the driver failed for lack of device memory."""
+
+
 class ProcessCheckpointBackend(Backend):
-    def __init__(self, config: BackendConfig) -> None:
+    def __init__(self, config: BackendConfig, stuck_limit: int = STUCK_CALLS) -> None:
         self.node = config.node
         self.lock_timeout = config.lock_timeout_seconds
         self.call_timeout = config.call_timeout_seconds
         self.margin = config.co_residency_margin_bytes
         self.record_path = Path(config.record_path) if config.record_path else None
         self.processes = ProcessTable()
+        self.calls = BoundedCalls(self.call_timeout, stuck_limit)
+        self.held = MemoryHeld(self.node)
         # Each checkpointed job's device bytes per GPU, as NVML saw them
-        # (None: NVML could not tell).
+        # (None: NVML could not tell), and the room its restore needs (where
+        # unknown, all that was in use on its GPUs).
         self._parked: dict[JobKey, DeviceBytes | None] = {}
-        # Host bytes held for checkpoints under way, per job, any group.
-        self._reserved: dict[JobKey, int] = {}
-        # The call that may still change each process's state, while it runs.
-        self._in_flight: dict[int, asyncio.Future[Any]] = {}
+        self._room: dict[JobKey, DeviceBytes] = {}
         # Jobs whose device memory NVML cannot tell, and why.
         self._unknown_memory: dict[JobKey, str] = {}
         # Jobs a process of which was seen FAILED: terminal for the job, even
         # once that process has exited, until the job is released.
         self._failed: dict[JobKey, set[int]] = {}
+        # Processes whose restore ran out of device memory, and per job those
+        # of them that can never be restored (issue 44): terminal likewise.
+        self._out_of_memory: set[int] = set()
+        self._lost: dict[JobKey, set[int]] = {}
 
     def attach(self, processes: ProcessTable) -> None:
         self.processes = processes
@@ -141,49 +164,14 @@ class ProcessCheckpointBackend(Backend):
 
     # -- bounded calls -----------------------------------------------------------
 
-    async def _bounded(self, call: Awaitable[Result], what: str, pid: int, changes: bool) -> Result:
-        """Wait for the call for at most the call timeout, never cancelling it:
-        a call that changes state and runs on is remembered, and the next
-        change of that process waits for it first."""
-        if changes:
-            await self._previous_call_ended(pid)
-        task = asyncio.ensure_future(call)
-        if changes:
-            self._in_flight[pid] = task
-        task.add_done_callback(partial(self._call_ended, pid))
-        done, _ = await asyncio.wait({task}, timeout=self.call_timeout)
-        if not done:
-            raise StateUnknown(
-                f"{what} has not returned after {self.call_timeout:g} s (--call-timeout); "
-                f"the state of process {pid} is unknown until it does"
-            )
-        return task.result()
-
-    def _call_ended(self, pid: int, task: asyncio.Future[Any]) -> None:
-        if self._in_flight.get(pid) is task:
-            del self._in_flight[pid]
-        if not task.cancelled():
-            task.exception()  # retrieved: a late failure is read again from the state
-
-    async def _previous_call_ended(self, pid: int) -> None:
-        earlier = self._in_flight.get(pid)
-        if earlier is None or earlier.done():
-            return
-        done, _ = await asyncio.wait({earlier}, timeout=self.call_timeout)
-        if not done:
-            raise StateUnknown(
-                f"an earlier call on process {pid} is still running after a further "
-                f"{self.call_timeout:g} s; its state is unknown"
-            )
-
     async def _settled_state(self, pid: int) -> CudaState:
         """The process's state once no call or operation on it is under way."""
-        await self._previous_call_ended(pid)
+        await self.calls.ended(pid)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.call_timeout
         while True:
-            state = await self._bounded(
-                self.read_state(pid), f"reading the state of process {pid}", pid, False
+            state = await self.calls.read(
+                partial(self.read_state, pid), f"reading the state of process {pid}", pid, "state"
             )
             if state not in IN_PROGRESS:
                 return state
@@ -195,8 +183,11 @@ class ProcessCheckpointBackend(Backend):
             await asyncio.sleep(STATE_POLL_SECONDS)
 
     async def _is_cuda(self, pid: int) -> bool:
-        tid = await self._bounded(
-            self.restore_thread(pid), f"asking process {pid} for its restore thread", pid, False
+        tid = await self.calls.read(
+            partial(self.restore_thread, pid),
+            f"asking process {pid} for its restore thread",
+            pid,
+            "probe",
         )
         return tid is not None
 
@@ -230,10 +221,13 @@ class ProcessCheckpointBackend(Backend):
         if (group, job) in self._failed and not allow_failed:
             pids = sorted(self._failed[(group, job)])
             raise JobFailed(group, job, _failed_message(group, job, pids, self.node))
+        if (group, job) in self._lost and not allow_failed:
+            pids = sorted(self._lost[(group, job)])
+            raise JobFailed(group, job, unrestorable_message(group, job, pids, self.node))
         return states
 
     def failed(self, group: str, job: str) -> bool:
-        return (group, job) in self._failed
+        return (group, job) in self._failed or (group, job) in self._lost
 
     async def resident_jobs(self, group: str) -> list[str]:
         """Jobs with any CUDA process whose state is on the device, including
@@ -280,8 +274,8 @@ class ProcessCheckpointBackend(Backend):
         if found is None:
             self._unknown_memory[(group, job)] = (
                 f"co-residency off for {group}/{job} on node {self.node}: NVML cannot tell "
-                "its processes' device memory (MIG, or no per-process accounting); it is "
-                "moved, never packed"
+                "its processes' device memory (MIG, no per-process accounting, or an agent "
+                "in another PID namespace); it is moved, never packed"
             )
         else:
             self._unknown_memory.pop((group, job), None)
@@ -296,34 +290,28 @@ class ProcessCheckpointBackend(Backend):
     def _host_memory_for(
         self, group: str, job: str, memory: dict[str, DeviceMemory], pids: list[int]
     ) -> Iterator[DeviceBytes | None]:
-        """Hold host memory for the device bytes about to move (per GPU),
-        against every checkpoint under way on this node; refuse before
-        locking anything if the host cannot hold them, rather than let the
-        kernel's OOM killer pick a victim."""
+        """Hold host memory for the device bytes about to move (per GPU)."""
         moving = self._noted_footprint(group, job, memory, pids)
         # Unknown per process: as much as is used on the GPUs it holds.
-        needed = sum(moving.values()) if moving is not None else upper_bound(memory, pids)
-        key = (group, job)
-        elsewhere = sum(count for other, count in self._reserved.items() if other != key)
-        available = host_memory_available() - elsewhere
-        if needed > available:
-            parked = ", ".join(
-                f"{g}/{j} {sum((b or {}).values()) / GiB:.1f} GiB"
-                for (g, j), b in sorted(self._parked.items())
-            )
-            raise BackendError(
-                f"job {group}/{job} holds {needed / GiB:.1f} GiB of device memory but the host "
-                f"has {available / GiB:.1f} GiB available"
-                + (f" ({elsewhere / GiB:.1f} GiB more held by checkpoints under way)"
-                   if elsewhere else "")
-                + (f"; parked here already: {parked}" if parked else "")
-                + "; nothing was moved"
-            )  # fmt: skip
-        self._reserved[key] = needed
-        try:
+        bounds = upper_bounds(memory, pids)
+        needed = sum(moving.values()) if moving is not None else sum(bounds.values())
+        parked = ", ".join(
+            f"{g}/{j} {sum((b or {}).values()) / GiB:.1f} GiB"
+            for (g, j), b in sorted(self._parked.items())
+        )
+        with self.held.host_for((group, job), needed, pids, parked):
             yield moving
-        finally:
-            self._reserved.pop(key, None)
+
+    def _device_room(self, group: str, job: str) -> contextlib.AbstractContextManager[None]:
+        """Hold the device memory the job's restore needs, or refuse
+        (NoDeviceRoom). Where nothing is known of it (parked before this
+        agent started, or no NVML) the driver decides."""
+        need, memory = self._room.get((group, job)), device_memory()
+        if need is None or not memory:
+            return contextlib.nullcontext()
+        return self.held.device_for(
+            (group, job), need, memory, self._parked.get((group, job)) is not None
+        )
 
     # -- actions -------------------------------------------------------------------
 
@@ -359,6 +347,9 @@ class ProcessCheckpointBackend(Backend):
                     raise  # a member: the retry moves only what is left
                 raise BackendError(f"{error}{await self._resume(group, job)}") from None
             self._parked[(group, job)] = moving
+            self._room[(group, job)] = (
+                moving if moving is not None else upper_bounds(memory, on_device)
+            )
         return self._action(job, "checkpoint", start, moved)
 
     async def restore(self, group: str, job: str) -> BackendAction:
@@ -369,11 +360,15 @@ class ProcessCheckpointBackend(Backend):
         start = time.time()
         to_restore = [pid for pid in to_unlock if states[pid] == CudaState.CHECKPOINTED]
         parked = self._parked.get((group, job)) or {}
-        # Every rank restored (at once) before any is unlocked.
-        restored = await self._each(group, job, "restore", to_restore, None)
+        # Every rank restored (at once), in room held for it, before any is unlocked.
+        restored = []
+        if to_restore:
+            with self._device_room(group, job):
+                restored = await self._restore_all(group, job, to_restore)
         unlocked = await self._each(group, job, "unlock", to_unlock, {})
         await self._check_all(group, job, CudaState.RUNNING, "restore")
         self._parked.pop((group, job), None)
+        self._room.pop((group, job), None)
         if not to_restore:
             return self._action(job, "unlock", start, unlocked)
         action = self._action(job, "restore", start, restored)
@@ -382,21 +377,24 @@ class ProcessCheckpointBackend(Backend):
     async def release(self, group: str, job: str) -> Released:
         """Restore what fits, unlock every locked process; what does not fit
         stays checkpointed (its CUDA calls block; the process can be killed);
-        a FAILED process is left as it is."""
+        a FAILED process, or one that can never be restored, is left as it is."""
+        key = (group, job)
         states = await self.states(group, job, allow_failed=True)
-        failed = sorted(
-            pid for pid in self._failed.get((group, job), set()) if states.get(pid) is not None
-        )
-        parked = sorted(pid for pid, state in states.items() if state == CudaState.CHECKPOINTED)
-        done: list[str] = []
-        need, free = self._parked.get((group, job)), await self.free_memory(group)
-        if parked and need is not None and free is not None and not fits(need, free):
-            done.append(f"no room on the device for the state of {parked}")
-        elif parked:
-            # Where it is not known to fit the driver decides: a restore that
-            # finds no room fails and leaves the process checkpointed
-            # ([API] "The GPU to restore onto needs to have enough memory").
-            done += await self._try_each("restore", parked)
+        failed = sorted(pid for pid in self._failed.get(key, set()) if states.get(pid) is not None)
+        lost = sorted(pid for pid in self._lost.get(key, set()) if pid in states)
+        parked = sorted(
+            pid for pid, state in states.items()
+            if state == CudaState.CHECKPOINTED and pid not in lost
+        )  # fmt: skip
+        done = [unrestorable_message(group, job, lost, self.node)] if lost else []
+        if parked:
+            try:
+                with self._device_room(group, job):
+                    done += await self._try_each("restore", parked)
+                if newly_lost := sorted(set(parked) & self._out_of_memory):
+                    done.append(unrestorable_message(group, job, newly_lost, self.node))
+            except NoDeviceRoom as refused:
+                done.append(f"not restored: {refused}")
         locked = [
             pid for pid, state in (await self.states(group, job, allow_failed=True)).items()
             if state == CudaState.LOCKED
@@ -404,8 +402,11 @@ class ProcessCheckpointBackend(Backend):
         done += await self._try_each("unlock", locked)
         after = await self.states(group, job, allow_failed=True)
         if not any(state == CudaState.CHECKPOINTED for state in after.values()):
-            self._parked.pop((group, job), None)
-        self._failed.pop((group, job), None)  # it left: nothing more to refuse for it
+            self._parked.pop(key, None)
+            self._room.pop(key, None)
+        # It left: nothing more to refuse for it.
+        self._failed.pop(key, None)
+        self._out_of_memory -= self._lost.pop(key, set()) | set(after)
         return Released(
             running=sorted(p for p, s in after.items() if s == CudaState.RUNNING),
             checkpointed=sorted(p for p, s in after.items() if s == CudaState.CHECKPOINTED),
@@ -445,8 +446,27 @@ class ProcessCheckpointBackend(Backend):
 
     async def _act_and_time(self, action: str, pid: int) -> float:
         start = time.monotonic()
-        await self._bounded(self.act(action, pid), f"{action} of process {pid}", pid, True)
+        try:
+            await self.calls.change(
+                partial(self.act, action, pid), f"{action} of process {pid}", pid
+            )
+        except OutOfDeviceMemory:
+            self._out_of_memory.add(pid)
+            raise
         return time.monotonic() - start
+
+    async def _restore_all(self, group: str, job: str, pids: list[int]) -> list[RankAction]:
+        """Restore every rank at once. One the driver failed for lack of
+        device memory can never be restored on driver 580 (NVIDIA/
+        cuda-checkpoint issue 44): the job is failed, never asked again."""
+        try:
+            return await self._each(group, job, "restore", pids, None)
+        except BackendError:
+            lost = sorted(set(pids) & self._out_of_memory)
+            if not lost:
+                raise
+            self._lost.setdefault((group, job), set()).update(lost)
+            raise JobFailed(group, job, unrestorable_message(group, job, lost, self.node)) from None
 
     async def _lock_all(
         self, group: str, job: str, states: dict[int, CudaState]
@@ -498,7 +518,7 @@ class ProcessCheckpointBackend(Backend):
         done = [
             RankAction(
                 pid=pid, action=_action_name(action), seconds=o,
-                bytes=_rank_bytes(memory, pid) if memory else 0,
+                bytes=rank_bytes(memory, pid) if memory else 0,
             )
             for pid, o in zip(pids, outcomes, strict=True)
             if isinstance(o, float)
@@ -578,30 +598,6 @@ class ProcessCheckpointBackend(Backend):
                     "pid": rank.pid, "bytes": rank.bytes, "seconds": rank.seconds,
                     "at": time.time(),
                 }) + "\n")  # fmt: skip
-
-
-def footprint(memory: dict[str, DeviceMemory], pids: list[int]) -> DeviceBytes | None:
-    """The bytes these processes use on each GPU where they use any; None
-    if NVML cannot tell for any of them."""
-    found: DeviceBytes = {}
-    for gpu, m in memory.items():
-        counts = [m.by_pid[pid] for pid in pids if pid in m.by_pid]
-        if any(count is None for count in counts):
-            return None
-        total = sum(count for count in counts if count is not None)
-        if total:
-            found[gpu] = total
-    return found
-
-
-def upper_bound(memory: dict[str, DeviceMemory], pids: list[int]) -> int:
-    """All the memory used on every GPU where any of these processes appears."""
-    return sum(m.used_bytes for m in memory.values() if any(pid in m.by_pid for pid in pids))
-
-
-def _rank_bytes(memory: dict[str, DeviceMemory], pid: int) -> int | None:
-    found = footprint(memory, [pid])
-    return None if found is None else sum(found.values())
 
 
 def _action_name(action: str) -> ActionName:

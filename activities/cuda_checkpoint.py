@@ -3,6 +3,10 @@
 --pid`), for hosts where the driver's checkpoint API cannot be used in process
 (no cuda-bindings in the agent's environment).
 
+Only the utility's own "no restore thread" answer, as read on driver 580
+(GPU-FACTS.md), means a process holds no CUDA context; any other failure of a
+probe or a state read is an error that names it, never "nothing to move".
+
 One utility process per call, and one per rank at once, so ranks move in
 parallel. Each run is waited for until it exits: a run past the call timeout
 leaves the job's state unknown rather than being killed mid-operation (see
@@ -21,14 +25,23 @@ import shutil
 from pathlib import Path
 
 from timeshare.activities.backend import BackendConfig, BackendError
-from timeshare.activities.checkpointing import CudaState, NotCuda, ProcessCheckpointBackend
+from timeshare.activities.checkpointing import (
+    CudaState,
+    NotCuda,
+    OutOfDeviceMemory,
+    ProcessCheckpointBackend,
+)
 from timeshare.activities.gpus import CHECKPOINT_API_DRIVER, NoGpus, gpu_inventory
 
 HELP_SECONDS = 30.0
 NEEDED_FLAGS = ("--action", "--get-state", "--get-restore-tid")
-# What the utility prints when it cannot work at all (as opposed to a pid
-# that is not a CUDA process): "Insufficient driver", "Error initializing CUDA".
-UTILITY_BROKEN = ("Insufficient driver", "Error initializing CUDA")
+# The one answer that means "this process holds no CUDA context": what the
+# 580.159.04 utility printed (stderr, exit 1) for a process without CUDA
+# (GPU-FACTS.md), followed by the pid. Anything else that fails (a refusal,
+# "Insufficient driver", "Error initializing CUDA", a utility that cannot load
+# or run, output never seen) is an error: read as "no CUDA", it would turn a
+# switch into a silent no-op that leaves the job's state on the device.
+NO_RESTORE_THREAD = "Could not find restore thread for process ID"
 
 
 class CudaCheckpointBackend(ProcessCheckpointBackend):
@@ -63,29 +76,31 @@ class CudaCheckpointBackend(ProcessCheckpointBackend):
         return f"cuda-checkpoint ({self.utility})"
 
     async def restore_thread(self, pid: int) -> int | None:
-        code, out, err = await self._run("--get-restore-tid", "--pid", str(pid))
+        args = ("--get-restore-tid", "--pid", str(pid))
+        code, out, err = await self._run(*args)
         if code != 0:
-            # [CRIU] get_cuda_restore_tid: a failing run means the pid has no
-            # CUDA restore thread, unless the utility itself cannot work.
-            if err.startswith(UTILITY_BROKEN):
-                raise BackendError(f"cuda-checkpoint --get-restore-tid failed: {err}")
-            return None
+            if f"{NO_RESTORE_THREAD} {pid}" in err.splitlines():
+                return None
+            raise self._failure(args, code, out, err)
         try:
             return int(out.strip())
         except ValueError:
-            raise BackendError(f"cuda-checkpoint printed {out.strip()!r} as a thread id") from None
+            raise self._failure(args, code, out, err, "not a thread id") from None
 
     async def read_state(self, pid: int) -> CudaState:
-        code, out, err = await self._run("--get-state", "--pid", str(pid))
+        args = ("--get-state", "--pid", str(pid))
+        code, out, err = await self._run(*args)
         if code != 0:
-            if err.startswith(UTILITY_BROKEN):
-                raise BackendError(f"cuda-checkpoint --get-state failed: {err}")
-            raise NotCuda(pid)
+            # What --get-state prints for a process without CUDA has not been
+            # read: the restore thread's answer, which has, tells.
+            if await self.restore_thread(pid) is None:
+                raise NotCuda(pid)
+            raise self._failure(args, code, out, err)
         # [CRIU] get_task_state_enum matches the printed state by its prefix.
         for state in CudaState:
             if out.startswith(state.value):
                 return state
-        raise BackendError(f"cuda-checkpoint printed {out.strip()!r} as the state of {pid}")
+        raise self._failure(args, code, out, err, "not a state")
 
     async def act(self, action: str, pid: int) -> None:
         timeout = (
@@ -93,17 +108,39 @@ class CudaCheckpointBackend(ProcessCheckpointBackend):
         )
         code, out, err = await self._run("--action", action, "--pid", str(pid), *timeout)
         if code != 0:
-            raise BackendError(f"{action} of process {pid} failed (cuda-checkpoint): {err or out}")
+            # The driver's own words for CUDA_ERROR_OUT_OF_MEMORY, as the
+            # utility printed them in NVIDIA/cuda-checkpoint issue 44.
+            failed = OutOfDeviceMemory if action == "restore" and '"out of memory"' in err else None
+            raise (failed or BackendError)(
+                f"{action} of process {pid} failed (cuda-checkpoint): {err or out}"
+            )
 
     async def _run(self, *args: str) -> tuple[int, str, str]:
         """One run of the utility, waited for until it exits."""
-        process = await asyncio.create_subprocess_exec(
-            self.utility, *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        try:
+            process = await asyncio.create_subprocess_exec(
+                self.utility, *args,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+        except OSError as error:
+            raise BackendError(
+                f"the cuda-checkpoint utility at {self.utility} could not run "
+                f"({error.strerror or error}); check that the agent's user may run it"
+            ) from None
         out, err = await process.communicate()
         code = process.returncode if process.returncode is not None else -1
         return code, out.decode(errors="replace"), err.decode(errors="replace").strip()
+
+    def _failure(
+        self, args: tuple[str, ...], code: int, out: str, err: str, what: str = ""
+    ) -> BackendError:
+        """A run that answered neither as it should nor "no CUDA here"."""
+        ended = f"killed by signal {-code}" if code < 0 else f"exit {code}"
+        said = f"printed {out.strip()!r}, {what}" if what else err or out.strip() or "no output"
+        return BackendError(
+            f"cuda-checkpoint {' '.join(args)} failed ({ended}): {said[:500]}; "
+            f"run `{self.utility} {' '.join(args)}` as the agent's user to see why"
+        )
 
 
 def check_interface(utility: str) -> None:

@@ -29,7 +29,12 @@ from types import ModuleType
 from typing import Any
 
 from timeshare.activities.backend import BackendConfig, BackendError
-from timeshare.activities.checkpointing import CudaState, NotCuda, ProcessCheckpointBackend
+from timeshare.activities.checkpointing import (
+    CudaState,
+    NotCuda,
+    OutOfDeviceMemory,
+    ProcessCheckpointBackend,
+)
 from timeshare.activities.gpus import CHECKPOINT_API_DRIVER, NoGpus, gpu_inventory
 
 # CUprocessState ([API]; 4 and 5 from CUDA 13, cuda-bindings 13.x).
@@ -112,10 +117,13 @@ def check_driver(driver: ModuleType, driver_version: str) -> None:
 class CudaDriverBackend(ProcessCheckpointBackend):
     name = "cuda"
 
-    def __init__(self, config: BackendConfig, driver: ModuleType) -> None:
-        super().__init__(config)
+    def __init__(
+        self, config: BackendConfig, driver: ModuleType, threads: int = MAX_CONCURRENT_CALLS
+    ) -> None:
+        # Calls that hang keep their thread: at most half the pool.
+        super().__init__(config, stuck_limit=max(1, threads // 2))
         self.driver = driver
-        self._executor = ThreadPoolExecutor(MAX_CONCURRENT_CALLS, thread_name_prefix="cuda-call")
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="cuda-call")
 
     @classmethod
     def create(cls, config: BackendConfig) -> CudaDriverBackend:
@@ -149,11 +157,20 @@ class CudaDriverBackend(ProcessCheckpointBackend):
     def describe(self) -> str:
         return f"cuda (driver checkpoint API, cuda-bindings {bindings_version()})"
 
+    def _not_cuda(self, result: Any) -> bool:
+        """The driver's answer for a pid that holds no CUDA context. Driver
+        580.159.04 answered CUDA_ERROR_NOT_INITIALIZED for a process that
+        never touched CUDA, to a caller that had called cuInit (GPU-FACTS.md);
+        [CRIU] and ai-dynamo's cuda-checkpoint-helper expect
+        CUDA_ERROR_INVALID_VALUE, which older drivers may give. This agent's
+        own cuInit succeeded before it started (create_with), so here neither
+        answer is about the caller."""
+        codes = self.driver.CUresult
+        return bool(result in (codes.CUDA_ERROR_NOT_INITIALIZED, codes.CUDA_ERROR_INVALID_VALUE))
+
     async def restore_thread(self, pid: int) -> int | None:
         result, tid = await self._call(self.driver.cuCheckpointProcessGetRestoreThreadId, pid)
-        # [CRIU] and ai-dynamo's cuda-checkpoint-helper: the driver answers
-        # CUDA_ERROR_INVALID_VALUE for a process without CUDA checkpoint state.
-        if result == self.driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+        if self._not_cuda(result):
             return None
         self._check(result, f"asking process {pid} for its CUDA restore thread")
         return int(tid)
@@ -164,7 +181,7 @@ class CudaDriverBackend(ProcessCheckpointBackend):
         except ValueError:
             # cuda-bindings 12.x turns CUDA 13's in-progress values into ValueError.
             return CudaState.BUSY
-        if result == self.driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+        if self._not_cuda(result):
             raise NotCuda(pid)
         self._check(result, f"reading the CUDA state of process {pid}")
         found = STATES.get(int(state))
@@ -179,6 +196,8 @@ class CudaDriverBackend(ProcessCheckpointBackend):
             arguments.timeoutMs = max(1, int(self.lock_timeout * 1000))
         function = getattr(self.driver, f"cuCheckpointProcess{action.capitalize()}")
         (result,) = await self._call(function, pid, arguments)
+        if action == "restore" and result == self.driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+            raise OutOfDeviceMemory(f"restore of process {pid} failed: {self._name(result)}")
         self._check(result, f"{action} of process {pid}")
 
     async def _call(self, function: Callable[..., Any], *args: Any) -> Any:

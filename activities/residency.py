@@ -35,16 +35,21 @@ def plan_room(
     footprints: Mapping[str, DeviceBytes | None],
 ) -> RoomPlan:
     """Evict, least recently used first, only until ``need`` fits in what is
-    free. Where either figure is unknown, evict every job: never guess."""
+    free. Where either figure is unknown, evict every job: never guess. A job
+    of unknown size always leaves: nobody can tell what it holds or may take."""
     if need is None or free is None:
         return RoomPlan(evict=list(least_recent_first), keep=[])
     room = dict(free)
-    evict: list[str] = []
+    evict = [job for job in least_recent_first if footprints.get(job) is None]
     for job in least_recent_first:
+        if job in evict:
+            continue
         if fits(need, room):
             break
         evict.append(job)
-        # A victim of unknown size frees nothing we may count on.
         for device, count in (footprints.get(job) or {}).items():
             room[device] = room.get(device, 0) + count
-    return RoomPlan(evict=evict, keep=[job for job in least_recent_first if job not in evict])
+    return RoomPlan(
+        evict=[job for job in least_recent_first if job in evict],
+        keep=[job for job in least_recent_first if job not in evict],
+    )

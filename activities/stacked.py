@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from timeshare.activities.app import AppBackend
 from timeshare.activities.backend import (
     DEVICE,
     HOOKS,
@@ -156,7 +157,12 @@ class StackedBackend(Backend):
     async def release(self, group: str, job: str) -> Released:
         released = Released()
         for layer in self.restoring:
-            released = released.merged(await layer.release(group, job))
+            if isinstance(layer, AppBackend):
+                # Last, as at an admission: woken only once its state is back.
+                parked = bool(released.checkpointed or released.failed)
+                released = released.merged(await layer.release(group, job, wake=not parked))
+            else:
+                released = released.merged(await layer.release(group, job))
         return released
 
 

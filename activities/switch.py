@@ -20,7 +20,13 @@ from opentelemetry import propagate, trace
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from timeshare.activities.backend import Backend, BackendError, HookFailed, JobFailed
+from timeshare.activities.backend import (
+    Backend,
+    BackendError,
+    HookFailed,
+    JobFailed,
+    NoDeviceRoom,
+)
 from timeshare.activities.processes import ProcessTable
 from timeshare.activities.residency import RoomPlan, extra, plan_room
 from timeshare.hooks.protocol import EvictMode
@@ -29,6 +35,7 @@ from timeshare.models import (
     CHECKPOINT_FAILED,
     HOOK_FAILED,
     JOB_FAILED,
+    NO_DEVICE_ROOM,
     RESTORE_FAILED,
     BackendAction,
     ReleaseInput,
@@ -348,6 +355,13 @@ async def _step(action: Awaitable[BackendAction], failure_type: str, job: str) -
             # Terminal: the workflow evicts the job named in the details.
             raise ApplicationError(
                 str(failed), failed.job, type=JOB_FAILED, non_retryable=True
+            ) from None
+        except NoDeviceRoom as refused:
+            span.set_status(trace.StatusCode.ERROR, str(refused))
+            # Nothing was restored and retrying finds the same: the workflow
+            # tells it by the second detail and answers the waiting job.
+            raise ApplicationError(
+                str(refused), refused.job, NO_DEVICE_ROOM, type=RESTORE_FAILED, non_retryable=True
             ) from None
         except HookFailed as failed:
             span.set_status(trace.StatusCode.ERROR, str(failed))

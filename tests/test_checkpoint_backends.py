@@ -14,13 +14,24 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from tests import emulator
+from tests.cuda_backends import (
+    CONFIG,
+    KINDS,
+    MiB,
+    backend_of,
+    driver_backend,
+    read_emulated_nvml,
+    running_workers,
+    spans,
+    start_job,
+    switch_input,
+)
 from tests.emulator import CHECKPOINTED, CHECKPOINTING, LOCKED, RUNNING
 from tests.emulator.rig import (
     REPO,
@@ -31,95 +42,32 @@ from tests.emulator.rig import (
     start_worker,
 )
 from tests.polling import async_check, wait_until, wait_until_async
-from timeshare.activities.backend import BackendConfig, BackendError
-from timeshare.activities.checkpointing import CudaState, ProcessCheckpointBackend
+from timeshare.activities.backend import BackendError
+from timeshare.activities.checkpointing import CudaState
 from timeshare.activities.cuda_checkpoint import CudaCheckpointBackend
-from timeshare.activities.cuda_driver import CudaDriverBackend
 from timeshare.activities.freeze import FreezeBackend
 from timeshare.activities.processes import ProcessTable
 from timeshare.activities.stacked import StackedBackend
 from timeshare.activities.switch import SwitchActivities
-from timeshare.models import CHECKPOINT_FAILED, NodeInfo, NodeMove, NodeRecord, SwitchInput
+from timeshare.models import CHECKPOINT_FAILED, NodeInfo, NodeRecord
 from timeshare.status import nodes_table
 from timeshare.workers.agent import node_info
 
-MiB = 2**20
-GiB = 2**30
-CONFIG = BackendConfig(node="n", lock_timeout_seconds=2.0, call_timeout_seconds=30.0)
-
-
-class Job:
-    def __init__(self, ranks: list[CudaWorker]) -> None:
-        self.ranks = sorted(ranks, key=lambda rank: rank.pid)
-
-    @property
-    def pids(self) -> list[int]:
-        return [rank.pid for rank in self.ranks]
-
 
 @pytest.fixture
-def workers(gpu_emulator: Emulator, tmp_path: Path) -> Iterator[list[CudaWorker]]:
-    started: list[CudaWorker] = []
-    yield started
-    emulator.clear_faults(gpu_emulator.state_dir)
-    for worker in started:
-        worker.kill()
+def workers(gpu_emulator: Emulator) -> Iterator[list[CudaWorker]]:
+    with running_workers(gpu_emulator) as started:
+        yield started
 
 
-def start_job(
-    emu: Emulator,
-    tmp_path: Path,
-    workers: list[CudaWorker],
-    table: ProcessTable,
-    name: str,
-    ranks: int = 2,
-    nbytes: int = 8 * MiB,
-    group: str = "g",
-) -> Job:
-    job = []
-    for index in range(ranks):
-        worker = start_worker(emu.env, tmp_path, f"{group}-{name}-{index}", nbytes=nbytes)
-        workers.append(worker)
-        job.append(worker)
-        table.register(group, name, worker.pid)
-    return Job(job)
-
-
-def driver_backend(emu: Emulator, table: ProcessTable, config: BackendConfig = CONFIG) -> Any:
-    backend = CudaDriverBackend(config, emu.driver)
-    backend.attach(table)
-    return backend
-
-
-def utility_backend(emu: Emulator, table: ProcessTable) -> CudaCheckpointBackend:
-    backend = CudaCheckpointBackend(CONFIG, str(emu.lib_dir / emulator.UTILITY))
-    backend.attach(table)
-    return backend
-
-
-@pytest.fixture(params=["cuda", "cuda-checkpoint"])
+@pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def backend_of(kind: str, emu: Emulator, table: ProcessTable) -> ProcessCheckpointBackend:
-    made: ProcessCheckpointBackend = (
-        driver_backend(emu, table) if kind == "cuda" else utility_backend(emu, table)
-    )
-    return made
-
-
-def spans(emu: Emulator, call: str, pids: list[int]) -> list[tuple[float, float, int]]:
-    return sorted(s for s in emulator.intervals(emu.log, call) if s[2] in pids)
-
-
 @pytest.fixture
 def nvml(gpu_emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The backends read NVML (through the real pynvml, in a child process)."""
-    monkeypatch.setattr(
-        "timeshare.activities.checkpointing.device_memory",
-        lambda: nvml_device_memory(gpu_emulator.env),
-    )
+    read_emulated_nvml(monkeypatch, gpu_emulator)
 
 
 async def test_ranks_are_all_locked_first_then_moved_in_parallel_each_reported(
@@ -274,7 +222,7 @@ bindings = types.ModuleType("driver")
 for name in dir(driver):
     if name != "cuCheckpointProcessRestore":  # as cuda-bindings 13.0.0 and 13.0.1
         setattr(bindings, name, getattr(driver, name))
-from timeshare.activities.backend import BackendConfig, BackendError
+from timeshare.activities.backend import BackendConfig, BackendError, JobFailed, NoDeviceRoom
 from timeshare.activities.cuda_driver import CudaDriverBackend
 try:
     CudaDriverBackend.create_with(BackendConfig(node="n"), lambda: bindings)
@@ -324,7 +272,7 @@ async def test_host_memory_is_held_for_every_checkpoint_under_way_whatever_its_g
     first = start_job(emu, tmp_path, workers, table, "a", ranks=1, nbytes=64 * MiB, group="g1")
     start_job(emu, tmp_path, workers, table, "b", ranks=1, nbytes=64 * MiB, group="g2")
     monkeypatch.setattr(
-        "timeshare.activities.checkpointing.host_memory_available", lambda: 100 * MiB
+        "timeshare.activities.checkpoint_memory.host_memory_available", lambda: 100 * MiB
     )
     # One group's checkpoint is under way (slow) ...
     emulator.add_fault(emu.state_dir, first.pids[0], "checkpoint", "delay", 1500)
@@ -339,7 +287,7 @@ async def test_host_memory_is_held_for_every_checkpoint_under_way_whatever_its_g
         await backend.checkpoint("g2", "b")
     assert list((await backend.states("g2", "b")).values()) == [CudaState.RUNNING]
     assert (await under_way).bytes == 64 * MiB
-    monkeypatch.setattr("timeshare.activities.checkpointing.host_memory_available", lambda: 0)
+    monkeypatch.setattr("timeshare.activities.checkpoint_memory.host_memory_available", lambda: 0)
     with pytest.raises(BackendError, match=r"parked here already: g1/a 0\.1 GiB"):
         await backend.checkpoint("g2", "b")
 
@@ -361,13 +309,6 @@ async def test_footprints_come_from_nvml_and_are_remembered_while_parked(
     assert await backend.admission_footprint("g", "a") == {"gpu0": 64 * MiB}
     restored = await backend.restore("g", "a")
     assert (restored.action, restored.bytes) == ("restore", 64 * MiB)
-
-
-def switch_input(group: str, admit: str, plan: int, evict: list[str] | None = None) -> SwitchInput:
-    return SwitchInput(
-        group=group, epoch=plan, plan=plan, co_residency="auto",
-        move=NodeMove(node="n", admit=admit, evict=evict or []),
-    )  # fmt: skip
 
 
 async def test_memory_nvml_cannot_tell_is_unknown_and_such_a_job_is_moved_never_packed(
@@ -455,3 +396,88 @@ async def test_a_switch_whose_checkpoint_outlives_the_call_timeout_fails_as_unkn
     emulator.clear_faults(emu.state_dir)
     wait_until(lambda: emu.state(job.pids[0]) == (0, CHECKPOINTED), "the hung call to end")
     assert [s for s in (RUNNING, LOCKED) if s == emu.state(job.pids[0])[1]] == []
+
+
+async def test_a_rank_with_a_child_without_cuda_is_moved_and_the_child_left_alone(
+    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker], kind: str
+) -> None:
+    """The child (a DataLoader's worker) answers CUDA_ERROR_NOT_INITIALIZED,
+    as on driver 580 (GPU-FACTS.md): no CUDA there, not a failed switch."""
+    emu, table = gpu_emulator, ProcessTable()
+    backend = backend_of(kind, emu, table)
+    (rank,) = start_job(emu, tmp_path, workers, table, "a", ranks=1, children=1).ranks
+    (child,) = rank.children
+    assert emu.restore_tid(child)[0] == emulator.CUDA_ERROR_NOT_INITIALIZED
+    assert (await backend.checkpoint("g", "a")).pids == [rank.pid]
+    assert emu.state(rank.pid) == (0, CHECKPOINTED)
+    assert (await backend.restore("g", "a")).pids == [rank.pid]
+    rank.advancing()
+    assert not [e for e in emulator.read_log(emu.log) if e["pid"] == child
+                and e["call"] != "cuCheckpointProcessGetRestoreThreadId"]  # fmt: skip
+
+
+def utility_that(tmp_path: Path, emu: Emulator, name: str, script: str) -> str:
+    """A cuda-checkpoint that runs ``script`` (sh) for some calls; "real"
+    passes a call on to the emulator's utility."""
+    path = tmp_path / name
+    real = f'exec {emu.lib_dir / emulator.UTILITY} "$@"'
+    path.write_text(f"#!/bin/sh\nreal() {{ {real}; }}\n{script}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+BROKEN_UTILITIES = {
+    # Its driver library is missing: the loader's words, exit 127.
+    "cannot load": (
+        'echo "cuda-checkpoint: error while loading shared libraries: libcuda.so.1: '
+        'cannot open shared object file" >&2; exit 127',
+        r"--get-restore-tid --pid \d+ failed \(exit 127\): .*libcuda.so.1",
+    ),
+    "refuses": (
+        'echo "Could not get restore thread for process ID $3: \\"operation not permitted\\"" >&2;'
+        " exit 1",
+        r"failed \(exit 1\): Could not get restore thread .*operation not permitted",
+    ),
+    "crashes": ("kill -SEGV $$", r"failed \(killed by signal 11\): no output"),
+    "prints nonsense": (
+        'echo "tid: unknown"',
+        r"exit 0\): printed 'tid: unknown', not a thread id",
+    ),
+    "cannot read the state": (
+        '[ "$1" = --get-state ] && { echo "Error getting process state for process ID $3: '
+        '\\"operation not permitted\\"" >&2; exit 1; }; real "$@"',
+        r"--get-state --pid \d+ failed \(exit 1\): Error getting process state",
+    ),
+}
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN_UTILITIES))
+async def test_a_utility_that_fails_otherwise_than_no_cuda_fails_the_switch_loudly(
+    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker], broken: str
+) -> None:
+    """Only "Could not find restore thread for process ID P" means no CUDA:
+    read as "nothing to move", any other failure would leave the job's state
+    on the device and report the switch done."""
+    emu, table = gpu_emulator, ProcessTable()
+    script, expected = BROKEN_UTILITIES[broken]
+    utility = utility_that(tmp_path, emu, "cuda-checkpoint", script)
+    backend = CudaCheckpointBackend(CONFIG, utility)
+    backend.attach(table)
+    (rank,) = start_job(emu, tmp_path, workers, table, "a", ranks=1).ranks
+    with pytest.raises(BackendError, match=expected) as failed:
+        await backend.checkpoint("g", "a")
+    assert f"run `{utility} --get-" in str(failed.value)  # what to do next
+    assert emu.state(rank.pid) == (0, RUNNING)
+
+
+async def test_a_utility_the_agent_cannot_run_fails_the_switch_loudly(
+    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker]
+) -> None:
+    emu, table = gpu_emulator, ProcessTable()
+    utility = utility_that(tmp_path, emu, "cuda-checkpoint", 'real "$@"')
+    backend = CudaCheckpointBackend(CONFIG, utility)
+    backend.attach(table)
+    start_job(emu, tmp_path, workers, table, "a", ranks=1)
+    Path(utility).chmod(0o644)  # as after a copy that lost its mode
+    with pytest.raises(BackendError, match=r"could not run \(Permission denied\)"):
+        await backend.checkpoint("g", "a")

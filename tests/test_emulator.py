@@ -25,6 +25,7 @@ from tests.emulator import (
     CHECKPOINTING,
     CUDA_ERROR_ILLEGAL_STATE,
     CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_NOT_INITIALIZED,
     CUDA_ERROR_NOT_READY,
     CUDA_ERROR_OPERATING_SYSTEM,
     CUDA_ERROR_OUT_OF_MEMORY,
@@ -196,17 +197,24 @@ def test_a_locked_process_makes_no_cuda_progress_until_unlocked(
     assert worker.advancing() > stopped_at
 
 
-def test_a_process_without_cuda_is_an_invalid_value(emu: Emulator) -> None:
+def test_a_process_without_cuda_is_not_initialized_as_driver_580_answered(emu: Emulator) -> None:
+    """GPU-FACTS.md: the real driver answered CUDA_ERROR_NOT_INITIALIZED for a
+    live process that never touched CUDA (this caller has called cuInit), and
+    the utility printed one line for it."""
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
-        for pid in (sleeper.pid, 2**22 + 1):  # a process without CUDA; no process at all
-            assert emu.state(pid) == (CUDA_ERROR_INVALID_VALUE, None)
-            assert emu.restore_tid(pid)[0] == CUDA_ERROR_INVALID_VALUE
+        assert emu.restore_tid(sleeper.pid) == (CUDA_ERROR_NOT_INITIALIZED, None)
+        assert emu.state(sleeper.pid) == (CUDA_ERROR_NOT_INITIALIZED, None)
+        # Not read yet: no process at all keeps the documents' invalid value.
+        assert emu.restore_tid(2**22 + 1)[0] == CUDA_ERROR_INVALID_VALUE
+        assert emu.state(2**22 + 1) == (CUDA_ERROR_INVALID_VALUE, None)
+        for pid in (sleeper.pid, 2**22 + 1):
             assert emu.act("lock", pid, timeout_ms=1000) == CUDA_ERROR_INVALID_VALUE
             assert emu.act("unlock", pid) == CUDA_ERROR_INVALID_VALUE
         # what CRIU's cuda plugin reads as "not a CUDA process"
         done = emu.utility("--get-restore-tid", "--pid", str(sleeper.pid))
-        assert done.returncode == 1 and not done.stdout
+        assert (done.returncode, done.stdout) == (1, "")
+        assert done.stderr == f"Could not find restore thread for process ID {sleeper.pid}\n"
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -267,17 +275,44 @@ def test_injected_failure_is_terminal(emu: Emulator, start_worker: Callable[...,
     assert emu.act("lock", worker.pid, timeout_ms=1000) == CUDA_ERROR_ILLEGAL_STATE
     assert emu.state(worker.pid) == (CUDA_SUCCESS, FAILED)
 
-    # an error without a state change: a restore that finds no room stays CHECKPOINTED
+    # an error without a state change: a restore that fails stays CHECKPOINTED
     other = start_worker(MiB)
-    emulator.add_fault(emu.state_dir, other.pid, "restore", "error", CUDA_ERROR_OUT_OF_MEMORY)
+    emulator.add_fault(emu.state_dir, other.pid, "restore", "error", CUDA_ERROR_NOT_READY)
     assert emu.act("lock", other.pid, timeout_ms=5000) == CUDA_SUCCESS
     assert emu.act("checkpoint", other.pid) == CUDA_SUCCESS
-    assert emu.act("restore", other.pid) == CUDA_ERROR_OUT_OF_MEMORY
+    assert emu.act("restore", other.pid) == CUDA_ERROR_NOT_READY
     assert emu.state(other.pid) == (CUDA_SUCCESS, CHECKPOINTED)
     emulator.clear_faults(emu.state_dir)
     assert emu.act("restore", other.pid) == CUDA_SUCCESS
     assert emu.act("unlock", other.pid) == CUDA_SUCCESS
     other.advancing()
+
+
+@pytest.mark.parametrize("cause", ["a full device", "an injected error"])
+def test_a_restore_that_ran_out_of_memory_can_never_succeed(
+    emu: Emulator, start_worker: Callable[..., Worker], cause: str
+) -> None:
+    """NVIDIA/cuda-checkpoint issue 44 (driver 580): after a restore failed
+    with out of memory, every later restore fails with 304 even once the
+    memory is free, and the process cannot be unlocked."""
+    parked = start_worker(400 * MiB)
+    assert emu.act("lock", parked.pid, timeout_ms=5000) == CUDA_SUCCESS
+    assert emu.act("checkpoint", parked.pid) == CUDA_SUCCESS
+    if cause == "a full device":
+        filler = start_worker(700 * MiB)  # of the emulated GPU's 1 GiB
+    else:
+        emulator.add_fault(emu.state_dir, parked.pid, "restore", "error", CUDA_ERROR_OUT_OF_MEMORY)
+    assert emu.act("restore", parked.pid) == CUDA_ERROR_OUT_OF_MEMORY
+    assert emu.state(parked.pid) == (CUDA_SUCCESS, CHECKPOINTED)
+    if cause == "a full device":
+        filler.process.kill()
+        filler.process.wait()
+        wait_for(lambda: filler.pid not in emulator.nvml_process_memory(emu.env), 10, "room")
+    emulator.clear_faults(emu.state_dir)
+    for _ in range(2):
+        assert emu.act("restore", parked.pid) == CUDA_ERROR_OPERATING_SYSTEM
+    assert emu.act("unlock", parked.pid) == CUDA_ERROR_ILLEGAL_STATE
+    assert emu.state(parked.pid) == (CUDA_SUCCESS, CHECKPOINTED)
 
 
 def test_in_progress_states_are_visible_while_a_call_hangs(

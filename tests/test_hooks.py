@@ -22,7 +22,7 @@ from temporalio.testing import ActivityEnvironment
 
 from tests import emulator
 from tests.credentials import known_jobs, token_env, token_of
-from tests.emulator.rig import Emulator
+from tests.emulator.rig import Emulator, nvml_device_memory, start_worker
 from tests.fakes.engine import FakeEngine, running_engine
 from tests.polling import async_check, wait_until_async
 from tests.processes import detached, kill
@@ -317,3 +317,43 @@ async def test_an_agent_that_calls_no_hooks_refuses_them(tmp_path: Path) -> None
             await asyncio.to_thread(
                 serve_hooks, Recorder(), "g", "a", path, register=False, token=token_of("a")
             )
+
+
+async def test_a_job_that_leaves_is_woken_as_at_an_admission(
+    agent: Agent, engine: FakeEngine, start_job: Callable[[EvictMode], int]
+) -> None:
+    """A released vLLM or SGLang engine must not stay asleep: nobody would
+    ever admit it again."""
+    pid = start_job("offload")
+    await agent.wait_for_hooks("a")
+    await agent.admit("a", [])
+    await agent.admit("b", ["a"])
+    assert engine.paths() == ["/sleep?level=1&mode=wait"]
+    released = await agent.switches.release_job("g", "a")
+    assert engine.paths() == ["/sleep?level=1&mode=wait", "/wake_up"]
+    assert f"admit hooks of [{pid}] ran" in released.summary
+
+
+async def test_a_job_left_parked_on_release_is_not_woken_into_blocked_calls(
+    tmp_path: Path,
+    engine: FakeEngine,
+    gpu_emulator: Emulator,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its device state could not come back (no room): its hooks' CUDA calls
+    would block until the hook timeout, so they are not called."""
+    emu = gpu_emulator
+    monkeypatch.setattr(
+        "timeshare.activities.checkpointing.device_memory", lambda: nvml_device_memory(emu.env)
+    )
+    async with two_ranks(tmp_path, engine, emu) as (agent, ranks):
+        await agent.admit("b", ["a"])
+        free = nvml_device_memory(emu.env)["gpu0"].free_bytes
+        filler = start_worker(emu.env, tmp_path, "filler", nbytes=free - (1 << 19))
+        try:
+            released = await agent.switches.release_job("g", "a")
+        finally:
+            filler.kill()
+        assert released.checkpointed == sorted(ranks)
+        assert engine.paths() == ["/sleep?level=1&mode=wait"] * 2
+        assert "not called: its device state is still parked" in released.summary

@@ -320,6 +320,12 @@ JOB_FAILED = "JobFailed"
 # state was to leave the device (retryable): once the retries are spent, the
 # workflow evicts that job, and the switch goes on without it.
 HOOK_FAILED = "HookFailed"
+# The second detail of a non-retryable RESTORE_FAILED (the first is the job):
+# the job's parked state does not fit in the device memory free on the node,
+# so nothing was restored; it stays parked and restorable. Not retried: a
+# restore the driver fails for lack of memory can never be retried on driver
+# 580 (NVIDIA/cuda-checkpoint issue 44), so the room is checked first.
+NO_DEVICE_ROOM = "NoDeviceRoom"
 
 ActionName = Literal["checkpoint", "restore", "lock", "unlock", "noop"]
 

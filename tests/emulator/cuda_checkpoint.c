@@ -298,6 +298,10 @@ int main(int argc, char **argv)
         int tid = 0;
         r = cuCheckpointProcessGetRestoreThreadId(pid, &tid);
         if (r) {
+            /* GPU-FACTS.md (utility 580.159.04): for a process without CUDA, exit 1 and
+             * exactly this line on stderr. What the utility prints when the call fails
+             * otherwise is not read; nvsnap-cuda-checkpoint prints this line for any
+             * failure, and so does this one. */
             fprintf(stderr, "Could not find restore thread for process ID %d\n", pid);
             return 1;
         }

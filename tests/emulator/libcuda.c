@@ -51,7 +51,9 @@
  *                         CU_PROCESS_STATE_FAILED (terminal); returns code (default 304,
  *                         CUDA_ERROR_OPERATING_SYSTEM, what issue #44 saw once a
  *                         restore had gone wrong)
- *           error <code>  returns code, state unchanged (e.g. 2, out of memory)
+ *           error <code>  returns code, state unchanged (e.g. 2, out of memory; a
+ *                         restore's out of memory leaves the process unrestorable, as
+ *                         a real one does: see serve_restore)
  *           hang          the call does not return while the rule is in the file; a
  *                         checkpoint or restore shows CHECKPOINTING / RESTORING meanwhile
  *                         (with an emulated CUDA 13.0+ driver; see reported())
@@ -213,6 +215,7 @@ static int g_state = EMU_RUNNING;
 static int g_locking;  /* a lock is waiting for in-flight calls: new calls block */
 static int g_inflight; /* API calls between api_enter and api_leave */
 static int g_resident = 1; /* 0 while checkpointed: GPU resources released */
+static int g_unrestorable; /* a restore ran out of device memory: see serve_restore */
 
 static pthread_mutex_t g_mem_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct emu_alloc *g_allocs;
@@ -508,8 +511,12 @@ static CUresult serve_checkpoint(void)
 /* [API] cuCheckpointProcessRestore: "Process must be in the CU_PROCESS_STATE_CHECKPOINTED
  * state"; "The GPU to restore onto needs to have enough memory"; "If an array of GPU
  * UUID pairs is specified, it must contain every checkpointed GPU"; leaves LOCKED.
- * [ISSUES] #44: a restore that runs out of memory returns CUDA_ERROR_OUT_OF_MEMORY and
- * the state stays CHECKPOINTED. */
+ * [ISSUES] #44 (driver 580.95.05, CUDA 13.0): a restore that runs out of memory returns
+ * CUDA_ERROR_OUT_OF_MEMORY and the state stays CHECKPOINTED; from then on every restore
+ * returns CUDA_ERROR_OPERATING_SYSTEM, even once the memory is free, and unlock
+ * CUDA_ERROR_ILLEGAL_STATE: the process can only be killed. Modelled for every emulated
+ * driver (none is known to behave otherwise). GPU-FACTS.md has no reading of a restore
+ * on a full device yet. */
 static CUresult serve_restore(const char *mapping)
 {
     int argument = 0, pid = (int)getpid();
@@ -518,6 +525,8 @@ static CUresult serve_restore(const char *mapping)
         map[d] = d;
     if (get_state() != EMU_CHECKPOINTED)
         return CUDA_ERROR_ILLEGAL_STATE;
+    if (g_unrestorable)
+        return CUDA_ERROR_OPERATING_SYSTEM;
     if (mapping && strcmp(mapping, "-") != 0) {
         char copy[512];
         snprintf(copy, sizeof copy, "%s", mapping);
@@ -548,6 +557,7 @@ static CUresult serve_restore(const char *mapping)
         return argument;
     }
     if (fault == FAULT_ERROR) {
+        g_unrestorable = argument == CUDA_ERROR_OUT_OF_MEMORY; /* [ISSUES] #44 */
         set_state(EMU_CHECKPOINTED);
         return argument;
     }
@@ -564,6 +574,7 @@ static CUresult serve_restore(const char *mapping)
         if (ours[d] && others[d] + ours[d] + c->reserved_bytes > c->gpu_memory) {
             pthread_mutex_unlock(&g_mem_mu);
             emu_devices_unlock(lock_fd);
+            g_unrestorable = 1; /* [ISSUES] #44 */
             set_state(EMU_CHECKPOINTED);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -1339,15 +1350,28 @@ EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t Byt
 
 /* ------------------------------------------------------------------ checkpoint API */
 
-/* [ISSUES] ai-dynamo/snapshot cuda-checkpoint-helper: "The driver uses INVALID_VALUE for
- * a live process without CUDA checkpoint state"; [CRIU] get_cuda_restore_tid treats
- * that failure as "No need to checkpoint devices on pid". So every call on a pid that
- * is not (or no longer) a CUDA process returns CUDA_ERROR_INVALID_VALUE; a thread id
- * counts as its process ([ISSUES] #41). */
+/* A thread id counts as its process ([ISSUES] #41). */
 static int target_process(int pid)
 {
     int tgid = emu_tgid(pid);
     return tgid > 0 && emu_record(tgid) > 0 ? tgid : -1;
+}
+
+/* What GetRestoreThreadId and GetState answer for a pid that is no CUDA process.
+ * The reading (GPU-FACTS.md, driver 580.159.04): GetRestoreThreadId on a live process
+ * that never touched CUDA answers CUDA_ERROR_NOT_INITIALIZED, though the caller had
+ * called cuInit. The documents disagree: [ISSUES] ai-dynamo/snapshot's
+ * cuda-checkpoint-helper once said "The driver uses INVALID_VALUE for a live process
+ * without CUDA checkpoint state" (its PR #109 takes either answer as "no checkpoint
+ * state"); the reading wins. [CRIU] get_cuda_restore_tid treats any failure
+ * there as "No need to checkpoint devices on pid". Not read yet: GetState on such a
+ * process (answered as GetRestoreThreadId is: both name one target the driver holds no
+ * state for) and a pid that does not exist (the [API]'s INVALID_VALUE, a bad argument,
+ * as before the reading). Lock, Checkpoint, Restore and Unlock on such a pid are not
+ * read either and keep INVALID_VALUE (remote()). */
+static CUresult not_cuda(int pid)
+{
+    return emu_tgid(pid) > 0 ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
 }
 
 static CUresult caller_fault(int pid, const char *call)
@@ -1371,7 +1395,7 @@ EXPORT CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)
         if (restore_tid > 0)
             *tid = restore_tid;
         else
-            r = CUDA_ERROR_INVALID_VALUE;
+            r = not_cuda(pid);
     }
     emu_log("cuCheckpointProcessGetRestoreThreadId", pid, "end", 1, r);
     return r;
@@ -1391,7 +1415,7 @@ EXPORT CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)
         if (current >= 0)
             *state = current;
         else
-            r = CUDA_ERROR_INVALID_VALUE;
+            r = not_cuda(pid);
     }
     emu_log("cuCheckpointProcessGetState", pid, "end", 1, r);
     return r;
