@@ -113,6 +113,8 @@ class ProcessCheckpointBackend(Backend):
         # Jobs a process of which was seen FAILED: terminal for the job, even
         # once that process has exited, until the job is released.
         self._failed: dict[JobKey, set[int]] = {}
+        # When each process's latest call began (wall clock), for the record.
+        self._call_began: dict[int, float] = {}
 
     def attach(self, processes: ProcessTable) -> None:
         self.processes = processes
@@ -418,6 +420,8 @@ class ProcessCheckpointBackend(Backend):
 
     async def _act_and_time(self, action: str, pid: int) -> float:
         start = time.monotonic()
+        # Wall clock, for the record: ranks of one phase overlap in time.
+        self._call_began[pid] = time.time()
         await self._bounded(self.act(action, pid), f"{action} of process {pid}", pid, True)
         return time.monotonic() - start
 
@@ -546,9 +550,11 @@ class ProcessCheckpointBackend(Backend):
             return
         with self.record_path.open("a") as record:
             for rank in ranks:
+                began = self._call_began.pop(rank.pid, None)
                 record.write(json.dumps({
                     "event": rank.action, "node": self.node, "group": group, "job": job,
                     "pid": rank.pid, "bytes": rank.bytes, "seconds": rank.seconds,
+                    "start": began, "end": None if began is None else began + rank.seconds,
                     "at": time.time(),
                 }) + "\n")  # fmt: skip
 
