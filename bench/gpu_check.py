@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     scratch = Path(tempfile.mkdtemp(prefix="gpu-check-emulator-")) if args.emulator else None
     env = dict(os.environ)
     if scratch is not None:
-        env.update(emulator_environment(scratch))
+        env.update(emulator_environment(scratch, args.gib))
         env[EMULATED] = "1"
     where = "the GPU EMULATOR (no figure is a GPU figure)" if args.emulator else "this GPU host"
     print(f"gpu_check on {where}: {args.gib:g} GiB per job, {args.handovers} handovers per "

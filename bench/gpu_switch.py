@@ -289,24 +289,26 @@ def report(outcome: Outcome, gib: float, emulated: bool) -> None:
     print(scenario_line(outcome, emulated), flush=True)
 
 
-def emulator_environment(root: Path) -> dict[str, str]:
+def emulator_environment(root: Path, gib: float) -> dict[str, str]:
     """The variables that put a process (and its children) on the GPU
-    emulator (built from C with gcc), its state under ``root``."""
+    emulator (built from C with gcc), its state under ``root``; its GPU holds
+    two jobs of ``gib`` and the co-residency margin, and more (8 GiB at least)."""
     from tests import emulator
 
     lib_dir = emulator.build(emulator.default_build_dir())
+    memory = max(8 << 30, int((2 * gib + 4) * 2**30))
     return emulator.environment(
-        lib_dir, root / "state", root / "calls.jsonl", gpu_memory=8 << 30,
+        lib_dir, root / "state", root / "calls.jsonl", gpu_memory=memory,
         # Only the checkpoint API is logged: a fill or a check is thousands of calls.
         extra={"TIMESHARE_EMULATOR_COPY_RATE": str(EMULATOR_COPY_RATE),
                "TIMESHARE_EMULATOR_LOG_CALLS": "cuCheckpoint"},
     )  # fmt: skip
 
 
-def on_the_emulator() -> None:
+def on_the_emulator(gib: float) -> None:
     """Run this benchmark again, on the GPU emulator."""
     root = Path(tempfile.mkdtemp(prefix="gpu-switch-emulator-"))
-    env = emulator_environment(root)
+    env = emulator_environment(root, gib)
     env[EMULATED] = "1"
     env[EMULATOR_SCRATCH] = str(root)
     os.execve(sys.executable, [sys.executable, "-m", "bench.gpu_switch", *sys.argv[1:]],
@@ -347,7 +349,7 @@ def torch_cuda() -> bool:
 def run(args: argparse.Namespace) -> None:
     emulated = os.environ.get(EMULATED) == "1"
     if args.emulator and not emulated:
-        on_the_emulator()
+        on_the_emulator(args.gib)
     wanted = args.only.split(",") if args.only else NAMES
     chosen = [s for s in SCENARIOS if s.name in wanted]
     skipped = [s.name for s in chosen if s.torch_hooks]
