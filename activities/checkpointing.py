@@ -136,6 +136,8 @@ class ProcessCheckpointBackend(Backend):
         # of them that can never be restored (issue 44): terminal likewise.
         self._out_of_memory: set[int] = set()
         self._lost: dict[JobKey, set[int]] = {}
+        # When each process's latest call began (wall clock), for the record.
+        self._call_began: dict[int, float] = {}
 
     def attach(self, processes: ProcessTable) -> None:
         self.processes = processes
@@ -446,6 +448,8 @@ class ProcessCheckpointBackend(Backend):
 
     async def _act_and_time(self, action: str, pid: int) -> float:
         start = time.monotonic()
+        # Wall clock, for the record: ranks of one phase overlap in time.
+        self._call_began[pid] = time.time()
         try:
             await self.calls.change(
                 partial(self.act, action, pid), f"{action} of process {pid}", pid
@@ -593,9 +597,11 @@ class ProcessCheckpointBackend(Backend):
             return
         with self.record_path.open("a") as record:
             for rank in ranks:
+                began = self._call_began.pop(rank.pid, None)
                 record.write(json.dumps({
                     "event": rank.action, "node": self.node, "group": group, "job": job,
                     "pid": rank.pid, "bytes": rank.bytes, "seconds": rank.seconds,
+                    "start": began, "end": None if began is None else began + rank.seconds,
                     "at": time.time(),
                 }) + "\n")  # fmt: skip
 

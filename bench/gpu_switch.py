@@ -1,10 +1,11 @@
-"""The GPU check: real device state moved by the CUDA backends, for jobs shaped
-like real RL jobs.
+"""The GPU switch scenarios: real device state moved by the CUDA backends, for
+jobs shaped like real RL jobs. bench.gpu_check runs them on a new GPU host,
+each under its own time limit, next to the driver probe.
 
-Each job has two CUDA ranks (bench.cuda_rank), each holding known random data
-in device memory and each with a DataLoader-style child that never touches
-CUDA. Two such jobs take turns in one group through the embedded stack, in
-these scenarios:
+Each job has two CUDA ranks (bench.cuda_rank), each holding a seeded pattern
+in device memory (written and checked at device speed) and each with a
+DataLoader-style child that never touches CUDA. Two such jobs take turns in
+one group through the embedded stack, in these scenarios:
 
 - cuda: the in-process driver backend moves each yielding job's memory to the host;
 - freeze+cuda: the same, and every process of the job (the children too) is
@@ -12,17 +13,20 @@ these scenarios:
 - cuda-checkpoint: the `cuda-checkpoint` utility, one run per rank at once;
 - co-residency: both jobs fit on the GPU, so a switch is a lock and an unlock,
   and NVML shows the waiting job's memory never leaves the device;
-- hooks (GPU only): `app+cuda`, a PyTorch job whose offload hook moves its data
-  to pinned host memory first (bench.gpu_holder).
+- hooks (needs torch with CUDA): `app+cuda`, a PyTorch job whose offload hook
+  moves its data to pinned host memory first (bench.gpu_holder).
 
 After every grant each rank's data is read back and checked (CRC32), and NVML
 says whether the waiting job's device memory dropped (or, co-resident,
-stayed). Reports checkpoint and restore GB/s per rank (from the agent's
-record of each rank's bytes and seconds) next to the pinned host<->device copy
-ceiling measured in the same run (torch).
+stayed). Reports checkpoint and restore GB/s per rank and how far the ranks
+of a job moved at once, from the agent's record (bench.gpu_figures); for
+hooks, the hook's own GB/s next to a pinned copy of the same bytes.
+
+Prints one `scenario=...` line as each scenario finishes; --results appends
+a JSON line when each starts and when it finishes (bench.gpu_check reads it).
 
     python -m bench.gpu_switch                      # on a GPU host
-    python -m bench.gpu_switch --only freeze+cuda
+    python -m bench.gpu_switch --only freeze+cuda,cuda-checkpoint
     python -m bench.gpu_switch --emulator --gib 0.02   # no GPU: the GPU EMULATOR
                                                        # (tests/emulator); checks the
                                                        # harness only, no GPU figure
@@ -39,12 +43,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+import traceback
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 import timeshare
+from bench.gpu_figures import figure, overlaps, p50, rank_moves, ratio
 from bench.stack import LocalStack
 from bench.stats import p50_p90_p99
 from timeshare.activities.gpus import device_memory_by_pid
@@ -57,6 +64,9 @@ EMULATED = "TIMESHARE_GPU_SWITCH_EMULATED"
 # The emulator's scratch folder, removed by the run that execve made: the
 # process that created it is gone by then.
 EMULATOR_SCRATCH = "TIMESHARE_GPU_SWITCH_EMULATOR_SCRATCH"
+# What the emulator's checkpoint and restore copy per second: finite, so that
+# its rates and ratios are figures at all (never GPU figures).
+EMULATOR_COPY_RATE = 2 * 10**9
 RANKS = 2
 
 
@@ -79,34 +89,33 @@ SCENARIOS = [
     Scenario(name="hooks", backend="app+cuda", co_residency="off", expect="dropped",
              torch_hooks=True),
 ]  # fmt: skip
+NAMES = [scenario.name for scenario in SCENARIOS]
 
 
 class Rank:
     """A process holding known data on the device (bench.cuda_rank or bench.gpu_holder)."""
 
-    def __init__(self, command: list[str], socket: Path, token: str) -> None:
-        # The job's token: the agent admits the rank into its job only with it.
-        env = {**os.environ, "TIMESHARE_AGENT_SOCKET": str(socket), JOB_TOKEN_ENV: token}
+    def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:
         self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
-        )
-        hello = self.read()
-        self.pid, self.expected = int(hello["pid"]), int(hello["checksum"])
-        self.loader = int(hello.get("loader", 0))
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, **(env or {})},
+        )  # fmt: skip
+        self.hello = self.read()
+        self.pid, self.expected = int(self.hello["pid"]), int(self.hello["checksum"])
+        self.loader = int(self.hello.get("loader", 0))
 
     def read(self) -> dict[str, Any]:
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
         if not line:
-            raise RuntimeError("a rank process exited")
+            raise RuntimeError(f"rank process {self.process.pid} exited")
         reply: dict[str, Any] = json.loads(line)
         return reply
 
-    def intact(self) -> bool:
+    def ask(self, command: str) -> None:
         assert self.process.stdin is not None
-        self.process.stdin.write("checksum\n")
+        self.process.stdin.write(command + "\n")
         self.process.stdin.flush()
-        return int(self.read()["checksum"]) == self.expected
 
     def stop(self) -> None:
         for pid in (self.loader, self.process.pid):
@@ -116,66 +125,58 @@ class Rank:
         self.process.wait()
 
 
+def all_intact(ranks: list[Rank]) -> list[bool]:
+    """Each rank's data read back and checked, the ranks at once."""
+    for rank in ranks:
+        rank.ask("checksum")
+    return [int(rank.read()["checksum"]) == rank.expected for rank in ranks]
+
+
 def start_job(group: str, job: str, gib: float, seed: int, scenario: Scenario,
               socket: Path, token: str) -> list[Rank]:  # fmt: skip
+    # The job's token: the agent admits the rank into its job only with it.
+    env = {"TIMESHARE_AGENT_SOCKET": str(socket), JOB_TOKEN_ENV: token}
+    identity = [f"--group={group}", f"--job={job}"]
     if scenario.torch_hooks:
-        return [
-            Rank(
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.gpu_holder",
-                    f"--group={group}",
-                    f"--job={job}",
-                    f"--gib={gib}",
-                    f"--seed={seed}",
-                    "--hooks",
-                ],
-                socket,
-                token,
-            )
-        ]
+        command = [sys.executable, "-m", "bench.gpu_holder", *identity, f"--gib={gib}",
+                   f"--seed={seed}", "--hooks"]  # fmt: skip
+        return [Rank(command, env)]
     per_rank = int(gib * 2**30) // RANKS
     return [
-        Rank([sys.executable, "-m", "bench.cuda_rank", f"--group={group}", f"--job={job}",
-              f"--bytes={per_rank}", f"--seed={seed * RANKS + rank}"], socket, token)
+        Rank([sys.executable, "-m", "bench.cuda_rank", *identity, f"--bytes={per_rank}",
+              f"--seed={seed * RANKS + rank}"], env)
         for rank in range(RANKS)
     ]  # fmt: skip
 
 
 class Outcome(BaseModel):
     scenario: Scenario
-    rows: list[list[str]]
-    switch_seconds: list[float]
-    verified: int
-    checks: int
+    rows: list[list[str]] = Field(default_factory=list)
+    switch_seconds: list[float] = Field(default_factory=list)
+    verified: int = 0
+    checks: int = 0
     # NVML's word on the waiting job's memory after each switch.
-    memory_as_expected: bool
+    memory_as_expected: bool = False
     # Per rank and switch, from the agent's record: GB/s of each checkpoint and restore.
-    checkpoint_gbps: list[float]
-    restore_gbps: list[float]
-    ranks_reported: int
+    checkpoint_gbps: list[float] = Field(default_factory=list)
+    restore_gbps: list[float] = Field(default_factory=list)
+    ranks_reported: int = 0
+    # Per phase, how far a job's ranks moved at once (bench.gpu_figures.overlap).
+    overlap: list[float] = Field(default_factory=list)
+    # Hooks: the offload hook's own GB/s, and a pinned copy of the same bytes.
+    hook_gbps: dict[str, list[float]] = Field(default_factory=dict)
+    ceiling_gbps: dict[str, float] = Field(default_factory=dict)
+    seconds: float = 0.0
+    error: str | None = None
 
-
-def copy_ceiling_gbps(gib: float) -> float | None:
-    """Pinned host->device then device->host copy rate, torch; None without a GPU."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    import time
-
-    count = int(gib * 2**30)
-    host = torch.empty(count, dtype=torch.uint8, pin_memory=True)
-    device = torch.empty(count, dtype=torch.uint8, device="cuda")
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    device.copy_(host, non_blocking=True)
-    host.copy_(device, non_blocking=True)
-    torch.cuda.synchronize()
-    return 2 * count / (time.perf_counter() - start) / 1e9
+    @property
+    def ok(self) -> bool:
+        return (
+            self.error is None
+            and self.checks > 0
+            and self.verified == self.checks
+            and (self.memory_as_expected)
+        )
 
 
 def run_scenario(stack: LocalStack, scenario: Scenario, gib: float, handovers: int) -> Outcome:
@@ -192,96 +193,122 @@ def run_scenario(stack: LocalStack, scenario: Scenario, gib: float, handovers: i
             jobs = [start_job(group, f"job-{i}", gib, i, scenario, stack.socket_path,
                               handles[i].token) for i in range(2)]  # fmt: skip
             outcome = take_turns(scenario, handles, jobs, handovers, gib)
+            if scenario.torch_hooks:
+                hooks_figures(outcome, [rank for ranks in jobs for rank in ranks])
         finally:
             for ranks in jobs:
                 for rank in ranks:
                     rank.stop()
-    per_rank = rank_rates(stack.process_record(), group)
-    outcome.checkpoint_gbps, outcome.restore_gbps = per_rank["checkpoint"], per_rank["restore"]
-    outcome.ranks_reported = len(per_rank["pids"])
+    moves = rank_moves(stack.process_record(), group)
+    outcome.checkpoint_gbps = [m.gbps for m in moves if m.event == "checkpoint"]
+    outcome.restore_gbps = [m.gbps for m in moves if m.event == "restore"]
+    outcome.ranks_reported = len({m.pid for m in moves})
+    outcome.overlap = overlaps(moves)
     return outcome
 
 
-def rank_rates(record: list[dict[str, Any]], group: str) -> dict[str, list[Any]]:
-    """GB/s of each rank's checkpoints and restores, by the agent's record."""
-    rates: dict[str, list[Any]] = {"checkpoint": [], "restore": [], "pids": []}
-    pids = set()
-    for event in record:
-        if event.get("group") != group or event.get("event") not in ("checkpoint", "restore"):
-            continue
-        if event.get("bytes") and event.get("seconds"):
-            rates[event["event"]].append(event["bytes"] / event["seconds"] / 1e9)
-            pids.add(event["pid"])
-    rates["pids"] = sorted(pids)
-    return rates
+def hooks_figures(outcome: Outcome, holders: list[Rank]) -> None:
+    """The hook's GB/s per eviction and admission, and the holders' ceiling."""
+    rates: dict[str, list[float]] = {"evict": [], "admit": []}
+    for holder in holders:
+        holder.ask("moves")
+        for direction, count, seconds in holder.read()["moves"]:
+            if seconds > 0:
+                rates[direction].append(count / seconds / 1e9)
+    outcome.hook_gbps = rates
+    ceilings = [holder.hello["ceiling"] for holder in holders if "ceiling" in holder.hello]
+    if ceilings:
+        outcome.ceiling_gbps = {
+            direction: min(ceiling[direction] for ceiling in ceilings)
+            for direction in ("evict", "admit")
+        }
 
 
 def take_turns(scenario: Scenario, handles: list[timeshare.Job], jobs: list[list[Rank]],
                handovers: int, gib: float) -> Outcome:  # fmt: skip
-    rows, switch_seconds, verified, checks, held = [], [], 0, 0, []
+    outcome = Outcome(scenario=scenario)
+    held = []
     for turn in range(handovers + 1):
         index = turn % 2
         granted = handles[index].acquire()
-        ok = [rank.intact() for rank in jobs[index]]
-        verified += all(ok)
-        checks += 1
+        ok = all_intact(jobs[index])
+        outcome.verified += all(ok)
+        outcome.checks += 1
         used = device_memory_by_pid()
         other = [used.get(rank.pid) or 0 for rank in jobs[1 - index]]
         if turn > 0:
-            switch_seconds.append(granted.switch_seconds)
+            outcome.switch_seconds.append(granted.switch_seconds)
             per_rank = int(gib * 2**30) // len(other)
             if scenario.expect == "stayed":
                 held.append(all(count >= per_rank for count in other))
             else:
                 held.append(all(count == 0 for count in other))
         memory = ", ".join(f"{count / 2**30:.2f}" for count in other)
-        rows.append([str(turn), f"job-{index}", f"{granted.switch_seconds:.3f}",
-                     "ok" if all(ok) else "MISMATCH", f"{memory} GiB"])  # fmt: skip
+        outcome.rows.append([str(turn), f"job-{index}", f"{granted.switch_seconds:.3f}",
+                             "ok" if all(ok) else "MISMATCH", f"{memory} GiB"])  # fmt: skip
         handles[index].yield_()
     for handle in handles:
         handle.leave()
-    return Outcome(scenario=scenario, rows=rows, switch_seconds=switch_seconds,
-                   verified=verified, checks=checks, memory_as_expected=all(held),
-                   checkpoint_gbps=[], restore_gbps=[], ranks_reported=0)  # fmt: skip
+    outcome.memory_as_expected = bool(held) and all(held)
+    return outcome
 
 
-def report(outcomes: list[Outcome], gib: float, emulated: bool, ceiling: float | None) -> None:
-    for outcome in outcomes:
-        s = outcome.scenario
-        print(f"\n{s.name}: backend {s.backend}, co-residency {s.co_residency}, "
-              f"{gib:g} GiB per job")  # fmt: skip
+def scenario_line(outcome: Outcome, emulated: bool) -> str:
+    s = outcome.scenario
+    prefix = "emulated_" if emulated else ""
+    switch = p50_p90_p99(outcome.switch_seconds)[0] if outcome.switch_seconds else None
+    fields = [
+        f"scenario={s.name}", f"backend={s.backend}", f"ok={str(outcome.ok).lower()}",
+        f"handovers={len(outcome.switch_seconds)}", f"verified={outcome.verified}/{outcome.checks}",
+        f"memory_{s.expect}={str(outcome.memory_as_expected).lower()}",
+        f"ranks_reported={outcome.ranks_reported}", f"switch_p50_s={figure(switch, 3)}",
+        f"{prefix}checkpoint_gbps_per_rank_p50={figure(p50(outcome.checkpoint_gbps))}",
+        f"{prefix}restore_gbps_per_rank_p50={figure(p50(outcome.restore_gbps))}",
+        f"overlap_p50={figure(p50(outcome.overlap))}",
+    ]  # fmt: skip
+    if s.torch_hooks:
+        for direction in ("evict", "admit"):
+            rate = p50(outcome.hook_gbps.get(direction, []))
+            ceiling = outcome.ceiling_gbps.get(direction)
+            fields += [f"hook_{direction}_gbps_p50={figure(rate)}",
+                       f"copy_ceiling_{direction}_gbps={figure(ceiling)}",
+                       f"hook_{direction}_of_ceiling={figure(ratio(rate, ceiling))}"]  # fmt: skip
+    if outcome.error:
+        fields.append(f"error={json.dumps(outcome.error)}")
+    return " ".join(fields)
+
+
+def report(outcome: Outcome, gib: float, emulated: bool) -> None:
+    s = outcome.scenario
+    where = "GPU EMULATOR: not a GPU figure" if emulated else "GPU"
+    print(f"\n{s.name}: backend {s.backend}, co-residency {s.co_residency}, "
+          f"{gib:g} GiB per job, {RANKS} ranks ({where})")  # fmt: skip
+    if outcome.rows:
         print(table(["turn", "job", "switch s", "data", "waiting job's ranks on the device"],
                     outcome.rows))  # fmt: skip
-    where = "GPU EMULATOR: not a GPU figure" if emulated else "GPU"
-    print(f"\n{gib:g} GiB per job, {RANKS} ranks ({where}); pinned copy ceiling "
-          f"{'n/a' if ceiling is None else f'{ceiling:.2f} GB/s'}")  # fmt: skip
-    prefix = "emulated_" if emulated else ""
-    for outcome in outcomes:
-        s = outcome.scenario
-        p50 = p50_p90_p99(outcome.switch_seconds)[0]
-        rates = [
-            f"{prefix}{name}_gbps_per_rank_p50={p50_p90_p99(values)[0]:.2f}" if values
-            else f"{prefix}{name}_gbps_per_rank_p50=n/a"
-            for name, values in (("checkpoint", outcome.checkpoint_gbps),
-                                 ("restore", outcome.restore_gbps))
-        ]  # fmt: skip
-        print(
-            f"scenario={s.name} backend={s.backend} handovers={len(outcome.switch_seconds)} "
-            f"verified={outcome.verified}/{outcome.checks} "
-            f"memory_{s.expect}={str(outcome.memory_as_expected).lower()} "
-            f"ranks_reported={outcome.ranks_reported} switch_p50_s={p50:.3f} "
-            + " ".join(rates)
-            + ("" if ceiling is None else f" copy_ceiling_gbps={ceiling:.2f}")
-        )
+    print(scenario_line(outcome, emulated), flush=True)
 
 
-def on_the_emulator() -> None:
-    """Run this benchmark again, on the GPU emulator (built from C with gcc)."""
+def emulator_environment(root: Path, gib: float) -> dict[str, str]:
+    """The variables that put a process (and its children) on the GPU
+    emulator (built from C with gcc), its state under ``root``; its GPU holds
+    two jobs of ``gib`` and the co-residency margin, and more (8 GiB at least)."""
     from tests import emulator
 
     lib_dir = emulator.build(emulator.default_build_dir())
+    memory = max(8 << 30, int((2 * gib + 4) * 2**30))
+    return emulator.environment(
+        lib_dir, root / "state", root / "calls.jsonl", gpu_memory=memory,
+        # Only the checkpoint API is logged: a fill or a check is thousands of calls.
+        extra={"TIMESHARE_EMULATOR_COPY_RATE": str(EMULATOR_COPY_RATE),
+               "TIMESHARE_EMULATOR_LOG_CALLS": "cuCheckpoint"},
+    )  # fmt: skip
+
+
+def on_the_emulator(gib: float) -> None:
+    """Run this benchmark again, on the GPU emulator."""
     root = Path(tempfile.mkdtemp(prefix="gpu-switch-emulator-"))
-    env = emulator.environment(lib_dir, root / "state", root / "calls.jsonl", gpu_memory=8 << 30)
+    env = emulator_environment(root, gib)
     env[EMULATED] = "1"
     env[EMULATOR_SCRATCH] = str(root)
     os.execve(sys.executable, [sys.executable, "-m", "bench.gpu_switch", *sys.argv[1:]],
@@ -302,30 +329,71 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--gib", type=float, default=4.0, help="device memory per job")
     parser.add_argument("--handovers", type=int, default=10)
     parser.add_argument("--emulator", action="store_true", help="no GPU: the GPU emulator")
-    parser.add_argument("--only", help="run only this scenario")
-    return parser.parse_args()
+    parser.add_argument("--only", help=f"comma-separated scenarios, of {', '.join(NAMES)}")
+    parser.add_argument("--results", type=Path, help="append each scenario's result (JSON lines)")
+    args = parser.parse_args()
+    unknown = set(args.only.split(",")) - set(NAMES) if args.only else set()
+    if unknown:
+        parser.error(f"no scenario {', '.join(sorted(unknown))}; there are {', '.join(NAMES)}")
+    return args
+
+
+def torch_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def run(args: argparse.Namespace) -> None:
     emulated = os.environ.get(EMULATED) == "1"
     if args.emulator and not emulated:
-        on_the_emulator()
-    chosen = [s for s in SCENARIOS if args.only in (None, s.name)]
-    if emulated:
-        # The emulator runs no PyTorch CUDA: the hooks scenario needs a GPU.
+        on_the_emulator(args.gib)
+    wanted = args.only.split(",") if args.only else NAMES
+    chosen = [s for s in SCENARIOS if s.name in wanted]
+    skipped = [s.name for s in chosen if s.torch_hooks]
+    if skipped and (emulated or not torch_cuda()):
+        # The hooks scenario needs PyTorch with CUDA (the emulator runs none).
         chosen = [s for s in chosen if not s.torch_hooks]
-    outcomes = []
+        reason = "torch has no CUDA here"
+        print(f"{', '.join(skipped)}: not measured ({reason})", flush=True)
+        for name in skipped:
+            write_result(args.results, {"event": "not_measured", "scenario": name,
+                                        "reason": reason})  # fmt: skip
+    failed = 0
     with tempfile.TemporaryDirectory() as scratch:
         # The agent records each rank's bytes and seconds (--record).
-        stack = LocalStack(Path(scratch), backend=chosen[0].backend)
+        stack = LocalStack(Path(scratch), backend=chosen[0].backend if chosen else "cuda")
         try:
-            stack.start_all()
+            if chosen:
+                stack.start_all()
             for scenario in chosen:
-                outcomes.append(run_scenario(stack, scenario, args.gib, args.handovers))
+                outcome = one_scenario(stack, scenario, args)
+                report(outcome, args.gib, emulated)
+                failed += not outcome.ok
         finally:
             stack.stop_all()
-    ceiling = None if emulated else copy_ceiling_gbps(min(args.gib, 1.0))
-    report(outcomes, args.gib, emulated, ceiling)
+    sys.exit(1 if failed else 0)
+
+
+def one_scenario(stack: LocalStack, scenario: Scenario, args: argparse.Namespace) -> Outcome:
+    write_result(args.results, {"event": "start", "scenario": scenario.name})
+    start = time.monotonic()
+    try:
+        outcome = run_scenario(stack, scenario, args.gib, args.handovers)
+    except Exception as error:  # one scenario's failure is reported; the next runs
+        traceback.print_exc()
+        outcome = Outcome(scenario=scenario, error=f"{type(error).__name__}: {error}")
+    outcome.seconds = time.monotonic() - start
+    write_result(args.results, {"event": "finish", "outcome": outcome.model_dump(mode="json")})
+    return outcome
+
+
+def write_result(path: Path | None, entry: dict[str, Any]) -> None:
+    if path is not None:
+        with path.open("a") as results:
+            results.write(json.dumps({**entry, "at": time.time()}) + "\n")
 
 
 if __name__ == "__main__":

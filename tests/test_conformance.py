@@ -2,8 +2,10 @@
 freeze+cuda, app+cuda, freeze and sim. In CI the CUDA processes run on the GPU
 emulator (tests/emulator) through the real cuda-bindings; with
 TIMESHARE_GPU_TESTS=1 on a GPU host (`pytest -m gpu tests/test_conformance.py`)
-the same scenarios run against the real driver, except those that need the
-emulator's fault injection.
+the scenarios that need no fault injection run against the real driver too
+(the `-gpu` variants, marked `gpu`). Those judge only through what a GPU host
+has: the backend's own record (BackendConfig.record_path) and actions, the
+driver's answer for a process's state, and NVML; never the emulator's call log.
 
 Each job here has two CUDA ranks, and the first rank has children that never
 touch CUDA (as a DataLoader's workers). This test process plays the node agent."""
@@ -11,18 +13,26 @@ touch CUDA (as a DataLoader's workers). This test process plays the node agent."
 from __future__ import annotations
 
 import asyncio
-import os
+import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
+from _pytest.mark import ParameterSet
 
 from tests import emulator
 from tests.emulator import CHECKPOINTED, CHECKPOINTING, FAILED, LOCKED, RUNNING
-from tests.emulator.rig import CudaWorker, Emulator, process_state, start_worker
+from tests.emulator.rig import (
+    CudaWorker,
+    Emulator,
+    loaded_in_this_process,
+    process_state,
+    start_worker,
+)
 from tests.polling import wait_until, wait_until_async
 from tests.processes import detached, kill
 from timeshare.activities.app import AppBackend
@@ -36,6 +46,7 @@ from timeshare.activities.backend import (
 from timeshare.activities.cuda_checkpoint import CudaCheckpointBackend
 from timeshare.activities.cuda_driver import CudaDriverBackend
 from timeshare.activities.freeze import FreezeBackend
+from timeshare.activities.gpus import device_memory_by_pid
 from timeshare.activities.processes import ProcessTable
 from timeshare.activities.sim import SimBackend
 from timeshare.activities.stacked import StackedBackend
@@ -119,9 +130,32 @@ class Rig:
         return [self.state(pid) for pid in job.rank_pids]
 
     def acted_on(self, pids: list[int]) -> list[str]:
-        """Driver calls that acted on these processes, by the emulator's log."""
-        if self.emu is None:
+        """What the backend's own record says it did to these processes (a
+        CUDA backend records each rank it moved)."""
+        return [
+            f"{event['event']} {event['pid']}"
+            for event in self.record()
+            if event.get("pid") in pids
+        ]
+
+    def record(self) -> list[dict[str, Any]]:
+        path = self.directory / "record.jsonl"
+        if not path.exists():
             return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+    def device_memory(self) -> dict[int, int | None]:
+        """NVML's device bytes per process: read in a child on the emulator
+        (this test process must never load an NVML library other tests would
+        find), here against a real driver."""
+        if self.emu is not None:
+            return emulator.nvml_process_memory(self.emu.env)
+        return device_memory_by_pid()
+
+    def driver_calls_on(self, pids: list[int]) -> list[str]:
+        """Driver calls that acted on these processes, by the emulator's log
+        (an emulator-only witness: a real driver keeps no log)."""
+        assert self.emu is not None, "the call log is the emulator's"
         return [
             f"{e['call']} {e['pid']}"
             for e in emulator.read_log(self.emu.log)
@@ -171,24 +205,30 @@ def make_backend(kind: str, config: BackendConfig, emu: Emulator | None) -> Back
     return made[kind]
 
 
-DRIVERS = ["emulator", pytest.param("gpu", marks=pytest.mark.gpu)]
+def drivers(gpu_kinds: Sequence[str]) -> list[ParameterSet]:
+    """Every backend on the emulator, and the ``gpu_kinds`` against the real
+    driver too, marked ``gpu``. (A mark reaches a test only from the parameter
+    set that is the parameter itself: one nested inside a tuple is lost, which
+    once left `pytest -m gpu` selecting nothing.)"""
+    params = [pytest.param((kind, "emulator"), id=f"{kind}-emulator") for kind in KINDS]
+    params += [
+        pytest.param((kind, "gpu"), id=f"{kind}-gpu", marks=pytest.mark.gpu)
+        for kind in gpu_kinds
+        if kind != "sim"  # the sim backend has no driver
+    ]
+    return params
 
 
-PARAMS = [
-    (kind, driver) for kind in KINDS for driver in DRIVERS if driver == "emulator" or kind != "sim"
-]
+# Scenarios that need no fault injection run against the real driver too.
+EVERYWHERE = drivers(KINDS)
+ON_THE_EMULATOR = drivers([])
 
 
-@pytest.fixture(params=PARAMS, ids=lambda p: f"{p[0]}-{p[1] if isinstance(p[1], str) else 'gpu'}")
+@pytest.fixture
 def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
     kind, driver = request.param
-    name = driver if isinstance(driver, str) else "gpu"
-    if name == "gpu":
-        if os.environ.get("TIMESHARE_GPU_TESTS") != "1":
-            pytest.skip("needs a GPU host and TIMESHARE_GPU_TESTS=1")
-        if emulator.LIBCUDA in Path("/proc/self/maps").read_text() and os.environ.get(
-            "TIMESHARE_EMULATOR_DIR"
-        ):
+    if driver == "gpu":
+        if loaded_in_this_process():
             pytest.skip("the emulator's driver is loaded in this process: run `pytest -m gpu`")
         if kind == "cuda-checkpoint" and shutil.which("cuda-checkpoint") is None:
             pytest.skip("the cuda-checkpoint utility is not on PATH")
@@ -199,8 +239,11 @@ def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
         emu = request.getfixturevalue("gpu_emulator")
         env = emu.env
     config = BackendConfig(
-        node="n", lock_timeout_seconds=1.0, call_timeout_seconds=CALL_TIMEOUT,
+        node="n", lock_timeout_seconds=1.0,
+        # A real driver moves a rank's CUDA context (hundreds of MiB) per call.
+        call_timeout_seconds=CALL_TIMEOUT if emu is not None else 60.0,
         sim_state_bytes=2**20, sim_bandwidth_bytes_per_second=1e10,
+        record_path=str(tmp_path / "record.jsonl"),
     )  # fmt: skip
     table = ProcessTable()
     backend = make_backend(kind, config, emu)
@@ -217,6 +260,7 @@ def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
 # -- lock, checkpoint, restore, unlock; each twice -------------------------------
 
 
+@pytest.mark.parametrize("rig", EVERYWHERE, indirect=True)
 async def test_round_trip_and_every_action_idempotent(rig: Rig) -> None:
     job = await rig.start_job("a")
     backend = rig.backend
@@ -230,9 +274,11 @@ async def test_round_trip_and_every_action_idempotent(rig: Rig) -> None:
         assert rig.states(job) == [CHECKPOINTED, CHECKPOINTED]
         cuda_ranks = sorted(r.pid for r in done.ranks if r.action == "checkpoint")
         assert cuda_ranks == job.rank_pids  # every rank reported, and nothing else
-        if rig.emu is not None:
-            memory = emulator.nvml_process_memory(rig.emu.env)
-            assert not set(job.rank_pids) & set(memory)
+        memory = rig.device_memory()
+        assert not set(job.rank_pids) & {pid for pid, count in memory.items() if count}
+        # The backend's record: each rank's checkpoint, with the bytes NVML showed.
+        recorded = sorted(e["pid"] for e in rig.record() if e["event"] == "checkpoint")
+        assert recorded == job.rank_pids
     if rig.freezes:
         assert all(stopped(pid) for pid in job.rank_pids + job.children)
 
@@ -261,6 +307,7 @@ async def test_round_trip_and_every_action_idempotent(rig: Rig) -> None:
 # -- processes without CUDA -------------------------------------------------------
 
 
+@pytest.mark.parametrize("rig", EVERYWHERE, indirect=True)
 async def test_processes_without_cuda_are_never_acted_on_by_the_driver(rig: Rig) -> None:
     if rig.kind == "sim":
         pytest.skip("the sim backend has no processes")
@@ -279,6 +326,9 @@ async def test_processes_without_cuda_are_never_acted_on_by_the_driver(rig: Rig)
     assert rig.acted_on(job.children) == []
     if rig.cuda:
         assert rig.acted_on(job.rank_pids)  # the ranks themselves were acted on
+    if rig.emu is not None:
+        # On the emulator the driver's own log witnesses it too (GetState included).
+        assert rig.driver_calls_on(job.children) == []
     assert not any(stopped(pid) for pid in job.children)
 
     # A job with no CUDA process at all: nothing for the driver to move.
@@ -290,6 +340,8 @@ async def test_processes_without_cuda_are_never_acted_on_by_the_driver(rig: Rig)
         assert stopped(sleeper) == rig.freezes
         await backend.restore(GROUP, "plain")
         assert rig.acted_on([sleeper]) == []
+        if rig.emu is not None:
+            assert rig.driver_calls_on([sleeper]) == []
     finally:
         kill(sleeper)
 
@@ -304,6 +356,7 @@ async def _runs_on(rank: CudaWorker) -> None:
 # -- a rank failing midway --------------------------------------------------------
 
 
+@pytest.mark.parametrize("rig", ON_THE_EMULATOR, indirect=True)
 async def test_a_rank_failing_midway_fails_the_action_and_a_retry_finishes_it(rig: Rig) -> None:
     if rig.kind == "freeze":
         pytest.skip("SIGSTOP of a process the agent may signal does not fail")
@@ -341,6 +394,7 @@ async def test_a_rank_failing_midway_fails_the_action_and_a_retry_finishes_it(ri
 # -- a hung call ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("rig", ON_THE_EMULATOR, indirect=True)
 async def test_a_hung_call_leaves_the_state_unknown_until_it_ends(rig: Rig) -> None:
     if not rig.cuda:
         pytest.skip(f"the {rig.kind} backend makes no call that can hang")
@@ -382,6 +436,8 @@ async def _checkpoint_is_noop(backend: Backend) -> bool:
 # -- a process that exits mid-switch ------------------------------------------------
 
 
+# Killing a rank mid-call takes the emulator's delay fault; a freeze needs none.
+@pytest.mark.parametrize("rig", drivers(["freeze"]), indirect=True)
 async def test_a_rank_that_exits_mid_switch_is_left_out(rig: Rig) -> None:
     if rig.kind == "sim":
         pytest.skip("the sim backend has no processes")
@@ -418,6 +474,7 @@ async def _began(emu: Emulator, call: str, pid: int) -> bool:
 # -- FAILED -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("rig", ON_THE_EMULATOR, indirect=True)
 async def test_failed_is_terminal_never_unlocked_as_fine(rig: Rig) -> None:
     if rig.kind == "freeze":
         pytest.skip("the freeze backend has no terminal state")
@@ -440,13 +497,13 @@ async def test_failed_is_terminal_never_unlocked_as_fine(rig: Rig) -> None:
     rig.clear_faults()
     # (The FAILED worker exits at its next CUDA call, which fails: None.)
     assert rig.state(first) == CHECKPOINTED and rig.state(second) in (FAILED, None)
-    after_failure = len(rig.acted_on(job.rank_pids))
+    after_failure = len(rig.driver_calls_on(job.rank_pids))
     # Neither restored nor unlocked as if it were fine, and not counted resident.
     for action in (backend.restore, backend.checkpoint, backend.lock):
         with pytest.raises(JobFailed):
             await action(GROUP, "a")
     assert await backend.resident_jobs(GROUP) == []
-    moves = [c for c in rig.acted_on(job.rank_pids)[after_failure:] if "GetState" not in c]
+    moves = [c for c in rig.driver_calls_on(job.rank_pids)[after_failure:] if "GetState" not in c]
     assert moves == []
     # Released (it left): what can run again runs; the FAILED process is reported.
     released = await backend.release(GROUP, "a")

@@ -1,9 +1,11 @@
 """The PyTorch hooks on a CPU build of torch (no GPU here). torch cannot pin
 memory without CUDA, so the offload hook falls back to ordinary host memory:
-what is checked is that every tensor's storage really moves to a fresh host
-buffer and back, that the tensors keep their identity, and that the job
-continues bit for bit as if nothing had happened. The pinned path and the
-move off a GPU run in bench/gpu_switch.py on a GPU host."""
+what is checked is that every tensor's storage really moves to a host buffer
+and back, that the buffer is reused at the next eviction, that the tensors
+keep their identity, and that the job continues bit for bit as if nothing
+had happened. The pinned path, the copies on several streams and the device
+memory handed back run on a GPU host (`TIMESHARE_GPU_TESTS=1 pytest -m gpu`,
+torch with CUDA), and at full size in bench/gpu_switch.py's hooks scenario."""
 
 from __future__ import annotations
 
@@ -74,6 +76,49 @@ def test_a_job_evicted_between_steps_trains_exactly_as_one_left_alone() -> None:
         assert torch.equal(kept, moved)
 
 
+def test_host_buffers_are_reused_by_the_next_eviction_and_every_move_is_timed() -> None:
+    model, optimizer = trainer(4)
+    step(model, optimizer, 0)
+    hooks = TorchOffloadHooks([model], [optimizer])
+    total = sum(t.numel() * t.element_size() for t in hooks._tensors())
+    hooks.evict("offload")
+    # Held here, the first eviction's buffers cannot be freed and handed out again
+    # by chance: only a reused buffer has the same address next time.
+    first = [(tensor, tensor.data) for tensor, _ in hooks._homes]
+    hooks.admit()
+    step(model, optimizer, 1)
+    hooks.evict("offload")
+    assert [tensor.data_ptr() for tensor, _ in first] == [data.data_ptr() for _, data in first]
+    hooks.admit()
+    assert [(m.direction, m.bytes) for m in hooks.moves] == [
+        ("evict", total), ("admit", total), ("evict", total), ("admit", total),
+    ]  # fmt: skip
+    assert all(m.seconds > 0 for m in hooks.moves)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_tensors_move_to_pinned_buffers_and_the_device_memory_goes_back() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("this torch has no CUDA")
+    torch.cuda.empty_cache()
+    allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    model = torch.nn.Linear(1024, 1024).cuda()
+    model.register_buffer("strided", torch.randn(512, 256, device="cuda").t())
+    before = {name: t.cpu() for name, t in model.state_dict().items()}
+    hooks = TorchOffloadHooks([model], streams=3)
+    for _ in range(2):
+        hooks.evict("offload")
+        assert all(t.device.type == "cpu" and t.is_pinned() for t in hooks._tensors())
+        # Handed back to the driver, not only to torch's cache.
+        assert torch.cuda.memory_allocated() == allocated
+        assert torch.cuda.memory_reserved() == reserved
+        hooks.admit()
+        for name, tensor in model.state_dict().items():
+            assert tensor.device.type == "cuda", name
+            assert torch.equal(tensor.cpu(), before[name]), name
+    assert [m.direction for m in hooks.moves] == ["evict", "admit"] * 2
+
+
 class TwoDeviceOffload(TorchOffloadHooks):
     """Tensors that count as living on cuda:0 and cuda:1 (in turn) while
     staying in host memory: this CPU build of torch has no device to copy
@@ -87,8 +132,8 @@ class TwoDeviceOffload(TorchOffloadHooks):
         self._next += 1
         return torch.device(f"cuda:{self._next % 2}")
 
-    def _to_device(self, data: Any, device: Any) -> Any:
-        return data
+    def _allocate_on(self, device: Any, like: Any) -> Any:
+        return torch.empty_like(like)
 
 
 def test_every_device_the_tensors_used_is_synchronised_both_ways(

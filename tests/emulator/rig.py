@@ -68,6 +68,19 @@ class Emulator:
         )
 
 
+# Set once emulator_in_this_process has loaded the emulated driver here: from
+# then on this process's cuda-bindings is the emulator's, whatever a test wants.
+_loaded_here: list[Path] = []
+
+
+def loaded_in_this_process() -> bool:
+    """Whether this process's driver is the emulator a test fixture loaded (a
+    test meant for the real driver would run on the emulator unawares). A
+    process started on the emulator's LD_LIBRARY_PATH on purpose (bench.gpu_check
+    --emulator) does not count."""
+    return bool(_loaded_here)
+
+
 @contextmanager
 def emulator_in_this_process(root: Path) -> Iterator[Emulator]:
     """Build the emulator, point this process's configuration at ``root`` and
@@ -81,6 +94,7 @@ def emulator_in_this_process(root: Path) -> Iterator[Emulator]:
     os.environ.update({n: v for n, v in env.items() if n not in ("LD_LIBRARY_PATH", "PATH")})
     try:
         emulator.load_into_this_process(lib_dir)
+        _loaded_here.append(lib_dir)
         from cuda.bindings import driver
 
         (result,) = driver.cuInit(0)

@@ -1,0 +1,347 @@
+"""The steps of bench.gpu_check, each a process under its own time limit, and
+how each is judged: the driver probe, the conformance suite, and the
+gpu_switch scenarios (one gpu_switch process for all; one whose scenario
+outlives its limit is killed, and the rest run in a new one)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from bench.gpu_figures import DRIVER_RATIO_LIMIT, HOOKS_CEILING_LIMIT, figure, p50, ratio
+from bench.gpu_switch import RANKS, Outcome
+from bench.procstat import descendants
+
+REPO = Path(__file__).resolve().parents[1]
+Status = Literal["ok", "failed", "timed_out", "not_measured", "not_run"]
+PROBE_SECONDS = 150.0
+CONFORMANCE_SECONDS = 240.0
+# From a gpu_switch process's start (its stack) or a scenario's end to the next start.
+STACK_SECONDS = 150.0
+# A step is not started with less time left than this.
+LEAST_SECONDS = 20.0
+CONFORMANCE_TESTS = ["tests/test_conformance.py", "tests/test_torch_hooks.py"]
+# Scenarios that move every rank through the driver (judged by driver_ratio).
+TRANSPARENT = ("cuda", "freeze+cuda", "cuda-checkpoint")
+
+
+class StepResult(BaseModel):
+    name: str
+    status: Status
+    seconds: float = 0.0
+    # The figures of the step's line, in order.
+    fields: dict[str, str] = Field(default_factory=dict)
+    reason: str | None = None
+    log: str | None = None
+    # Raw figures for the steps after (the probe's driver rates).
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    def failed(self, emulated: bool) -> bool:
+        # Not measured on a GPU host is a gap in the check; on the emulator, expected.
+        return self.status in ("failed", "timed_out", "not_run") or (
+            self.status == "not_measured" and not emulated
+        )
+
+    def line(self) -> str:
+        parts = [f"scenario={self.name}", f"status={self.status}", f"seconds={self.seconds:.1f}"]
+        parts += [f"{key}={value}" for key, value in self.fields.items()]
+        if self.reason:
+            parts.append(f"reason={json.dumps(self.reason)}")
+        return " ".join(parts)
+
+
+@dataclass
+class Context:
+    out: Path
+    env: dict[str, str]
+    emulated: bool
+    gib: float
+    handovers: int
+    deadline: float
+    scenario_seconds: float
+
+    @property
+    def prefix(self) -> str:
+        """Rate and ratio names on the emulator say so."""
+        return "emulated_" if self.emulated else ""
+
+    @property
+    def rank_bytes(self) -> int:
+        return int(self.gib * 2**30) // RANKS
+
+    def limit(self, wanted: float) -> float | None:
+        """The step's time limit, or None when the check's budget is spent."""
+        left = self.deadline - time.monotonic()
+        return None if left < LEAST_SECONDS else min(wanted, left)
+
+    def report(self, result: StepResult) -> StepResult:
+        print(result.line(), flush=True)
+        return result
+
+    def not_run(self, name: str) -> StepResult:
+        spent = "the check's time budget was spent (--budget-seconds)"
+        return StepResult(name=name, status="not_run", reason=spent)
+
+
+def started(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with log.open("ab") as output:
+        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env,
+                                cwd=REPO, start_new_session=True)  # fmt: skip
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Kill the step's process and everything it started."""
+    family = descendants(process.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    for pid in [process.pid, *family]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait()
+
+
+def finished(process: subprocess.Popen[bytes], seconds: float) -> int | None:
+    """The exit status, or None once the step was killed at its limit."""
+    try:
+        return process.wait(seconds)
+    except subprocess.TimeoutExpired:
+        stop(process)
+        return None
+
+
+# -- the probe -------------------------------------------------------------------
+
+
+def run_probe(context: Context) -> StepResult:
+    limit = context.limit(PROBE_SECONDS)
+    if limit is None:
+        return context.not_run("probe")
+    log = context.out / "probe.log"
+    command = [sys.executable, "-m", "bench.gpu_probe", f"--out={context.out}",
+               f"--bytes={context.rank_bytes}", f"--ranks={RANKS}"]  # fmt: skip
+    command += ["--emulated", "--repeats=2"] if context.emulated else ["--repeats=3"]
+    begun = time.monotonic()
+    status = finished(started(command, log, context.env), limit)
+    result = StepResult(name="probe", status="ok", seconds=time.monotonic() - begun, log=str(log))
+    path = context.out / "probe.json"
+    report = json.loads(path.read_text()) if path.exists() else {}
+    result.fields["readings"] = str(len(report.get("readings", [])))
+    rates: dict[str, dict[str, float]] = report.get("rates", {})
+    result.data = rates
+    for label in ("parallel", "solo"):
+        for move in ("checkpoint", "restore"):
+            value = rates.get(label, {}).get(move)
+            name = f"raw_{move}_gbps_per_rank" + ("" if label == "parallel" else "_solo")
+            result.fields[context.prefix + name] = figure(value)
+    result.fields["report"] = str(context.out / "probe.md")
+    if status is None:
+        result.status, result.reason = "timed_out", f"the probe ran past {limit:.0f} s"
+    elif status != 0 or report.get("failures"):
+        result.status = "failed"
+        result.reason = "; ".join(report.get("failures", [])) or f"the probe exited {status}"
+    return result
+
+
+# -- the conformance suite ----------------------------------------------------------
+
+
+def run_conformance(context: Context) -> StepResult:
+    limit = context.limit(CONFORMANCE_SECONDS)
+    if limit is None:
+        return context.not_run("conformance")
+    if importlib.util.find_spec("pytest") is None:
+        return StepResult(name="conformance", status="failed",
+                          reason="pytest is not installed: pip install -e '.[dev]'")  # fmt: skip
+    log, junit = context.out / "conformance.log", context.out / "conformance.xml"
+    junit.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+               "-m", "gpu", f"--junitxml={junit}", *CONFORMANCE_TESTS]  # fmt: skip
+    env = {**context.env, "TIMESHARE_GPU_TESTS": "1"}
+    begun = time.monotonic()
+    status = finished(started(command, log, env), limit)
+    result = StepResult(name="conformance", status="ok", seconds=time.monotonic() - begun,
+                        log=str(log))  # fmt: skip
+    counts = junit_counts(junit)
+    result.fields.update({key: str(value) for key, value in counts.items()})
+    result.fields["report"] = str(log)
+    if status is None:
+        result.status, result.reason = "timed_out", f"the suite ran past {limit:.0f} s"
+    elif status != 0 or counts["failed"] or not counts["passed"]:
+        result.status = "failed"
+        result.reason = (
+            f"pytest exited {status}: {counts['failed']} failed, {counts['passed']} passed"
+        )
+    return result
+
+
+def junit_counts(path: Path) -> dict[str, int]:
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    if not path.exists():
+        return counts
+    for suite in ElementTree.parse(path).getroot().iter("testsuite"):
+        tests, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
+        failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+        counts["failed"] += failed
+        counts["skipped"] += skipped
+        counts["passed"] += tests - failed - skipped
+    return counts
+
+
+# -- the gpu_switch scenarios ---------------------------------------------------------
+
+
+def run_scenarios(context: Context, names: list[str], probe: StepResult | None) -> list[StepResult]:
+    results: list[StepResult] = []
+    if context.emulated and "hooks" in names:
+        names = [name for name in names if name != "hooks"]
+        results.append(StepResult(name="hooks", status="not_measured",
+                                  reason="the emulator runs no PyTorch CUDA"))  # fmt: skip
+    remaining = list(names)
+    while remaining:
+        if context.limit(context.scenario_seconds) is None:
+            results += [context.report(context.not_run(name)) for name in remaining]
+            break
+        done = one_switch_process(context, remaining, probe)
+        results += done
+        finished_names = {result.name for result in done}
+        if not finished_names:
+            break
+        remaining = [name for name in remaining if name not in finished_names]
+    for result in results:
+        if result.name == "hooks" and result.status == "not_measured" and context.emulated:
+            context.report(result)
+    return sorted(results, key=lambda r: names.index(r.name) if r.name in names else len(names))
+
+
+def one_switch_process(context: Context, names: list[str], probe: StepResult | None,
+                       ) -> list[StepResult]:  # fmt: skip
+    """Run the scenarios in one gpu_switch process until they are done, one
+    outlives its limit (it is killed: the rest wait for the next process), or
+    the process ends."""
+    log, results_path = context.out / "gpu_switch.log", context.out / "gpu_switch.jsonl"
+    offset = results_path.stat().st_size if results_path.exists() else 0
+    command = [sys.executable, "-m", "bench.gpu_switch", f"--only={','.join(names)}",
+               f"--gib={context.gib}", f"--handovers={context.handovers}",
+               f"--results={results_path}"]  # fmt: skip
+    process = started(command, log, context.env)
+    results: list[StepResult] = []
+    current, since = None, time.monotonic()
+    while True:
+        entries, offset = new_entries(results_path, offset)
+        for entry in entries:
+            if entry["event"] == "start":
+                current, since = entry["scenario"], time.monotonic()
+                continue
+            result = judged(context, entry, probe, since)
+            result.log = str(log)
+            results.append(context.report(result))
+            current, since = None, time.monotonic()
+        if process.poll() is not None and not entries:
+            break
+        now = time.monotonic()
+        waited = now - since
+        limit = context.scenario_seconds if current else STACK_SECONDS
+        if waited > limit or now > context.deadline:
+            stop(process)
+            what = (f"{current} ran past {limit:.0f} s" if current
+                    else f"gpu_switch started no scenario within {limit:.0f} s")  # fmt: skip
+            if now > context.deadline:
+                what += " (the check's budget was spent)"
+            name = current or next(n for n in names if n not in {r.name for r in results})
+            results.append(
+                context.report(
+                    StepResult(
+                        name=name, status="timed_out", seconds=waited, reason=what, log=str(log)
+                    )
+                )
+            )
+            return results
+        time.sleep(0.2)
+    for name in names:
+        if name not in {r.name for r in results}:
+            reason = f"gpu_switch exited {process.returncode} before it ran {name}"
+            results.append(context.report(StepResult(name=name, status="failed", reason=reason,
+                                                     log=str(log))))  # fmt: skip
+    return results
+
+
+def new_entries(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    if not path.exists():
+        return [], offset
+    with path.open("rb") as results:
+        results.seek(offset)
+        text = results.read().decode()
+    complete = text[: text.rfind("\n") + 1]
+    entries = [json.loads(line) for line in complete.splitlines() if line.strip()]
+    return entries, offset + len(complete.encode())
+
+
+def judged(context: Context, entry: dict[str, Any], probe: StepResult | None,
+           since: float) -> StepResult:  # fmt: skip
+    """A scenario's figures next to their limits, and what failed."""
+    if entry["event"] == "not_measured":
+        reason = entry["reason"] + ("" if context.emulated else
+                                    ": install torch with CUDA, or --skip hooks")  # fmt: skip
+        return StepResult(name=entry["scenario"], status="not_measured", reason=reason)
+    outcome = Outcome.model_validate(entry["outcome"])
+    name, prefix = outcome.scenario.name, context.prefix
+    result = StepResult(name=name, status="ok", seconds=outcome.seconds)
+    reasons = [outcome.error] if outcome.error else []
+    fields = result.fields
+    fields["verified"] = f"{outcome.verified}/{outcome.checks}"
+    fields[f"memory_{outcome.scenario.expect}"] = str(outcome.memory_as_expected).lower()
+    fields["ranks_reported"] = str(outcome.ranks_reported)
+    fields["switch_p50_s"] = figure(p50(outcome.switch_seconds), 3)
+    if outcome.checks and outcome.verified != outcome.checks:
+        reasons.append(f"data read back wrong after {outcome.checks - outcome.verified} grants")
+    if outcome.checks and not outcome.memory_as_expected:
+        reasons.append(f"NVML did not show the waiting job's memory {outcome.scenario.expect}")
+    limits: list[tuple[str, float | None, float]] = []
+    if name in TRANSPARENT:
+        if outcome.ranks_reported < 2 * RANKS:
+            reasons.append(f"the agent's record names {outcome.ranks_reported} ranks, "
+                           f"not {2 * RANKS}")  # fmt: skip
+        raw = (probe.data if probe else {}).get("parallel", {})
+        for move, rates in (("checkpoint", outcome.checkpoint_gbps),
+                            ("restore", outcome.restore_gbps)):  # fmt: skip
+            measured = p50(rates)
+            fields[f"{prefix}{move}_gbps_per_rank_p50"] = figure(measured)
+            fields[f"{prefix}raw_{move}_gbps_per_rank"] = figure(raw.get(move))
+            driver_ratio = ratio(measured, raw.get(move))
+            fields[f"{prefix}{move}_driver_ratio"] = figure(driver_ratio)
+            limits.append((f"{move}_driver_ratio", driver_ratio, DRIVER_RATIO_LIMIT))
+        fields["driver_ratio_limit"] = f"{DRIVER_RATIO_LIMIT:.2f}"
+        fields["overlap_p50"] = figure(p50(outcome.overlap))
+    if outcome.scenario.torch_hooks:
+        for direction in ("evict", "admit"):
+            rate = p50(outcome.hook_gbps.get(direction, []))
+            ceiling = outcome.ceiling_gbps.get(direction)
+            fields[f"{prefix}hook_{direction}_gbps_p50"] = figure(rate)
+            fields[f"{prefix}copy_ceiling_{direction}_gbps"] = figure(ceiling)
+            share = ratio(rate, ceiling)
+            fields[f"{prefix}hook_{direction}_of_ceiling"] = figure(share)
+            limits.append((f"hook_{direction}_of_ceiling", share, HOOKS_CEILING_LIMIT))
+        fields["ceiling_limit"] = f"{HOOKS_CEILING_LIMIT:.2f}"
+    if limits:
+        fields["limits"] = "not_judged" if context.emulated else "judged"
+    if not context.emulated:
+        for what, value, least in limits:
+            if value is None:
+                reasons.append(f"{what} could not be measured")
+            elif value < least:
+                reasons.append(f"{what} {value:.2f} is below {least:.2f}")
+    if reasons:
+        result.status, result.reason = "failed", "; ".join(reasons)
+    return result
