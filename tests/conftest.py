@@ -198,7 +198,7 @@ LONG_FILES = [
     "test_faults.py", "test_chaos.py", "test_scale_bench.py", "test_packaging.py",
     "test_multigroup.py", "test_gpu_switch.py", "test_multinode.py", "test_end_to_end.py",
     "test_trl_grpo.py", "test_emulator_end_to_end.py", "test_policy_bench.py", "test_grpo_toy.py",
-    "test_conformance.py", "test_self_healing.py", "test_turn_watch.py", "test_access.py",
+    "test_slime_integration.py", "test_conformance.py", "test_self_healing.py", "test_turn_watch.py", "test_access.py",
     "test_checkpoint_backends.py", "test_lockqueue.py", "test_rpc_fuzz.py", "test_tenants.py",
     "test_replay.py", "test_placement_live.py", "test_agent_restart.py", "test_replicas.py",
     "test_observability.py", "test_deploy.py",
