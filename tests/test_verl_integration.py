@@ -78,7 +78,7 @@ class ReplayBuffer:
     def sample(
         self, global_steps: int, partition_id: str, batch_size: int
     ) -> tuple[Any, dict[str, Any]]:
-        from transfer_queue import KVBatchMeta  # type: ignore[import-untyped]
+        from transfer_queue import KVBatchMeta
 
         self.record("sample")
         return KVBatchMeta(partition_id=partition_id), {}
