@@ -44,6 +44,8 @@ from typing import Any
 from timeshare.integrations.release_points import entering, process_turns, setup_turn
 from timeshare.integrations.turns import Turns
 
+__all__ = ["experiment_class", "inference_client", "main", "setup_turn", "turn_taking_class"]
+
 ROLLOUT, TRAIN = "rollout", "train"
 # The wake-up that begins a rollout turn: anything but the weights alone
 # (those are woken for the weight sync, still in the train turn).
