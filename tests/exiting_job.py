@@ -1,5 +1,6 @@
 """A job of one RL framework's plug-in that takes its first turn, says
-"holding", then crashes or waits to be killed (tests/test_integration_exits.py):
+"holding", then crashes (when a line comes on its standard input) or waits
+to be killed (tests/test_integration_exits.py):
 
     python -m tests.exiting_job FRAMEWORK crash|wait
 
@@ -66,6 +67,7 @@ def main() -> None:
     FRAMEWORKS[framework]()
     print("holding", flush=True)
     if mode == "crash":
+        sys.stdin.readline()  # the test has seen the turn held
         raise RuntimeError(f"{framework}: a crash while holding the turn")
     time.sleep(600)
 

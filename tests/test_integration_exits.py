@@ -63,15 +63,20 @@ async def test_a_job_that_crashes_or_is_terminated_leaves_its_group(
             process = subprocess.Popen(
                 [sys.executable, "-m", "tests.exiting_job", framework,
                  "crash" if ending == "crash" else "wait"],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, cwd=REPO,
                 env=job_environment(framework, group, node, gateway),
             )  # fmt: skip
             try:
                 wait_for_line(process, "holding", 120)
                 assert client.get_group(group).holder == "job-a"
                 since = time.monotonic()
+                assert process.stdin is not None
                 if ending == "sigterm":
                     process.send_signal(signal.SIGTERM)
+                else:
+                    process.stdin.write("crash\n")
+                    process.stdin.flush()
                 took = seconds_until_gone(client, group, since)
                 code = process.wait(30)
             finally:
