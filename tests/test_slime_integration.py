@@ -1,125 +1,229 @@
-"""The Slime phase callback against a real scheduler and gateway (sim nodes):
-Slime's phase sequences map to turns in the trainer and sampler groups, weight
-sync holds both, two jobs whose spans name the groups in opposite orders never
-deadlock, and the callback is a no-op without its environment. Slime has no
-phase hook upstream (THUDM/slime's train.py calls no callback) and is not on
-PyPI; the sequences replayed here are those llm-d's fork calls (see
-timeshare/integrations/slime.py)."""
+"""The Slime phase callback against a real scheduler and gateway (sim nodes),
+driven by the call sites of llm-d's Slime fork (tests/slime_scripts.py, from
+tests/upstream/slime.json): each phase runs holding its role's groups, two
+jobs running train.py's and train_async.py's phase orders against each other
+never deadlock, whatever the groups are named, and the callback is a no-op
+without its environment. Slime is not on PyPI and needs GPUs (Megatron,
+SGLang): the fork's source is read instead (tests.upstream.extract)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import pytest
 
 import timeshare
 from tests.conftest import SimNodes
+from tests.slime_scripts import SCRIPTS, SITES, SlimeArgs
+from tests.upstream.extract import load
 from timeshare.integrations.slime import SAMPLER, TRAINER, RoleTurns, TimeshareCallback
 
-# Slime's sync driver (train.py) as llm-d's fork brackets it, one rollout.
-SYNC_STEP = [("generate", "sampler"), ("train", "trainer"), ("weight_sync", "both")]
+ROUNDS = 50
+# A deadlock shows as an acquire that is not granted in this long (each
+# grant takes well under a second here).
+ACQUIRE_TIMEOUT = 30.0
+# The fork's call sites the callback was written for: (event, phase, role).
+CHECKED_SITES = {
+    "train.py": [
+        ("begin", "init", "both"), ("end", "init", "both"),
+        *[("begin", "eval", "sampler"), ("end", "eval", "sampler")] * 2,
+        ("begin", "generate", "sampler"), ("end", "generate", "sampler"),
+        ("begin", "offload", "sampler"), ("end", "offload", "sampler"),
+        ("begin", "create", "trainer"), ("end", "create", "trainer"),
+        ("begin", "train", "trainer"), ("end", "train", "trainer"),
+        ("begin", "onload", "sampler"), ("end", "onload", "sampler"),
+        ("begin", "weight_sync", "both"), ("end", "weight_sync", "both"),
+        ("begin", "onload", "sampler"), ("end", "onload", "sampler"),
+        ("begin", "eval", "sampler"), ("end", "eval", "sampler"), ("close",),
+    ],
+    "train_async.py": [
+        ("begin", "init", "both"), ("end", "init", "both"),
+        ("begin", "generate", "sampler"), ("end", "generate", "sampler"),
+        ("begin", "create", "trainer"), ("end", "create", "trainer"),
+        ("begin", "train", "trainer"), ("begin", "generate", "sampler"),
+        ("end", "train", "trainer"), ("end", "generate", "sampler"),
+        ("begin", "weight_sync", "both"), ("end", "weight_sync", "both"),
+        ("begin", "eval", "sampler"), ("end", "eval", "sampler"), ("close",),
+    ],
+}  # fmt: skip
+# Arguments that between them reach every call site of both scripts.
+ARGUMENTS = [
+    SlimeArgs(),
+    SlimeArgs(offload_rollout=True, eval_interval=2),
+    SlimeArgs(release_train=True, eval_interval=1),
+    SlimeArgs(num_rollout=0, eval_interval=1),
+    SlimeArgs(num_rollout=4, update_weights_interval=2, eval_interval=1),
+]
 
 
-def holders(client: timeshare.Client, *groups: str) -> list[str]:
-    return [client.get_group(group).holder for group in groups]
+class Watching:
+    """The callback, and after each begin: does the job hold the phase's groups?"""
+
+    def __init__(self, turns: RoleTurns, client: timeshare.Client | None = None) -> None:
+        self.callback = TimeshareCallback(turns)
+        self.turns, self.client = turns, client
+        self.seen: list[tuple[str, list[str]]] = []
+
+    def on_phase_begin(self, phase: str, role: str, context: Any = None) -> None:
+        self.callback.on_phase_begin(phase, role, context)
+        assert self.turns.held(role), (phase, role)
+        if self.client is not None:
+            holders = [self.client.get_group(g).holder for g in self.turns.groups(role)]
+            self.seen.append((phase, holders))
+
+    def on_phase_end(self, phase: str, role: str, context: Any = None) -> None:
+        self.callback.on_phase_end(phase, role, context)
+
+    def close(self) -> None:
+        self.callback.close()
 
 
-def role_turns(client: timeshare.Client, job: str, trainer: str, sampler: str,
-               nodes: dict[str, str]) -> RoleTurns:  # fmt: skip
+def role_turns(
+    client: timeshare.Client, job: str, trainer: str, sampler: str, nodes: dict[str, str]
+) -> RoleTurns:
     handles = {group: client.join(group, job, [nodes[group]]) for group in {trainer, sampler}}
-    return RoleTurns({TRAINER: handles[trainer], SAMPLER: handles[sampler]})
+    return RoleTurns(
+        {TRAINER: handles[trainer], SAMPLER: handles[sampler]}, acquire_timeout=ACQUIRE_TIMEOUT
+    )
 
 
 @pytest.fixture
 async def pools(sim_nodes: SimNodes, unique: str) -> dict[str, str]:
-    """Two groups, each on a node of its own: group -> node."""
+    """Two groups named as llm-d's examples name them (the sampler pool's
+    first by name), each on a node of its own: group -> node."""
     nodes = {f"trainers-{unique}": f"nt-{unique}", f"samplers-{unique}": f"ns-{unique}"}
     for node in nodes.values():
         await sim_nodes.start(node)
     return nodes
 
 
-async def test_phases_become_turns_and_weight_sync_holds_both(
-    gateway: str, pools: dict[str, str]
+def test_the_fork_calls_the_callback_where_it_was_checked() -> None:
+    facts = load("slime")
+    for script, sites in SITES.items():
+        assert [tuple(site) for site in sites] == CHECKED_SITES[script], (
+            f"llm-d's Slime fork changed its {script} phases ({facts['pinned']}): check "
+            "timeshare.integrations.slime against them, then CHECKED_SITES"
+        )
+    assert set(facts["PhaseCallback"]) == {"on_phase_begin", "on_phase_end", "close"}
+    assert facts["PhaseCallback"]["on_phase_begin"] == ["self", "phase", "role", "context"]
+    assert facts["loader_calls"] == [0]  # the fork makes the callback with no arguments
+    TimeshareCallback()  # ... which ours allows
+
+
+def test_the_replays_reach_every_call_site() -> None:
+    class Nothing:
+        def on_phase_begin(self, *args: Any) -> None: ...
+        def on_phase_end(self, *args: Any) -> None: ...
+        def close(self) -> None: ...
+
+    for script, replay in SCRIPTS.items():
+        used = set().union(*(replay(Nothing(), args).used for args in ARGUMENTS))
+        assert used == set(range(len(SITES[script]))), (script, used)
+
+
+@pytest.mark.parametrize("script", list(SCRIPTS))
+async def test_each_phase_runs_holding_its_roles_groups(
+    gateway: str, pools: dict[str, str], script: str
 ) -> None:
     trainers, samplers = pools
 
     def scenario() -> None:
         with timeshare.connect(gateway) as client:
-            callback = TimeshareCallback(role_turns(client, "job-a", trainers, samplers, pools))
-            seen = []
-            for phase, role in [("init", "both"), *SYNC_STEP, *SYNC_STEP]:
-                callback.on_phase_begin(phase, role, {"rollout_id": 0})
-                seen.append((phase, holders(client, trainers, samplers)))
-                callback.on_phase_end(phase, role, {"rollout_id": 0})
-                assert holders(client, trainers, samplers) == ["", ""], f"{phase} leaked a turn"
-            callback.close()
-        assert seen[:4] == [
-            ("init", ["job-a", "job-a"]),
-            ("generate", ["", "job-a"]),
-            ("train", ["job-a", ""]),
-            ("weight_sync", ["job-a", "job-a"]),
-        ]
+            for args in ARGUMENTS[2::2]:  # release_train and eval; eval inside generate
+                watching = Watching(role_turns(client, "job-a", trainers, samplers, pools), client)
+                SCRIPTS[script](watching, args)
+                assert all(holders == ["job-a"] * len(holders) for _, holders in watching.seen)
+                status = [client.get_group(group) for group in (trainers, samplers)]
+                assert [(s.holder, s.jobs) for s in status] == [("", [])] * 2  # closed: left
 
     await asyncio.to_thread(scenario)
 
 
-async def test_a_trainer_request_while_holding_the_sampler_alone_is_refused(
+async def test_an_eval_inside_a_pending_generate_keeps_the_sampler_pool(
     gateway: str, pools: dict[str, str]
 ) -> None:
+    """train_async.py with weight updates every other rollout: an eval ends
+    while the next generate still runs on the sampler pool."""
     trainers, samplers = pools
 
     def scenario() -> None:
         with timeshare.connect(gateway) as client:
             turns = role_turns(client, "job-a", trainers, samplers, pools)
-            turns.begin("offload", "sampler")
-            with pytest.raises(RuntimeError, match="trainer-first"):
-                turns.begin("train", "trainer")
-            assert holders(client, trainers, samplers) == ["", "job-a"]
-            turns.end("offload", "sampler")
+            turns.begin("train", "trainer")
+            turns.begin("generate", "sampler")  # inside train: both held
+            assert turns.held("both")
+            turns.end("train", "trainer")
+            turns.begin("eval", "sampler")
+            turns.end("eval", "sampler")
+            assert client.get_group(samplers).holder == "job-a"  # generate still runs
+            assert client.get_group(trainers).holder == ""
+            turns.end("generate", "sampler")
+            assert client.get_group(samplers).holder == ""
             turns.close()
 
     await asyncio.to_thread(scenario)
 
 
-async def test_spans_over_both_groups_in_opposite_orders_never_deadlock(
-    gateway: str, pools: dict[str, str]
+def run_jobs(
+    gateway: str, jobs: dict[str, tuple[str, str, str]], nodes: dict[str, str], rounds: int
 ) -> None:
-    # Job b's trainer pool is job a's sampler pool and the other way round: a
-    # job that took its trainer group first would wait for the other's.
-    first, second = pools
-    rounds = 8
+    """Run each job (name -> script, trainer group, sampler group) for
+    ``rounds`` rollouts, all at once; fail on a deadlock (an acquire not
+    granted in time) or any other error."""
     errors: list[BaseException] = []
+    start = threading.Barrier(len(jobs))
+    args = SlimeArgs(num_rollout=rounds)
 
-    def job(name: str, trainer: str, sampler: str, start: threading.Barrier) -> None:
+    def job(name: str, script: str, trainer: str, sampler: str) -> None:
         try:
             with timeshare.connect(gateway) as client:
-                turns = role_turns(client, name, trainer, sampler, pools)
+                turns = role_turns(client, name, trainer, sampler, nodes)
                 start.wait()
-                for _ in range(rounds):
-                    turns.begin("weight_sync", "both")
-                    turns.end("weight_sync", "both")
-                    turns.begin("train", "trainer")
-                    turns.end("train", "trainer")
-                turns.close()
+                SCRIPTS[script](Watching(turns), args)
         except BaseException as error:  # reported by the test thread
             errors.append(error)
 
-    def scenario() -> None:
-        start = threading.Barrier(2)
-        threads = [
-            threading.Thread(target=job, args=("job-a", first, second, start)),
-            threading.Thread(target=job, args=("job-b", second, first, start)),
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
-        assert not any(t.is_alive() for t in threads), "the two jobs deadlocked"
-        assert not errors, errors
+    threads = [threading.Thread(target=job, args=(name, *spec)) for name, spec in jobs.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(rounds * 2 * ACQUIRE_TIMEOUT)
+    assert not any(thread.is_alive() for thread in threads), "the jobs deadlocked"
+    assert not errors, f"the jobs deadlocked or failed: {errors}"
 
-    await asyncio.to_thread(scenario)
+
+async def test_two_train_async_jobs_never_deadlock_over_fifty_rollouts(
+    gateway: str, pools: dict[str, str]
+) -> None:
+    """llm-d's layout: both jobs share both pools. Without one order for the
+    generate that train_async.py begins inside train, job a holds the trainer
+    pool and waits for the sampler pool, which job b's weight sync took first
+    (by name) while it waits for the trainer pool: each waits for ever."""
+    trainers, samplers = pools
+    jobs = {name: ("train_async.py", trainers, samplers) for name in ("job-a", "job-b")}
+    await asyncio.to_thread(run_jobs, gateway, jobs, pools, ROUNDS)
+
+
+async def test_train_py_against_train_async_and_swapped_pools_never_deadlock(
+    gateway: str, sim_nodes: SimNodes, pools: dict[str, str], unique: str
+) -> None:
+    """At once, on two pairs of pools: a train.py job against a train_async.py
+    job; and two train_async.py jobs whose pools swap roles (job d's trainer
+    pool is job c's sampler pool), which no order by role could serve."""
+    trainers, samplers = pools
+    first, second = f"pool-a-{unique}", f"pool-b-{unique}"
+    nodes = {**pools, first: f"na-{unique}", second: f"nb-{unique}"}
+    for node in (nodes[first], nodes[second]):
+        await sim_nodes.start(node)
+    jobs = {
+        "job-a": ("train_async.py", trainers, samplers),
+        "job-b": ("train.py", trainers, samplers),
+        "job-c": ("train_async.py", first, second),
+        "job-d": ("train_async.py", second, first),
+    }
+    await asyncio.to_thread(run_jobs, gateway, jobs, nodes, ROUNDS // 5)
 
 
 async def test_llmd_environment_names_one_shared_pool(
@@ -163,7 +267,5 @@ def test_without_its_environment_the_callback_does_nothing(
     monkeypatch.setenv("TIMESHARE_ADDRESS", "127.0.0.1:1")
     callback = TimeshareCallback()
     assert callback.turns is None
-    for phase, role in [("init", "both"), *SYNC_STEP]:
-        callback.on_phase_begin(phase, role)
-        callback.on_phase_end(phase, role)
-    callback.close()
+    for script, replay in SCRIPTS.items():
+        assert replay(callback, SlimeArgs()).calls, script

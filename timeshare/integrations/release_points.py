@@ -12,15 +12,18 @@ import sys
 import threading
 from typing import Any
 
-from timeshare.integrations.turns import Turns, turns_from_env
+from timeshare.integrations.exits import leave_at_exit
+from timeshare.integrations.turns import JobTurns, Turns, TurnTicket, turns_from_env
 
+SETUP = "setup"
 _turns: Turns | None = None
 _guard = threading.Lock()
 
 
 def process_turns() -> Turns:
-    """This process's turns, made from the environment on first use (the
-    wrappers that call it travel between Ray processes; the turns stay in one)."""
+    """This process's turns: adopted from a ticket, else made from the
+    environment on first use (the wrappers that call it travel between Ray
+    processes; the turns stay in one)."""
     global _turns
     with _guard:
         if _turns is None:
@@ -33,6 +36,34 @@ def use_turns(turns: Turns | None) -> None:
     global _turns
     with _guard:
         _turns = turns
+
+
+def setup_turn(turns: Turns | None = None) -> Turns:
+    """Hold the ``setup`` turn (engines starting, models loading) from here
+    to the first phase; ``turns`` defaults to this process's."""
+    turns = turns if turns is not None else process_turns()
+    turns.acquire(SETUP)
+    return turns
+
+
+def ticket_of(turns: Turns | None) -> TurnTicket | None:
+    """The ticket a pickled wrapper carries to another process of the job:
+    there it takes the job's turns on (``adopt``) instead of joining again."""
+    turns = turns if turns is not None else _turns
+    return turns.ticket() if isinstance(turns, JobTurns) else None
+
+
+def adopt(ticket: TurnTicket | None) -> None:
+    """Take the job's turns on in this process, unless it has turns already
+    (the process that wrote the ticket, or a wrapper unpickled before)."""
+    global _turns
+    if ticket is None:
+        return
+    with _guard:
+        if _turns is not None:
+            return
+        _turns = JobTurns.adopt(ticket)
+    leave_at_exit(_turns.close)
 
 
 def entering(phase: str, turns: Turns | None = None) -> None:

@@ -12,10 +12,9 @@ llm-d's callback switches by changing that one path:
     --phase-callback-path timeshare.integrations.slime.TimeshareCallback
 
 Roles map to groups as llm-d's do: "trainer" to the trainer pool's group,
-"sampler" to the sampler pool's, "both" (init, weight sync) to both, held
-together through `acquire_all` (deadlock-free in any order). The environment
-names the job and the groups; llm-d's variables are read where timeshare's
-are unset, so the same job spec works:
+"sampler" to the sampler pool's, "both" (init, weight sync) to both. The
+environment names the job and the groups; llm-d's variables are read where
+timeshare's are unset, so the same job spec works:
 
     TIMESHARE_JOB            (TIMESLICE_JOB_ID)         the job
     TIMESHARE_TRAINER_GROUP  (TIMESLICE_TRAINER_GROUP)  the trainer pool's group
@@ -24,9 +23,18 @@ are unset, so the same job spec works:
 
 With any of the first three unset the callback does nothing. The two groups
 may be the same (trainer and sampler colocated on one pool): one turn then
-covers both roles. As in llm-d's callback, a job never asks for the trainer
-group while it holds the sampler group alone (the order that keeps two-group
-waits free of cycles there); doing so raises.
+covers both roles.
+
+Deadlock-free for any phase order and any naming of the groups: a job waits
+for a group only while it holds none that comes after it in the one order
+every job uses (by group name, timeshare._protocol.acquisition_order). A
+phase that needs a group earlier in that order than one the job holds (in
+train_async.py the next ``generate`` begins inside ``train``, and with
+llm-d's names ``samplers-…`` comes before ``trainers-…``) gives back what the
+job holds and takes it all again in that order: if nobody waits, nothing
+moves. A group is given back when the last phase open in it ends, so an
+``eval`` that ends while the next ``generate`` still runs on the sampler pool
+(train_async.py) keeps that pool.
 
 The callback runs in Slime's driver, which is never stopped: the pools' GPU
 processes (Megatron actors, SGLang servers) register with their nodes'
@@ -42,11 +50,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from contextlib import AbstractContextManager
+from collections import Counter
 from typing import Any
 
-import timeshare
+from timeshare._protocol import acquisition_order
 from timeshare.client import Client, Job
+from timeshare.integrations.exits import leave_at_exit
 
 log = logging.getLogger("timeshare.integrations.slime")
 TRAINER, SAMPLER, BOTH = "trainer", "sampler", "both"
@@ -74,13 +83,17 @@ def roles_of(role: str) -> tuple[str, ...]:
 class RoleTurns:
     """A job's turns in its trainer and sampler groups, by role."""
 
-    def __init__(self, jobs: dict[str, Job], client: Client | None = None) -> None:
+    def __init__(
+        self, jobs: dict[str, Job], client: Client | None = None,
+        acquire_timeout: float | None = None,
+    ) -> None:  # fmt: skip
         # role -> the job's handle in that role's group (one handle if both share a group)
         self.jobs = jobs
         self._client = client
+        self._timeout = acquire_timeout
         self._held: set[str] = set()  # groups
-        # A span of several groups held together, released together.
-        self._joint: tuple[frozenset[str], AbstractContextManager[object]] | None = None
+        self._open: Counter[str] = Counter()  # group -> phases begun and not ended in it
+        self._closed = False
 
     @classmethod
     def from_env(cls, address: str | None = None) -> RoleTurns | None:
@@ -93,7 +106,10 @@ class RoleTurns:
             return None
         client = Client(address or from_env("address"))
         handles = {group: client.join(group, job) for group in dict.fromkeys((trainer, sampler))}
-        return cls({TRAINER: handles[trainer], SAMPLER: handles[sampler]}, client)
+        turns = cls({TRAINER: handles[trainer], SAMPLER: handles[sampler]}, client)
+        # Slime calls close() only after a loop that ended well.
+        leave_at_exit(turns.close)
+        return turns
 
     def groups(self, role: str) -> list[str]:
         return list(dict.fromkeys(self.jobs[r].group for r in roles_of(role)))
@@ -105,46 +121,42 @@ class RoleTurns:
         return all(group in self._held for group in self.groups(role))
 
     def begin(self, phase: str, role: str) -> None:
-        trainer_group = self.jobs[TRAINER].group
-        wanted = [g for g in self.groups(role) if g not in self._held]
-        if trainer_group in wanted and self.jobs[SAMPLER].group in self._held:
-            raise RuntimeError(
-                f"phase {phase!r}: the trainer group {trainer_group!r} asked for while the "
-                "sampler group is held alone; end the sampler's phase first (trainer-first order)"
-            )
-        if len(wanted) > 1:
-            span = timeshare.acquire_all([self._job(g) for g in wanted], phase=phase)
-            span.__enter__()
-            self._joint = (frozenset(wanted), span)
-        elif wanted:
-            self._job(wanted[0]).acquire(phase=phase)
-        self._held.update(wanted)
+        groups = self.groups(role)
+        wanted = [group for group in groups if group not in self._held]
+        if wanted:
+            self._take(wanted, phase)
+        self._open.update(groups)
+
+    def _take(self, wanted: list[str], phase: str) -> None:
+        if self._held and min(wanted) < max(self._held):
+            # Waiting for it now could close a cycle: give back, then take
+            # everything in the one order.
+            held = sorted(self._held)
+            for group in reversed(held):
+                self._job(group).yield_()
+                self._held.discard(group)
+            wanted = [*wanted, *held]
+        for job in acquisition_order([self._job(group) for group in wanted]):
+            job.acquire(self._timeout, phase=phase)
+            self._held.add(job.group)
 
     def end(self, phase: str, role: str) -> None:
-        ending = [g for g in self.groups(role) if g in self._held]
-        keep: list[str] = []
-        if self._joint is not None and self._joint[0] & set(ending):
-            together, span = self._joint
-            self._joint = None
-            span.__exit__(None, None, None)
-            # Part of a joint span ends: the rest was released with it; take it back alone.
-            keep = [g for g in together if g not in ending]
-            self._held -= together
-        for group in sorted(set(ending) & self._held, key=self._release_order):
+        for group in self.groups(role):
+            self._open[group] = max(0, self._open[group] - 1)
+        done = [g for g in self.groups(role) if g in self._held and not self._open[g]]
+        for group in sorted(done, reverse=True):
             self._job(group).yield_()
             self._held.discard(group)
-        for group in keep:
-            self._job(group).acquire(phase=phase)
-            self._held.add(group)
-
-    def _release_order(self, group: str) -> int:
-        # The sampler's group before the trainer's, the reverse of acquisition.
-        return 0 if group == self.jobs[SAMPLER].group else 1
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         # Leaving gives back whatever is held; a failed release must not keep the job in.
-        with contextlib.suppress(Exception):
-            self.end("close", BOTH)
+        for group in sorted(self._held, reverse=True):
+            with contextlib.suppress(Exception):
+                self._job(group).yield_()
+        self._held.clear()
         for job in dict.fromkeys(self.jobs.values()):
             job.leave()
         if self._client is not None:

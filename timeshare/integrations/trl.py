@@ -27,7 +27,8 @@ reward functions are all it takes.
 
 The first turn (``setup``) starts before TRL's constructor, which places the
 model on the device; the last is held until the job leaves (``leave_group()``,
-else at exit), so a save after ``train()`` runs inside it.
+else when the process exits, crashes or is sent SIGTERM), so a save after
+``train()`` runs inside it.
 
 With ``offload_hooks=True`` the process serves workload hooks that move the
 policy, the reference model and the optimizer state to host memory when the
@@ -39,7 +40,6 @@ every generation (level 2), so the hooks leave it alone.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import inspect
 import json
@@ -48,6 +48,7 @@ from typing import Any
 
 from timeshare.hooks import WorkloadHooks
 from timeshare.hooks.protocol import EvictMode
+from timeshare.integrations.exits import leave_at_exit
 from timeshare.integrations.turns import Turns, turns_from_env
 
 SETUP, ROLLOUT, TRAIN = "setup", "rollout", "train"
@@ -185,7 +186,7 @@ def grpo_trainer_class() -> type[Any]:
                 args, kwargs = bound.args[1:], bound.kwargs
                 turns.enroll_this_process(TrainerOffloadHooks(self) if offload_hooks else None)
                 turns.acquire(SETUP)
-                atexit.register(turns.close)
+                leave_at_exit(turns.close)
             super().__init__(*args, **kwargs)
 
         def leave_group(self) -> None:

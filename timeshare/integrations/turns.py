@@ -20,6 +20,7 @@ Two rules shape every integration, from how the backends stop a job:
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -27,8 +28,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import timeshare
+from timeshare._protocol import JobRef
 from timeshare.client import Client, Job
-from timeshare.errors import FailedPrecondition
+from timeshare.errors import FailedPrecondition, TimeshareError
+from timeshare.integrations.exits import leave_at_exit
 from timeshare.registration import register_process
 
 if TYPE_CHECKING:
@@ -234,19 +237,72 @@ class JobTurns(Turns):
         if self._hooks is not None:
             self._hooks.close()
             self._hooks = None
-        self.release()
+        # The turn may have moved on in another process of the job (a
+        # ticket's): leaving gives back whatever the job holds.
+        with contextlib.suppress(TimeshareError):
+            self.release()
         self.job.leave()
         if self._client is not None:
             self._client.close()
 
+    def ticket(self) -> TurnTicket:
+        """What another process of this job needs to take its turns on from
+        here (``JobTurns.adopt``): one process at a time asks for them."""
+        ref = self.job.ref
+        address = self._client.address if self._client is not None else ""
+        return TurnTicket(
+            address=address, group=ref.group, job=ref.job, token=ref.token, nodes=ref.nodes,
+            lease_seconds=ref.lease_seconds, idle_lease_seconds=ref.idle_lease_seconds,
+            epoch=ref.epoch if self.holding else None, phase=self.phase,
+        )  # fmt: skip
+
+    @classmethod
+    def adopt(cls, ticket: TurnTicket) -> JobTurns:
+        """The job's turns, taken on in this process from a ticket: the turn
+        held when it was written is held here (no second Join: that would
+        give the job a new token and lock the first process out)."""
+        client = timeshare.connect(ticket.address or None)
+        ref = JobRef(
+            group=ticket.group, job=ticket.job, token=ticket.token, nodes=list(ticket.nodes),
+            lease_seconds=ticket.lease_seconds, epoch=ticket.epoch,
+            idle_lease_seconds=ticket.idle_lease_seconds,
+        )  # fmt: skip
+        turns = cls(Job(client, ref), client)
+        if ticket.epoch is not None:
+            turns._granted_at = time.time()
+            turns.phase = ticket.phase
+        return turns
+
+
+@dataclass(frozen=True)
+class TurnTicket:
+    """A job's place and its turn held, handed to another of its processes
+    (a Ray actor the driver made) inside the pickled wrappers. Holds the
+    job's token: it travels only where TIMESHARE_JOB_TOKEN would."""
+
+    address: str
+    group: str
+    job: str
+    token: str
+    nodes: list[str]
+    lease_seconds: float
+    idle_lease_seconds: float
+    epoch: int | None
+    phase: str
+
 
 def turns_from_env() -> Turns:
     """The job's turns as the environment configures them (see the package's
-    docstring): a coordinator's, this process's own, or none."""
+    docstring): a coordinator's, this process's own, or none. The job leaves
+    its group when this process ends (timeshare.integrations.exits)."""
+    turns: Turns
     if os.environ.get(ENV_TURNS_FD):
         from timeshare.integrations.coordinator import CoordinatedTurns
 
-        return CoordinatedTurns.from_env()
-    if os.environ.get(ENV_GROUP) and os.environ.get(ENV_JOB):
-        return JobTurns.join()
-    return NoTurns()
+        turns = CoordinatedTurns.from_env()
+    elif os.environ.get(ENV_GROUP) and os.environ.get(ENV_JOB):
+        turns = JobTurns.join()
+    else:
+        return NoTurns()
+    leave_at_exit(turns.close)
+    return turns

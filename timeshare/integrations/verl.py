@@ -17,16 +17,21 @@ Turns, at the v1 trainer's own hook points (``PPOTrainer.fit`` and
 ``_step_once`` call them):
 
 - ``setup``: ``init()``, where the worker groups start and load the models
-  and ``on_init_end`` pushes the weights to the rollout replicas;
-- ``rollout``: from ``on_step_begin`` through sampling the batch from the
-  replay buffer (the agent loop's generation, and the reward loop that scores
-  as samples finish) to ``on_sample_end``, after verl has put the colocated
-  replicas to sleep (``CheckpointEngineManager.sleep_replicas``: weights and
-  KV cache freed);
+  and ``on_init_end`` pushes the weights to the rollout replicas, through the
+  validation before training, up to the first step;
+- ``rollout``: from ``on_step_end`` (the previous step's), before verl's
+  ``update_weights`` wakes the replicas and syncs the new weights, through
+  the validation, metrics and logging after it and sampling the next batch
+  from the replay buffer (the agent loop's generation, and the reward loop
+  that scores as samples finish), to ``on_sample_end``, after verl has put
+  the colocated replicas to sleep (``CheckpointEngineManager.sleep_replicas``:
+  weights and KV cache freed);
 - ``train``: from there through old/reference log-probabilities, advantages,
-  the critic and actor updates, the checkpoint save and ``on_step_end``,
-  whose ``update_weights`` wakes the replicas and syncs the new weights, and
-  the validation, metrics and logging after it, up to the next step.
+  the critic and actor updates and the checkpoint save, to ``on_step_end``.
+
+Both hand-overs find the replicas asleep: a switch moves only the training
+engines' state. The job leaves its group when ``fit()`` returns or raises,
+and when the process exits or is sent SIGTERM.
 
 The hybrid engine's own sleep/wake moves the rollout weights: with
 ``rollout_hooks=True`` (env ``TIMESHARE_HOOKS=1``) the trainer serves workload
@@ -48,6 +53,7 @@ from typing import Any
 
 from timeshare.hooks import WorkloadHooks
 from timeshare.hooks.protocol import EvictMode
+from timeshare.integrations.release_points import entering
 from timeshare.integrations.turns import Turns, turns_from_env
 
 log = logging.getLogger("timeshare.integrations.verl")
@@ -59,7 +65,7 @@ MODES = {"timeshare_sync": "sync", "timeshare_colocate_async": "colocate_async"}
 TESTED_VERSIONS = ("0.9.1",)
 # The v1 trainer hooks bracketed here; their absence means a verl these
 # trainers were not written for.
-HOOKS = ("init", "on_init_end", "on_step_begin", "on_sample_end", "on_step_end")
+HOOKS = ("init", "fit", "on_init_end", "on_step_begin", "on_sample_end", "on_step_end")
 
 
 class ReplicaHooks(WorkloadHooks):
@@ -134,9 +140,16 @@ def trainer_with_turns(base: type[Any], mode: str) -> type[Any]:
             super().on_init_end()
             self.replicas_awake = True
 
+        def fit(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().fit(*args, **kwargs)
+            finally:
+                self.leave_group()
+
         def on_step_begin(self) -> None:
             super().on_step_begin()
-            self.timeshare_turns.handover(ROLLOUT)
+            # The first step's; later ones began at the previous on_step_end.
+            entering(ROLLOUT, self.timeshare_turns)
 
         def on_sample_end(self) -> None:
             super().on_sample_end()
@@ -144,6 +157,9 @@ def trainer_with_turns(base: type[Any], mode: str) -> type[Any]:
             self.timeshare_turns.handover(TRAIN)
 
         def on_step_end(self) -> None:
+            # Before update_weights wakes the replicas: a switch here finds
+            # them asleep.
+            self.timeshare_turns.handover(ROLLOUT)
             super().on_step_end()
             self.replicas_awake = True
 
