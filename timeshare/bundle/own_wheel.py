@@ -106,7 +106,7 @@ def pack_installed(out: Path) -> Path:
         and path.suffix != ".pyc"
         and not (path.parts[0] == info_dir and path.name in INSTALLER_FILES)
     ]
-    if Path(dist.locate_file(f"{DISTRIBUTION}/__init__.py")).resolve() != (
+    if Path(str(dist.locate_file(f"{DISTRIBUTION}/__init__.py"))).resolve() != (
         package_root() / "__init__.py"
     ) or not any(path.parts[0] == DISTRIBUTION for path in kept):
         raise BundleError(
@@ -117,7 +117,7 @@ def pack_installed(out: Path) -> Path:
     records = []
     with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as packed:
         for path in sorted(kept, key=str):
-            data = Path(dist.locate_file(path)).read_bytes()
+            data = Path(str(dist.locate_file(path))).read_bytes()
             packed.writestr(path.as_posix(), data)
             records.append(f"{path.as_posix()},sha256={record_digest(data)},{len(data)}")
         records.append(f"{info_dir}/RECORD,,")

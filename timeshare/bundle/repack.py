@@ -11,10 +11,11 @@ import os
 import time
 import zipfile
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 MIB = 1024 * 1024
+STILL_WORKING_SECONDS = 30.0
 
 
 def repack_with_lzma(wheel: Path) -> tuple[int, int, float]:
@@ -41,15 +42,28 @@ def repack_all(wheels: list[Path], say: Callable[[str], None]) -> None:
     total = sum(wheel.stat().st_size for wheel in ordered)
     say(
         f"compressing {len(ordered)} wheels ({total / MIB:.1f} MiB) with LZMA in {workers} "
-        "processes: minutes (the Temporal CLI alone is 156 MB)"
+        f"processes: minutes; the largest, {ordered[0].name} "
+        f"({ordered[0].stat().st_size / MIB:.1f} MiB), takes longest"
     )
     # spawn: the caller may have threads (an event loop's), which fork copies badly.
     context = multiprocessing.get_context("spawn")
+    started = time.monotonic()
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         pending = {pool.submit(repack_with_lzma, wheel): wheel for wheel in ordered}
-        for done, future in enumerate(as_completed(pending), start=1):
-            before, after, seconds = future.result()
-            say(
-                f"compressed {done}/{len(ordered)} {pending[future].name}: "
-                f"{before / MIB:.1f} -> {after / MIB:.1f} MiB in {seconds:.0f} s"
-            )
+        finished = 0
+        while pending:
+            # A line at least every STILL_WORKING_SECONDS: the largest wheel runs for minutes.
+            done, _ = wait(pending, timeout=STILL_WORKING_SECONDS, return_when=FIRST_COMPLETED)
+            for future in done:
+                before, after, seconds = future.result()
+                finished += 1
+                say(
+                    f"compressed {finished}/{len(ordered)} {pending.pop(future).name}: "
+                    f"{before / MIB:.1f} -> {after / MIB:.1f} MiB in {seconds:.0f} s"
+                )
+            if not done:
+                names = ", ".join(sorted(wheel.name.split("-")[0] for wheel in pending.values()))
+                say(
+                    f"still compressing {len(pending)} of {len(ordered)} ({names}) after "
+                    f"{time.monotonic() - started:.0f} s"
+                )
