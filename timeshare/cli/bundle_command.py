@@ -52,7 +52,8 @@ def add_bundle_command(commands: Subparsers) -> None:
 
 
 def run_bundle(args: argparse.Namespace) -> int:
-    from timeshare.bundle import BundleError, BundleOptions, make_bundle
+    from timeshare.bundle.errors import BundleError
+    from timeshare.bundle.make import BundleOptions, make_bundle
 
     options = BundleOptions(
         out=args.out,
