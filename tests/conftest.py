@@ -208,7 +208,7 @@ LONG_FILES = [
     "test_turn_watch.py", "test_access.py",
     "test_checkpoint_backends.py", "test_lockqueue.py", "test_rpc_fuzz.py", "test_tenants.py",
     "test_replay.py", "test_placement_live.py", "test_agent_restart.py", "test_replicas.py",
-    "test_observability.py", "test_deploy.py",
+    "test_observability.py", "test_deploy.py", "test_bundle.py",
 ]  # fmt: skip
 
 

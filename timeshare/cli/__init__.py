@@ -1,7 +1,7 @@
-"""The `timeshare` command: one parser, its subcommands in two modules (the
+"""The `timeshare` command: one parser, its subcommands in three modules (the
 client commands a light install runs, the server commands that need
-`timeshare[server]`), and the flag-to-settings mapping of the server
-processes in server_settings."""
+`timeshare[server]`, and `bundle`, which needs only pip), and the
+flag-to-settings mapping of the server processes in server_settings."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import sys
 from typing import NoReturn
 
 from timeshare.cli.arguments import OneLineParser
+from timeshare.cli.bundle_command import add_bundle_command
 from timeshare.cli.client_commands import add_client_commands
 from timeshare.cli.server_commands import add_server_commands
 from timeshare.cli.server_settings import gateway_security, temporal_settings
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_server_commands(commands)
     add_client_commands(commands)
+    add_bundle_command(commands)
     return parser
 
 
