@@ -28,7 +28,6 @@ from timeshare.activities.backend import (
     NoDeviceRoom,
 )
 from timeshare.activities.processes import ProcessTable
-from timeshare.activities.residency import RoomPlan, extra, plan_room
 from timeshare.hooks.protocol import EvictMode
 from timeshare.instruments import record_switch
 from timeshare.models import (
@@ -43,6 +42,7 @@ from timeshare.models import (
     SwitchInput,
     SwitchOutput,
 )
+from timeshare.scheduling.residency import RoomPlan, extra, plan_room
 
 HEARTBEAT_SECONDS = 1.0
 log = logging.getLogger("timeshare.agent")

@@ -20,7 +20,8 @@ class GroupWorkflowWithABug(GroupWorkflow):
     @workflow.init
     def __init__(self, input: GroupInput) -> None:
         super().__init__(input)
-        queue, release_turn = self._queue, self._queue.release
+        queue = self._core.queue
+        release_turn = queue.release
 
         def release_with_a_bug(job: str, epoch: int, now: float) -> float:
             if job == BUGGY_JOB:

@@ -11,13 +11,9 @@ import itertools
 import pytest
 
 from timeshare.models import GroupPolicy
-from timeshare.workflows.group_state import (
-    RULES_ANTICIPATION,
-    RULES_POLICIES,
-    GroupState,
-    StoredPolicy,
-)
-from timeshare.workflows.lockqueue import LockQueue
+from timeshare.scheduling.queue import LockQueue
+from timeshare.scheduling.rules import RULES_ANTICIPATION, RULES_POLICIES
+from timeshare.scheduling.state import GroupState, StoredPolicy
 
 # How long a job takes, after its yield, to ask for its next turn: a client's
 # round trip (the workflow's own clock sees a few milliseconds).

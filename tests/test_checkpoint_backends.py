@@ -384,7 +384,7 @@ async def test_a_switch_whose_checkpoint_outlives_the_call_timeout_fails_as_unkn
     gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker]
 ) -> None:
     """The workflow marks the node's residency unknown for a failed checkpoint
-    (lockqueue UNKNOWN_RESIDENT); the agent says why."""
+    (scheduling.base.UNKNOWN_RESIDENT); the agent says why."""
     emu, table = gpu_emulator, ProcessTable()
     backend = driver_backend(emu, table, CONFIG.model_copy(update={"call_timeout_seconds": 1.0}))
     agent = SwitchActivities("n", backend, table)

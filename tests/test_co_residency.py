@@ -18,10 +18,10 @@ from bench.stack import overlaps
 from tests.conftest import SimNodes
 from tests.groups import acquire, join, release
 from timeshare.activities.backend import BackendConfig
-from timeshare.activities.residency import extra, plan_room
 from timeshare.activities.sim import SimBackend
 from timeshare.activities.switch import SwitchActivities
 from timeshare.models import CoResidency, GroupPolicy, NodeMove, SwitchInput, SwitchOutput
+from timeshare.scheduling.residency import extra, plan_room
 
 STATE = 2**26
 HANDOVERS = 20

@@ -30,10 +30,10 @@ from timeshare.models import (
     GroupPolicy,
     SwitchOutput,
 )
+from timeshare.scheduling.state import GroupState, StoredPolicy
 from timeshare.workers.data_converter import DATA_CONVERTER
 from timeshare.workers.scheduler import external_storage_concurrency
 from timeshare.workflows.group import GroupInput
-from timeshare.workflows.group_state import GroupState, StoredPolicy
 
 GRANT = Grant(
     job="a", request_id="r-1", epoch=3, ticket=7, granted_at=1.5,

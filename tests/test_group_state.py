@@ -19,8 +19,8 @@ from timeshare.history import SwitchRecord, TurnRecord
 from timeshare.models import Grant, GroupPolicy, JobInput, NodeMove
 from timeshare.names import group_workflow_id
 from timeshare.refusals import Refusal
-from timeshare.workflows.group import GroupInput, GroupWorkflow
-from timeshare.workflows.group_state import (
+from timeshare.scheduling.queue import LockQueue
+from timeshare.scheduling.state import (
     LEGACY_DEFAULTS,
     SCHEMA_VERSION,
     GroupState,
@@ -31,7 +31,7 @@ from timeshare.workflows.group_state import (
     StoredSwitch,
     StoredTurn,
 )
-from timeshare.workflows.lockqueue import LockQueue
+from timeshare.workflows.group import GroupInput, GroupWorkflow
 from timeshare.workflows.sandbox import workflow_runner
 
 TWINS: list[tuple[type[StoredModel], type[BaseModel]]] = [

@@ -22,10 +22,10 @@ from tests.test_prefetch import held, policy_queue
 from timeshare._protocol import LeaseClock, Turn, apply_notice, may_keep_turn
 from timeshare.errors import Unimplemented, from_rpc_error
 from timeshare.refusals import Refusal
+from timeshare.scheduling.base import QueueError
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from timeshare.workers.gateway_errors import unknown_update
-from timeshare.workflows.lockqueue import QueueError
 
 
 def test_with_nobody_waiting_the_turn_goes_on_into_the_next_phase() -> None:

@@ -11,14 +11,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from timeshare.models import GroupPolicy
-from timeshare.workflows.group_state import (
+from timeshare.scheduling.base import QueueError
+from timeshare.scheduling.queue import LockQueue
+from timeshare.scheduling.state import (
     GroupState,
     StoredMove,
     StoredPolicy,
     StoredSwitch,
     SwitchPlan,
 )
-from timeshare.workflows.lockqueue import FailedMove, LockQueue, QueueError
+from timeshare.scheduling.switch_failures import FailedMove
 
 # Short, so that random traffic reaches the give-up of failing switches.
 GIVE_UP_SECONDS = 5.0
@@ -74,14 +76,14 @@ def test_handover_evicts_the_resident_job_before_granting() -> None:
     assert grant is not None and grant.job == "b" and grant.waited_seconds == 1.5
 
 
-def handed_from_a_to_b(queue: LockQueue, whole_jobs: bool = True) -> SwitchPlan:
+def handed_from_a_to_b(queue: LockQueue) -> SwitchPlan:
     """a holds its nodes and yields; b waits: the plan that follows."""
     queue.request("a", "ra", now=0.0)
     queue.begin_switch(now=0.0)
     queue.finish_switch(now=0.0)
     queue.request("b", "rb", now=1.0)
     queue.release("a", 1, now=2.0)
-    return queue.begin_switch(now=2.0, whole_jobs=whole_jobs)
+    return queue.begin_switch(now=2.0)
 
 
 def test_a_job_leaves_every_node_stopped_everywhere_first() -> None:
@@ -126,16 +128,6 @@ def test_a_job_on_one_node_needs_no_quiesce() -> None:
     assert [(m.node, m.admit, m.evict) for m in plan.moves] == [
         ("n1", "b", ["a"]), ("n2", "b", [])]  # fmt: skip
     assert plan.quiesce_moves() == []
-
-
-def test_a_scheduler_replaying_older_plans_moves_only_the_nodes_needed() -> None:
-    queue = queue_with(("a", ["n1", "n2"]), ("b", ["n1", "n2"]), ("c", ["n2"]))
-    older = handed_from_a_to_b(queue, whole_jobs=False)
-    assert [(m.node, m.evict) for m in older.moves] == [("n1", ["a"]), ("n2", ["a"])]
-    assert older.quiesce_moves() == []
-    queue = queue_with(("a", ["n1", "n2"]), ("c", ["n2"]))
-    queue.join("b", ["n2"], "hash-b", now=0.0)
-    assert [m.node for m in handed_from_a_to_b(queue, whole_jobs=False).moves] == ["n2"]
 
 
 def test_grants_follow_arrival_order() -> None:

@@ -16,15 +16,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from timeshare.models import GroupPolicy
 from timeshare.refusals import Refusal
-from timeshare.workflows import ordering
-from timeshare.workflows.group_state import (
-    RULES_LEGACY,
-    RULES_POLICIES,
-    GroupState,
-    StoredPolicy,
-    Waiter,
-)
-from timeshare.workflows.lockqueue import LockQueue, QueueError
+from timeshare.scheduling import ordering
+from timeshare.scheduling.base import QueueError
+from timeshare.scheduling.queue import LockQueue
+from timeshare.scheduling.rules import RULES_LEGACY, RULES_POLICIES
+from timeshare.scheduling.state import GroupState, StoredPolicy, Waiter
 
 
 def group(policy: GroupPolicy | None = None, /, **jobs: tuple[float, int]) -> LockQueue:
@@ -282,18 +278,6 @@ def test_a_job_granted_after_a_long_wait_gets_its_whole_lease_from_the_grant() -
     assert queue.expire(now=45.0) == []
     assert queue.state.turn is not None and queue.state.turn.job == "b"
     assert queue.release("b", queue.state.turn.epoch, now=45.0) >= 0.0
-
-
-def test_a_replayed_run_from_before_the_rule_keeps_the_lease_from_the_wait() -> None:
-    queue = group(GroupPolicy(lease_seconds=30), a=(1, 0), b=(1, 0), c=(1, 0))
-    old = LockQueue(queue.state, lease_from_grant=False)
-    old.request("a", "a1", now=0.0)
-    grant_next(old, 0.0)
-    old.request("b", "b1", now=1.0)
-    old.request("c", "c1", now=2.0)
-    old.expire(now=31.0)
-    assert grant_next(old, 31.5) == "b"
-    assert old.next_deadline(now=31.5) == 32.0
 
 
 def test_a_holder_that_renews_keeps_its_turn_while_others_wait() -> None:

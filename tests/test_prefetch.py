@@ -13,9 +13,13 @@ from tests.conftest import SimNodes
 from tests.groups import Handle, acquire, eventually, group_on_one_node, release
 from timeshare.activities.sim import SimBackend
 from timeshare.models import GroupPolicy, JobInput
+from timeshare.scheduling.base import QueueError
+from timeshare.scheduling.prefetch import PREFETCH_GUESS, PREFETCH_PAST_DEPARTED, PrefetchChoice
+from timeshare.scheduling.queue import LockQueue
+from timeshare.scheduling.rules import RULES_POLICIES
+from timeshare.scheduling.state import GroupState, StoredPolicy
+from timeshare.scheduling.switch_failures import FailedMove
 from timeshare.workflows.group import GroupWorkflow
-from timeshare.workflows.group_state import RULES_POLICIES, GroupState, StoredPolicy
-from timeshare.workflows.lockqueue import FailedMove, LockQueue, QueueError
 
 # A GRPO-like job: sampling, the reward on the CPU, then training and at once
 # the next iteration's sampling; two such jobs take turns.
@@ -153,8 +157,8 @@ def test_a_job_that_left_gives_its_memory_to_the_job_expected_next() -> None:
     # ... until a leaves: it never asks again, so b comes in before it asks.
     queue.leave("a", yielded)
     assert queue.state.resident == {"n1": "a"}
-    assert queue.prefetch_target(yielded, departed_ask_never=False) is None  # the old rule
-    assert queue.prefetch_target(yielded) == "b"
+    # (A job that left held the prefetch up before that change: the rule is named.)
+    assert queue.prefetch_choice(yielded) == PrefetchChoice("b", (PREFETCH_PAST_DEPARTED,))
     plan = queue.begin_prefetch("b", yielded)
     assert [(m.node, m.admit, m.evict) for m in plan.moves] == [("n1", "b", ["a"])]
 
@@ -175,8 +179,7 @@ def test_with_no_request_known_the_job_away_longest_comes_in() -> None:
     turn(queue, "b", "sample", 0.0)  # b: 0.0 - 0.5
     now = turn(queue, "a", "sample", 0.6)  # a is switched in: 0.6 - 1.1
     assert queue.expected_ask("a", now) is None and queue.expected_ask("b", now) is None
-    assert queue.prefetch_target(now, guess_unknown=False) is None  # the rule before the guess
-    assert queue.prefetch_target(now) == "b"
+    assert queue.prefetch_choice(now) == PrefetchChoice("b", (PREFETCH_GUESS,))
     plan = queue.begin_prefetch("b", now)
     assert [(m.node, m.admit, m.evict) for m in plan.moves] == [("n1", "b", ["a"])]
     queue.finish_switch(now + 0.1, restored=True)

@@ -8,6 +8,7 @@ below next to the committed ones."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import uuid
@@ -23,6 +24,7 @@ from tests.polling import wait_until_async
 from timeshare.models import DrainInput, EvictInput, GroupPolicy, JobInput, NodeInfo, PauseInput
 from timeshare.names import SCHEDULER_TASK_QUEUE
 from timeshare.workers.data_converter import DATA_CONVERTER
+from timeshare.workflows import patches
 from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.registry import (
     ClaimInput,
@@ -56,6 +58,29 @@ def replayer() -> Replayer:
 
 def test_histories_are_committed() -> None:
     assert recorded(), "no recorded histories under tests/histories"
+
+
+def patch_markers(path: Path) -> set[str]:
+    """The ids of the patch markers a recorded history holds."""
+    ids = set()
+    for event in json.loads(path.read_text())["events"]:
+        marker = event.get("markerRecordedEventAttributes", {})
+        if marker.get("markerName") != "core_patch":
+            continue
+        for payloads in marker["details"].values():
+            for payload in payloads["payloads"]:
+                ids.add(json.loads(base64.b64decode(payload["data"]))["id"])
+    return ids
+
+
+def test_every_marker_of_a_recorded_history_is_still_named_in_the_code() -> None:
+    """The last step of a patch's cycle, removing its deprecate_patch, is
+    allowed only once no history that replays here holds its marker: a
+    marker the code no longer issues fails the replay of that history."""
+    paths = [*recorded(), SDK_BUG_HISTORY]
+    held = set().union(*(patch_markers(path) for path in paths))
+    assert held, "the recorded histories hold no patch marker at all"
+    assert held <= patches.ISSUED, f"markers no code issues: {sorted(held - patches.ISSUED)}"
 
 
 # A history that a worker with no cache wrote after a crash, in the chaos
@@ -137,6 +162,44 @@ async def test_a_fresh_policies_history_replays(
     history = await handle.fetch_history()
     await replayer().replay_workflow(history)
     record(history, "group-policies")
+
+
+async def test_a_fresh_history_of_held_turns_and_a_given_up_switch_replays(
+    client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    """Rules 3: fair share holds the turn open for a short job behind its
+    share (while a long job waits), a hold that ends unused, and a switch
+    whose checkpoints keep failing, given up: the stuck job evicted."""
+    policy = GroupPolicy(switch_give_up_seconds=2, fair_anticipation_seconds=1.0, prefetch="off")
+    handle, backend = await group_on_one_node(client, sim_nodes, unique, ("long", "short"), policy)
+    for _ in range(2):  # short shows how soon it asks again
+        turn = await acquire(handle, "short")
+        await release(handle, "short", turn.epoch)
+    held = await acquire(handle, "long")
+    waiting = asyncio.create_task(acquire(handle, "short"))
+    await eventually(handle, lambda s: s.queue == ["short"])
+    await asyncio.sleep(0.3)  # long is well ahead of its share
+    await release(handle, "long", held.epoch)
+    turn = await waiting
+    long_asks = asyncio.create_task(acquire(handle, "long"))
+    await eventually(handle, lambda s: s.queue == ["long"])
+    for _ in range(3):  # short yields behind its share and asks again at once
+        await release(handle, "short", turn.epoch)
+        turn = await acquire(handle, "short")
+    await release(handle, "short", turn.epoch)  # and this time does not ask: the hold ends
+    granted = await long_asks
+    assert granted.job == "long" and not (await handle.query(GroupWorkflow.status)).queue
+    turns = [t.job for t in (await handle.query(GroupWorkflow.history)).turns]
+    assert turns[-6:] == ["long", "short", "short", "short", "short", "long"], turns
+    backend.inject_failure("checkpoint", "long", times=1000)
+    await release(handle, "long", granted.epoch)
+    assert (await acquire(handle, "short")).job == "short"  # long could not leave: evicted
+    status = await handle.query(GroupWorkflow.status)
+    assert [j.job for j in status.jobs] == ["short"] and status.evictions == 1
+    history = await handle.fetch_history()
+    await handle.terminate()
+    await replayer().replay_workflow(history)
+    record(history, "group-anticipation-and-give-up")
 
 
 async def test_a_fresh_registry_history_replays(client: Client, scheduler: Worker) -> None:

@@ -7,8 +7,11 @@ from __future__ import annotations
 import pytest
 
 from timeshare.models import GroupPolicy
-from timeshare.workflows.group_state import RULES_POLICIES, GroupState, StoredPolicy
-from timeshare.workflows.lockqueue import FailedMove, LockQueue, QueueError, RetryVerdict
+from timeshare.scheduling.base import QueueError
+from timeshare.scheduling.queue import LockQueue
+from timeshare.scheduling.rules import RULES_POLICIES
+from timeshare.scheduling.state import GroupState, StoredPolicy
+from timeshare.scheduling.switch_failures import FailedMove, RetryVerdict
 
 GIVE_UP = 120.0
 # Far more than the give-up time allows (pauses double up to 30 s).

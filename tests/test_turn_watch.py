@@ -22,12 +22,13 @@ from tests.conftest import SimNodes
 from tests.polling import wait_until, wait_until_async
 from timeshare.models import GroupPolicy
 from timeshare.names import SCHEDULER_TASK_QUEUE, group_workflow_id
+from timeshare.scheduling.rules import RULES_POLICIES
+from timeshare.scheduling.state import GroupState, StoredPolicy
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from timeshare.workers import turn_watch
 from timeshare.workers.turn_watch import GroupFacts, GroupPoller, TurnWatches
 from timeshare.workflows.group import GroupInput, GroupWorkflow
-from timeshare.workflows.group_state import RULES_POLICIES, GroupState, StoredPolicy
 from timeshare.workflows.visibility import YIELD_EPOCH_MEMO
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from timeshare.models import GroupStatus
+from timeshare.scheduling.base import UNKNOWN_RESIDENT
 from timeshare.v1 import llmd_compat_pb2 as llmd
-from timeshare.workflows.lockqueue import UNKNOWN_RESIDENT
 
 GroupState = llmd.GroupStatus.State
 JobState = llmd.SnapshotAgentJobState.State

@@ -9,7 +9,7 @@ from temporalio import workflow
 from temporalio.common import MetricGauge, SearchAttributeKey, SearchAttributeUpdate
 
 with workflow.unsafe.imports_passed_through():
-    from timeshare.workflows.lockqueue import GroupSummary
+    from timeshare.scheduling.reporting import GroupSummary
 
 HOLDER = SearchAttributeKey.for_keyword("TimeshareHolder")
 QUEUE_DEPTH = SearchAttributeKey.for_int("TimeshareQueueDepth")

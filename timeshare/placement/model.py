@@ -1,5 +1,5 @@
 """The group model: a discrete-event simulation in virtual time that drives
-the scheduler's own lock queue (timeshare.workflows.lockqueue) with job
+the scheduler's own lock queue (timeshare.scheduling.queue) with job
 profiles.
 
 Every scheduling decision (who goes next, when a switch is due, what it
@@ -22,13 +22,9 @@ from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy
 from timeshare.placement.device import Device
 from timeshare.placement.spec import GpuSets, JobSpec, StackCosts
-from timeshare.workflows.group_state import (
-    RULES_POLICIES,
-    GroupState,
-    StoredPolicy,
-    StoredSwitch,
-)
-from timeshare.workflows.lockqueue import LockQueue
+from timeshare.scheduling.queue import LockQueue
+from timeshare.scheduling.rules import RULES_POLICIES
+from timeshare.scheduling.state import GroupState, StoredPolicy, StoredSwitch
 
 # Steady state: every job first runs this many iterations (the start-up, in
 # which all jobs ask at once), then at least `iterations` more are measured.

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from timeshare.placement.arguments import TIME_LIMIT_SECONDS
 from timeshare.placement.evaluate import SLACK, Evaluator
-from timeshare.workflows.lockqueue import MAX_JOBS_PER_GROUP
+from timeshare.scheduling.base import MAX_JOBS_PER_GROUP
 
 EXACT_JOBS = 10
 # Candidate groups simulated per job in the greedy pass, fullest first.

@@ -21,17 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from timeshare.history import SwitchRecord, TurnRecord
 from timeshare.models import Grant, GroupPolicy, NodeMove
+from timeshare.scheduling.rules import RULES_LEGACY
 
 SCHEMA_VERSION = 1
-# How the group decides: 1, the rules of groups created before scheduling
-# policies (FIFO, one lease for everyone, no yield requests on a timer); 2,
-# policies (docs/user-guide.md, "Policies"). A running group keeps its rules
-# across continue-as-new: an upgrade never changes them under it.
-RULES_LEGACY = 1
-RULES_POLICIES = 2
-# 3: policies, and fair share anticipates a yielder behind its share
-# (LockQueue._anticipate).
-RULES_ANTICIPATION = 3
+# How the group decides (scheduling/rules.py): a running group keeps its
+# rules across continue-as-new; an upgrade never changes them under it.
 Public = TypeVar("Public", bound=BaseModel)
 Stored = TypeVar("Stored", bound="StoredModel")
 

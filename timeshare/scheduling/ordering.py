@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from timeshare.workflows.group_state import JobEntry, StoredGrant, StoredPolicy, Waiter
+from timeshare.scheduling.state import JobEntry, StoredGrant, StoredPolicy, Waiter
 
 # Ages are counted in whole periods; this much slack keeps a deadline computed
 # as since + k * aging_seconds from landing a hair before the k-th period.

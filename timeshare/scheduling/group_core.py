@@ -1,0 +1,369 @@
+"""GroupCore: one group's scheduling core, as typed events in and commands
+out (after dask's worker state machine). The group workflow turns each
+message, timer and switch outcome into an event, hands it to ``handle`` with
+the workflow's time, and carries out the commands in order; every decision,
+switch failures included (retry, back-off, eviction, giving up), is made
+here and tested without Temporal. Read-only questions (status, deadlines,
+whether a plan still stands) are plain methods."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from timeshare.history import GroupHistory
+from timeshare.models import (
+    AcquireResult,
+    Grant,
+    GroupStatus,
+    JoinOutput,
+    KeepTurnOutput,
+    TokenCheck,
+    YieldOutput,
+    check_phase,
+)
+from timeshare.refusals import Refusal
+from timeshare.scheduling import events as ev
+from timeshare.scheduling.base import QueueError
+from timeshare.scheduling.commands import (
+    AttemptSwitch,
+    Command,
+    ContinueAsNew,
+    Log,
+    PauseSwitch,
+    Reply,
+    RuleUsed,
+    StartReleases,
+    SwitchOver,
+)
+from timeshare.scheduling.queue import LockQueue
+from timeshare.scheduling.reporting import GroupSummary
+from timeshare.scheduling.state import GroupState, SwitchPlan
+from timeshare.scheduling.switch_failures import FailedMove
+from timeshare.scheduling.undo import Snapshot
+
+# A plan failing this many times is set aside and planned afresh.
+SWITCH_PLAN_ATTEMPTS = 5
+# The scheduler changes whose rules the core announces (RuleUsed) where it
+# applies them: the group workflow records each as Temporal's marker of that
+# change, where the change first asked for it.
+WHOLE_JOBS = "timeshare-whole-job-switch"
+EVICT_FAILED_JOBS = "timeshare-evict-failed-jobs"
+EVICT_FAILING_HOOKS = "timeshare-evict-failing-hooks"
+PREFETCH = "timeshare-prefetch"
+
+Handled = TypeVar("Handled", bound=ev.Event)
+
+
+class GroupCore:
+    def __init__(self, state: GroupState) -> None:
+        self.queue = LockQueue(state)
+        self._grants_at_start = state.grants
+        self._handlers: dict[type[Any], Callable[[Any, float], list[Command]]] = {
+            ev.Join: self._join,
+            ev.Acquire: self._acquire,
+            ev.AcquireTimedOut: self._acquire_timed_out,
+            ev.CancelAcquire: self._cancel,
+            ev.Yield: self._yield,
+            ev.KeepTurn: self._keep_turn,
+            ev.Heartbeat: self._heartbeat,
+            ev.Leave: self._leave,
+            ev.Evict: self._evict,
+            ev.Pause: self._pause,
+            ev.Drain: self._drain,
+            ev.Tick: self._tick,
+            ev.SwitchAttempted: self._switch_attempted,
+            ev.SwitchPaused: self._switch_paused,
+            ev.ReleaseEnded: self._release_ended,
+        }
+
+    @property
+    def state(self) -> GroupState:
+        return self.queue.state
+
+    def handle(self, event: ev.Event, now: float) -> list[Command]:
+        """Apply the event at time ``now``; what to do about it, in order.
+        A message the group refuses raises QueueError (the workflow undoes
+        whatever the handler changed: see ``snapshot``)."""
+        return self._handlers[type(event)](event, now)
+
+    def check(self, message: ev.Message) -> None:
+        """Refuse a message before it is handled (QueueError), changing nothing."""
+        queue = self.queue
+        match message:
+            case ev.Join(job=job, nodes=nodes):
+                queue.check_join(job, nodes)
+            case ev.Leave(job=job, token_hash=token_hash):
+                # Leaving is idempotent: a job already gone is fine.
+                if job in self.state.jobs:
+                    queue.authenticate(job, token_hash)
+            case ev.Acquire() | ev.KeepTurn() | ev.Yield() | ev.CancelAcquire() | ev.Heartbeat():
+                queue.authenticate(message.job, message.token_hash)
+                if isinstance(message, ev.Acquire):
+                    if message.yield_epoch:
+                        queue.check_release(message.job, message.yield_epoch)
+                    queue.check_acquire(message.job, message.request_id, message.yield_epoch)
+                if isinstance(message, ev.KeepTurn | ev.Yield):
+                    queue.check_release(message.job, message.epoch)
+                if isinstance(message, ev.Acquire | ev.KeepTurn):
+                    _check_phase(message.phase)
+
+    # -- messages -----------------------------------------------------------------
+
+    def _join(self, event: ev.Join, now: float) -> list[Command]:
+        created = self.queue.join(
+            event.job, event.nodes, event.token_hash, now, event.weight, event.priority
+        )
+        policy = self.state.policy
+        return [
+            Reply(
+                JoinOutput(
+                    created=created,
+                    nodes=event.nodes,
+                    lease_seconds=policy.lease_seconds,
+                    # 0 tells the client to heartbeat as for the older rules.
+                    idle_lease_seconds=policy.idle_lease if self.queue.policies else 0.0,
+                )
+            )
+        ]
+
+    def _acquire(self, event: ev.Acquire, now: float) -> list[Command]:
+        job = event.job
+        # Given back by this message, not by an earlier one of the same request.
+        given_back = event.yield_epoch and self.state.released.get(job) != event.yield_epoch
+        yielded = self._give_back(job, event.yield_epoch, now) if given_back else None
+        grant = self.queue.request(
+            job, event.request_id, now, event.call_id, event.trace_context, event.phase
+        )
+        result = AcquireResult(grant=grant.as_grant() if grant else None, yielded=yielded)
+        return [Reply(result)]
+
+    def _acquire_timed_out(self, event: ev.AcquireTimedOut, now: float) -> list[Command]:
+        cancelled = self.queue.cancel(event.job, event.request_id, now, event.call_id)
+        return [Reply(cancelled, changed=cancelled)]
+
+    def _cancel(self, event: ev.CancelAcquire, now: float) -> list[Command]:
+        return [Reply(self.queue.cancel(event.job, event.request_id, now, event.call_id))]
+
+    def _yield(self, event: ev.Yield, now: float) -> list[Command]:
+        return [Reply(self._give_back(event.job, event.epoch, now))]
+
+    def _give_back(self, job: str, epoch: int, now: float) -> YieldOutput:
+        turn = self.state.turn
+        phase = turn.phase if turn is not None and turn.job == job else ""
+        held = self.queue.release(job, epoch, now)
+        return YieldOutput(held_seconds=held, phase=phase)
+
+    def _keep_turn(self, event: ev.KeepTurn, now: float) -> list[Command]:
+        turn = self.state.turn
+        ended = turn.phase if turn is not None else ""
+        asked, held = self.queue.keep_turn(event.job, event.epoch, event.phase, now)
+        turn = self.state.turn
+        assert turn is not None
+        output = KeepTurnOutput(
+            grant=turn.as_grant(),
+            asked_to_yield=asked,
+            ended=YieldOutput(held_seconds=held, phase=ended),
+        )
+        return [Reply(output)]
+
+    def _heartbeat(self, event: ev.Heartbeat, now: float) -> list[Command]:
+        # A heartbeat moves the lease deadline later, never earlier: the
+        # group's timer need not be reset for it.
+        return [Reply(self.queue.heartbeat(event.job, now), changed=False)]
+
+    def _leave(self, event: ev.Leave, now: float) -> list[Command]:
+        self.queue.leave(event.job, now)
+        return [Reply(None)]
+
+    def _evict(self, event: ev.Evict, now: float) -> list[Command]:
+        return [Reply(self.queue.evict(event.job, event.reason, now))]
+
+    def _pause(self, event: ev.Pause, now: float) -> list[Command]:
+        self.queue.pause(event.paused, now)
+        return [Reply(self.queue.status())]
+
+    def _drain(self, event: ev.Drain, now: float) -> list[Command]:
+        self.queue.drain(event.node, event.drained, now)
+        return [Reply(self.queue.status())]
+
+    # -- the group looks at itself -----------------------------------------------
+
+    def _tick(self, event: ev.Tick, now: float) -> list[Command]:
+        """Leases and turn limits first; then continue as new, or switch to
+        the next waiter, or bring the job expected next in ahead of it."""
+        commands: list[Command] = [Log(done) for done in self.queue.expire(now)]
+        if self.continue_as_new_due(event.continue_as_new_suggested):
+            return [*commands, ContinueAsNew()]
+        if self.queue.needs_switch():
+            plan = self.queue.begin_switch(now)
+            return [*commands, RuleUsed(WHOLE_JOBS), AttemptSwitch(plan)]
+        choice = self.queue.prefetch_choice(now)
+        if choice is None:
+            return commands
+        plan = self.queue.begin_prefetch(choice.job, now)
+        rules = [RuleUsed(rule) for rule in (*choice.rules, PREFETCH, WHOLE_JOBS)]
+        return [*commands, *rules, AttemptSwitch(plan)]
+
+    def _switch_attempted(self, event: ev.SwitchAttempted, now: float) -> list[Command]:
+        """Evict the jobs a node found lost for good, or whose own hooks fail;
+        then, if every node went through, grant; else decide what follows."""
+        queue, commands = self.queue, list[Command]()
+        queue.record_switches(event.records)
+        lost = sorted({f.job for f in event.failed if f.kind == "job-failed"})
+        if lost:
+            commands.append(RuleUsed(EVICT_FAILED_JOBS))
+            for job in lost:
+                queue.evict_failed(job, _causes(event.failed, job, "job-failed", nodes=False), now)
+            commands.append(StartReleases())
+        hooks = sorted({f.job for f in event.failed if f.kind == "hook"})
+        if hooks:
+            commands.append(RuleUsed(EVICT_FAILING_HOOKS))
+            for job in hooks:
+                cause = _causes(event.failed, job, "hook", nodes=True)
+                commands.append(Log(f"evicting job {job}, whose workload hooks failed: {cause}"))
+                queue.evict_failed(job, f"its workload hooks failed: {cause}", now)
+            commands.append(StartReleases())
+        if not event.failed:
+            for node in event.done:
+                for job in node.gone:
+                    queue.evict(job, f"its processes on node {node.node} have exited", now)
+            queue.finish_switch(now, any(node.restored for node in event.done))
+            return [*commands, SwitchOver()]
+        plan = queue._plan()
+        causes = "; ".join(f"node {f.node}: {f.cause}" for f in event.failed)
+        commands.append(Log(f"switch to {plan.waiter.job} failed: {causes}", warning=True))
+        verdict = queue.switch_failed(
+            [_failed_move(f) for f in event.failed],
+            done=[node.node for node in event.done],
+            # A quiesce that failed moved nothing: the nodes hold what they held.
+            failed=[f.node for f in event.failed] if event.moved else [],
+            now=now,
+        )
+        if verdict.given_up:
+            return [*commands, StartReleases(), SwitchOver()]
+        if verdict.evicted:
+            return [*commands, StartReleases(), AttemptSwitch(plan)]
+        return [*commands, PauseSwitch(verdict.pause)]
+
+    def _switch_paused(self, event: ev.SwitchPaused, now: float) -> list[Command]:
+        queue = self.queue
+        # Leases run out during a long outage too.
+        queue.expire(now)
+        if not queue.switch_target_waits():
+            # Nobody waits for this switch any more; the next plan starts
+            # from what each node reported.
+            queue.abort_switch("", now)
+            return [SwitchOver()]
+        plan = queue._plan()
+        if not queue.switch_plan_stands() or plan.attempts >= SWITCH_PLAN_ATTEMPTS:
+            # Paused, drained, or failing for long: step out of the switch so
+            # that the group can pause, continue as new or plan afresh.
+            queue.set_switch_aside(now)
+            return [SwitchOver()]
+        return [AttemptSwitch(plan)]
+
+    def _release_ended(self, event: ev.ReleaseEnded, now: float) -> list[Command]:
+        if event.job not in self.state.jobs:
+            self.queue.release_done(event.job, event.node)
+        return []
+
+    # -- questions ------------------------------------------------------------------
+
+    def continue_as_new_due(self, suggested: bool) -> bool:
+        """Temporal suggests it or the policy's count of grants is reached,
+        and no switch is under way (it would be cut in two)."""
+        if self.state.switching is not None:
+            return False
+        every = self.state.policy.continue_as_new_every
+        grants_this_run = self.state.grants - self._grants_at_start
+        return suggested or (every > 0 and grants_this_run >= every)
+
+    def switch_due(self) -> bool:
+        return self.queue.needs_switch()
+
+    def switch_plan_stands(self) -> bool:
+        return self.queue.switch_plan_stands()
+
+    def switches_are_quick(self, seconds: float) -> bool:
+        return self.queue.switches_are_quick(seconds)
+
+    def releases(self) -> list[tuple[str, str]]:
+        """(job, node) for every node whose agent has yet to release a job that left."""
+        return [(job, node) for job, nodes in self.state.releasing.items() for node in nodes]
+
+    def next_deadline(self, now: float) -> float | None:
+        return self.queue.next_deadline(now)
+
+    def is_waiting(self, job: str, request_id: str) -> bool:
+        return self.queue.is_waiting(job, request_id)
+
+    def answer(self, job: str, request_id: str) -> Grant | None:
+        """A waiting acquire's answer: its grant, None while it still waits;
+        QueueError (ABORTED) if it was ended, saying why."""
+        grant = self.queue.grant_for(job, request_id)
+        if grant is not None:
+            return grant.as_grant()
+        if self.queue.is_waiting(job, request_id):
+            return None
+        self.queue.raise_if_aborted(request_id)
+        raise QueueError(Refusal.ABORTED, f"job {job!r} left the group before its turn came")
+
+    def evicted_reason(self, job: str) -> str:
+        return self.state.evicted_jobs.get(job, "")
+
+    def status(self, now: float) -> GroupStatus:
+        return self.queue.status(now)
+
+    def history(self, now: float) -> GroupHistory:
+        return self.queue.history(now)
+
+    def summary(self, now: float) -> GroupSummary:
+        return self.queue.summary(now)
+
+    def token_check(self, job: str, token_hash: str) -> TokenCheck:
+        member = job in self.state.jobs
+        try:
+            self.queue.authenticate(job, token_hash)
+        except QueueError as refusal:
+            return TokenCheck(matches=False, reason=refusal.message, member=member)
+        return TokenCheck(matches=True, member=member)
+
+    # -- undoing a message that failed part-way ---------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        return self.queue.snapshot()
+
+    def undo(self, snapshot: Snapshot) -> bool:
+        """Put the state back as it was at ``snapshot``; whether it had changed."""
+        if not self.queue.changed_since(snapshot):
+            return False
+        self.queue.restore(snapshot)
+        return True
+
+    def plan(self) -> SwitchPlan | None:
+        return self.state.switching
+
+
+def _causes(failed: list[ev.NodeFailed], job: str, kind: str, nodes: bool) -> str:
+    return "; ".join(
+        f"node {f.node}: {f.cause}" if nodes else f.cause
+        for f in failed
+        if f.job == job and f.kind == kind
+    )
+
+
+def _failed_move(failure: ev.NodeFailed) -> FailedMove:
+    return FailedMove(
+        node=failure.node,
+        cause=failure.cause,
+        stuck=failure.job if failure.kind == "checkpoint" else "",
+        restore_failed=failure.kind == "restore",
+    )
+
+
+def _check_phase(phase: str) -> None:
+    try:
+        check_phase(phase)
+    except ValueError as error:
+        raise QueueError(Refusal.INVALID_ARGUMENT, str(error)) from None

@@ -1,0 +1,46 @@
+"""The rules a group decides by: one versioned record, fixed when the group
+is created and kept for as long as it runs, across continue-as-new, so that
+an upgrade never changes how a running group decides. The group workflow
+asks Temporal once, at creation, which version a new group gets (a patch per
+version: a history from an older scheduler replays with its own rules); the
+core reads the record, never a patch.
+
+Versions:
+1. FIFO, one lease for everyone, no yield requests on a timer (groups
+   created before scheduling policies);
+2. scheduling policies: fair share, weights, priorities, idle and contended
+   leases (docs/user-guide.md, "Group policy");
+3. and fair share holds the turn open for a yielder behind its share
+   (scheduling/anticipation.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RULES_LEGACY = 1
+RULES_POLICIES = 2
+RULES_ANTICIPATION = 3
+NEWEST = RULES_ANTICIPATION
+
+
+@dataclass(frozen=True)
+class Rules:
+    version: int
+
+    @classmethod
+    def of(cls, version: int) -> Rules:
+        if not RULES_LEGACY <= version <= NEWEST:
+            raise ValueError(
+                f"rules version {version} is unknown to this scheduler (it knows 1 to {NEWEST}): "
+                "upgrade the scheduler before running it on this group"
+            )
+        return cls(version)
+
+    @property
+    def policies(self) -> bool:
+        return self.version >= RULES_POLICIES
+
+    @property
+    def anticipation(self) -> bool:
+        return self.version >= RULES_ANTICIPATION
