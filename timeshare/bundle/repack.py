@@ -19,7 +19,9 @@ STILL_WORKING_SECONDS = 30.0
 
 
 def repack_with_lzma(wheel: Path) -> tuple[int, int, float]:
-    """Replace ``wheel`` with its LZMA copy; its size before and after, and the seconds taken."""
+    """Replace ``wheel`` with its LZMA copy where that is smaller (a wheel of
+    many small files can grow: LZMA's header per file); its size before and
+    after, and the seconds taken."""
     started = time.monotonic()
     before = wheel.stat().st_size
     repacked_path = wheel.with_name(wheel.name + ".lzma")
@@ -31,7 +33,10 @@ def repack_with_lzma(wheel: Path) -> tuple[int, int, float]:
             copied.create_system = member.create_system
             copied.compress_type = zipfile.ZIP_LZMA
             repacked.writestr(copied, published.read(member))
-    repacked_path.replace(wheel)
+    if repacked_path.stat().st_size < before:
+        repacked_path.replace(wheel)
+    else:
+        repacked_path.unlink()
     return before, wheel.stat().st_size, time.monotonic() - started
 
 
