@@ -11,7 +11,7 @@ wait for. Definitions of what is counted: `bench.chaos_check`.
 With ``--replicas N``: N scheduler workers and N gateways against the one
 Temporal; a scheduler or gateway fault kills one replica while the others
 serve. Each job is given every gateway, starting at a different one for
-neighbours (bench.stack.LocalStack.job_address), so a job whose gateway
+neighbours (timeshare.testing.LocalStack.job_address), so a job whose gateway
 died goes on through another.
 
 Exit status 1 if any acquire was lost, any turn granted twice, any node held
@@ -35,10 +35,10 @@ from bench import chaos_check as check
 from bench import chaos_stuck
 from bench.chaos_faults import KINDS, Fault, inject
 from bench.chaos_pool import JobPool, JobSettings
-from bench.stack import LocalStack, overlaps
 from bench.stats import percentile
 from timeshare.errors import TimeshareError
 from timeshare.status import table
+from timeshare.testing import LocalStack, overlaps
 
 NODES = ["node-0", "node-1", "node-2"]
 # Far longer than any outage the faults cause (up to 8 s down, then the

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from bench.chaos_pool import JobPool
 from bench.faults import restart
-from bench.stack import LocalStack
+from timeshare.testing import LocalStack
 
 KINDS = ("scheduler", "gateway", "agent", "job", "temporal")
 # A part stays down this long before it is started again: longer than the

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from bench.chaos_check import JobRecord
-from bench.stack import LocalStack
+from timeshare.testing import LocalStack
 
 
 @dataclass

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from bench.stack import LocalStack, overlaps
 from timeshare.models import GroupStatus
 from timeshare.status import table
 from timeshare.synthetic import load_report
+from timeshare.testing import LocalStack, overlaps
 
 Jobs = dict[str, subprocess.Popen[bytes]]
 # The jobs a fault killed (not expected to finish), and when it struck.

@@ -26,8 +26,8 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from bench.floors import ACTIVITY_QUEUE, WORKFLOW_QUEUE, FloorWorkflow, start_floor
 from bench.handover_floors import floor_noop
-from bench.stack import temporal_only
 from timeshare.status import table
+from timeshare.testing import temporal_only
 from timeshare.workers.service import connect_temporal
 
 RESULT_PREFIX = "floor hops:"

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from bench.gpu_figures import DRIVER_RATIO_LIMIT, HOOKS_CEILING_LIMIT, figure, p50, ratio
 from bench.gpu_switch import RANKS, Outcome
-from bench.procstat import descendants
+from timeshare.testing.stack import processes_below
 
 REPO = Path(__file__).resolve().parents[1]
 Status = Literal["ok", "failed", "timed_out", "not_measured", "not_run"]
@@ -103,7 +103,7 @@ def started(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Po
 
 def stop(process: subprocess.Popen[bytes]) -> None:
     """Kill the step's process and everything it started."""
-    family = descendants(process.pid)
+    family = processes_below(process.pid)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     for pid in [process.pid, *family]:

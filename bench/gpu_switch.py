@@ -52,12 +52,12 @@ from pydantic import BaseModel, Field
 
 import timeshare
 from bench.gpu_figures import figure, overlaps, p50, rank_moves, ratio
-from bench.stack import LocalStack
 from bench.stats import p50_p90_p99
 from timeshare.activities.gpus import device_memory_by_pid
 from timeshare.credentials import JOB_TOKEN_ENV
 from timeshare.models import CoResidency, GroupPolicy
 from timeshare.status import table
+from timeshare.testing import LocalStack
 
 Expect = Literal["dropped", "stayed"]
 EMULATED = "TIMESHARE_GPU_SWITCH_EMULATED"

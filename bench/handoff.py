@@ -23,10 +23,10 @@ from temporalio.client import Client
 import timeshare
 from bench.floors import measure_floors
 from bench.handoff_segments import SEGMENTS, Event, all_segments
-from bench.stack import LocalStack
 from bench.stats import p50_p90_p99
 from timeshare.names import group_workflow_id
 from timeshare.status import table
+from timeshare.testing import LocalStack
 from timeshare.workers.service import connect_temporal
 from timeshare.workers.temporal_server import (
     TRANSFER_QUEUE_READS_PER_SECOND,

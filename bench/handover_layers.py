@@ -31,9 +31,9 @@ from pathlib import Path
 from bench.floors import PacedFloor, PacedFloorCpu
 from bench.handover_floors import LAYERS
 from bench.procstat import load_average
-from bench.stack import temporal_only
 from timeshare.models import GroupPolicy
 from timeshare.status import table
+from timeshare.testing import temporal_only
 from timeshare.workers.service import connect_temporal
 
 PAIR = "pair floor"

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import timeshare
 from bench.handoff import measure_handoff
-from bench.stack import LocalStack
 from bench.stats import p50_p90_p99
 from timeshare.models import GroupPolicy
 from timeshare.status import table
+from timeshare.testing import LocalStack
 
 NODES = ["node-a", "node-b"]
 # 2 x 107 ms of simulated transfer per node and switch (checkpoint, restore).

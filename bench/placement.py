@@ -29,7 +29,6 @@ from pathlib import Path
 
 import timeshare
 from bench.placement_costs import CostSamples
-from bench.stack import LocalStack
 from timeshare.placement.evaluate import Evaluator
 from timeshare.placement.figures import GroupPrediction, whole_run
 from timeshare.placement.load import load_plan_input
@@ -39,6 +38,7 @@ from timeshare.placement.search import PlanError
 from timeshare.placement.spec import JobSpec, Phase, PlanInput, StackCosts
 from timeshare.status import table
 from timeshare.synthetic import SyntheticJobReport, load_report
+from timeshare.testing import LocalStack
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "placement" / "jobs.yaml"
 # The calibration's own jobs: sample, reward, train, 2 GiB moved each way.

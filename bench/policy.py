@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import timeshare.aio
-from bench.stack import LocalStack
 from bench.stats import percentile
 from timeshare.models import GroupPolicy
 from timeshare.status import table
+from timeshare.testing import LocalStack
 
 
 @dataclass

@@ -22,9 +22,9 @@ from temporalio.client import Client
 
 from bench.procstat import load_average
 from bench.scale_load import LoadResult, bounded, run_load
-from bench.stack import LocalStack
 from timeshare.names import group_workflow_id
 from timeshare.status import table
+from timeshare.testing import LocalStack
 from timeshare.workers.service import connect_temporal
 
 

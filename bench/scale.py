@@ -58,12 +58,12 @@ from bench.idle_history import IdleHistory, measure_idle_history
 from bench.procstat import load_average
 from bench.profiling import Profiler, read_profile
 from bench.scale_load import LoadResult, run_load
-from bench.stack import LocalStack
 from bench.temporal_operations import TemporalOperations
 from bench.watch_cost import WatchCost, measure_watch_cost
 from bench.window_history import window_events, workflow_tasks
 from timeshare.models import MAX_GPUS_PER_NODE
 from timeshare.status import table
+from timeshare.testing import LocalStack
 from timeshare.workers.service import connect_temporal
 
 # The size whose scheduler CPU per hand-over makes worker_cpu_ratio.

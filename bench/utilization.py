@@ -33,9 +33,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from bench.stack import LocalStack
 from timeshare.status import table
 from timeshare.synthetic import SyntheticJobReport, load_report
+from timeshare.testing import LocalStack
 from timeshare.timeline import GPU_PHASES, chart, turns_table, utilisation
 
 ITERATION_SECONDS = 2.5

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.stack import free_port, timeshare_command
 from tests.conftest import REPO, wait_for_line
 from timeshare import cli
 from timeshare.cli.server_settings import AGENT_OPTIONS, agent_arguments, job_state, socket_group
 from timeshare.credentials import llmd_job_token
+from timeshare.testing import free_port, timeshare_command
 from timeshare.workers.temporal_server import (
     MAX_IN_FLIGHT_UPDATES,
     TRANSFER_QUEUE_READS_PER_SECOND,
@@ -75,6 +75,7 @@ def test_status_without_a_gateway_says_what_to_do() -> None:
 def test_client_library_imports_no_temporalio() -> None:
     probe = (
         "import sys, timeshare, timeshare.aio, timeshare.synthetic, timeshare.status;"
+        "import timeshare.testing;"
         "import timeshare.hooks, timeshare.hooks.vllm, timeshare.hooks.sglang;"
         "sys.exit(1 if any(m.startswith('temporalio') for m in sys.modules) else 0)"
     )

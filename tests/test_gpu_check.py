@@ -19,10 +19,10 @@ import pytest
 from bench.gpu_check_steps import Context, finished, judged, junit_counts
 from bench.gpu_figures import RankMove, overlap
 from bench.gpu_switch import SCENARIOS, Outcome
-from bench.procstat import descendants
 from tests import emulator
 from tests.conftest import REPO
 from tests.polling import wait_until
+from timeshare.testing.stack import processes_below
 
 
 @pytest.mark.skipif(emulator.gcc() is None, reason="gcc is not installed: the emulator needs it")
@@ -136,7 +136,7 @@ def test_a_step_past_its_limit_is_killed_with_everything_it_started(tmp_path: Pa
 
     process = started(["sh", "-c", "sleep 60 & sleep 60"], tmp_path / "log", dict(os.environ))
     time.sleep(0.3)
-    family = descendants(process.pid)
+    family = processes_below(process.pid)
     assert family
     assert finished(process, 0.5) is None
     wait_until(lambda: not [pid for pid in family if running(pid)], "the step's children to go")
