@@ -75,7 +75,7 @@ class LocalStack:
     job_state_gib: dict[str, float] = field(default_factory=dict)
     temporal_port: int = field(default_factory=free_port)
     ui_port: int = field(default_factory=free_port)
-    # Temporal's own Prometheus metrics (bench.temporal_operations reads them).
+    # Temporal's own Prometheus metrics (bench.parts.temporal_operations reads them).
     temporal_metrics_port: int = field(default_factory=free_port)
     gateway_port: int = field(default_factory=free_port)
     # Replicas: scheduler workers on the one task queue, gateways on ports of their own.
