@@ -51,11 +51,11 @@ lint: install
 
 # The quick versions of the benchmarks (a few minutes on 2 cores); see docs/benchmarks.md.
 bench: install
-	$(BIN)/python -m bench.handoff --quick
-	$(BIN)/python -m bench.utilization --quick
-	$(BIN)/python -m bench.scale --quick
-	$(BIN)/python -m bench.multinode --quick
-	$(BIN)/python -m bench.placement --quick
+	$(BIN)/python -m bench handover --quick
+	$(BIN)/python -m bench utilization --quick
+	$(BIN)/python -m bench scale --quick
+	$(BIN)/python -m bench multinode --quick
+	$(BIN)/python -m bench placement --quick
 
 clean:
 	rm -rf $(VENV) .timeshare .pytest_cache .mypy_cache .ruff_cache

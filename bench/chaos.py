@@ -1,23 +1,25 @@
-"""Chaos: groups of jobs take turns on three simulated nodes while a seeded
+"""Random SIGKILLs of every part of a running stack: turns lost, double grants, overlaps.
+
+Chaos: groups of jobs take turns on three simulated nodes while a seeded
 random schedule SIGKILLs and restarts the scheduler worker, the gateway, the
 node agents, job processes and the Temporal dev server (on the same SQLite
 file and port). Then the faults stop and the jobs finish the turns they
-wait for. Definitions of what is counted: `bench.chaos_check`.
+wait for. Definitions of what is counted: `bench.parts.chaos_check`.
 
-    python -m bench.chaos --minutes N [--seed S] [--groups G] [--jobs-per-group J]
+    python -m bench chaos --minutes N [--seed S] [--groups G] [--jobs-per-group J]
                           [--kinds scheduler,gateway,agent,job,temporal] [--workdir DIR]
                           [--replicas N]
 
 With ``--replicas N``: N scheduler workers and N gateways against the one
 Temporal; a scheduler or gateway fault kills one replica while the others
 serve. Each job is given every gateway, starting at a different one for
-neighbours (bench.stack.LocalStack.job_address), so a job whose gateway
+neighbours (timeshare.testing.LocalStack.job_address), so a job whose gateway
 died goes on through another.
 
 Exit status 1 if any acquire was lost, any turn granted twice, any node held
 two jobs' state, any group stuck, or any live job failed otherwise. For a
 stuck group the run saves its history beside the records and prints the
-nondeterminism errors the schedulers logged (bench.chaos_stuck).
+nondeterminism errors the schedulers logged (bench.parts.chaos_stuck).
 """
 
 from __future__ import annotations
@@ -31,14 +33,14 @@ from collections import Counter
 from math import nan
 from pathlib import Path
 
-from bench import chaos_check as check
-from bench import chaos_stuck
-from bench.chaos_faults import KINDS, Fault, inject
-from bench.chaos_pool import JobPool, JobSettings
-from bench.stack import LocalStack, overlaps
-from bench.stats import percentile
+from bench.parts import chaos_check as check
+from bench.parts import chaos_stuck
+from bench.parts.chaos_faults import KINDS, Fault, inject
+from bench.parts.chaos_pool import JobPool, JobSettings
+from bench.parts.stats import percentile
 from timeshare.errors import TimeshareError
 from timeshare.status import table
+from timeshare.testing import LocalStack, overlaps
 
 NODES = ["node-0", "node-1", "node-2"]
 # Far longer than any outage the faults cause (up to 8 s down, then the

@@ -1,12 +1,14 @@
-"""Faults injected into a running stack, and what they cost.
+"""One fault at a time in a running stack: time to the next grant, requests lost, overlaps.
+
+Faults injected into a running stack, and what they cost.
 
 Each scenario starts a stack of separate processes and four synthetic jobs in
 one group, injects one fault, and lets the jobs finish. It reports the time
 from the fault to the next grant, the requests lost (turns a surviving job
 never got) and the overlaps the simulated GPU saw.
 
-    python -m bench.faults            # every fault, 5 runs each
-    python -m bench.faults --quick    # every fault once
+    python -m bench faults            # every fault, 5 runs each
+    python -m bench faults --quick    # every fault once
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from bench.stack import LocalStack, overlaps
 from timeshare.models import GroupStatus
 from timeshare.status import table
 from timeshare.synthetic import load_report
+from timeshare.testing import LocalStack, overlaps
 
 Jobs = dict[str, subprocess.Popen[bytes]]
 # The jobs a fault killed (not expected to finish), and when it struck.

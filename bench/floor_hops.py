@@ -1,13 +1,15 @@
-"""Temporal's own floor, hop by hop, in fresh worker processes: how long an
-update awaiting one activity takes (bench.floors' FloorWorkflow), and, from
+"""Temporal's own update-plus-activity floor, hop by hop, in fresh worker processes.
+
+Temporal's own floor, hop by hop, in fresh worker processes: how long an
+update awaiting one activity takes (bench.parts.floors' FloorWorkflow), and, from
 its history, the two dispatches inside it: the activity's (scheduled to
 started) and the workflow task's after the activity (completed to the next
 task started). Each run is a new process with its own workers and connection
 to one embedded server, so the spread between runs is the server's and the
 SDK's, with none of timeshare's code in the path.
 
-    python -m bench.floor_hops            # 4 runs of 30 updates
-    python -m bench.floor_hops --runs 8
+    python -m bench floor_hops            # 4 runs of 30 updates
+    python -m bench floor_hops --runs 8
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from collections.abc import Sequence
 from temporalio.api.enums.v1 import EventType
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from bench.floors import ACTIVITY_QUEUE, WORKFLOW_QUEUE, FloorWorkflow, start_floor
-from bench.handover_floors import floor_noop
-from bench.stack import temporal_only
+from bench.parts.floors import ACTIVITY_QUEUE, WORKFLOW_QUEUE, FloorWorkflow, start_floor
+from bench.parts.handover_floors import floor_noop
 from timeshare.status import table
+from timeshare.testing import temporal_only
 from timeshare.workers.service import connect_temporal
 
 RESULT_PREFIX = "floor hops:"
@@ -88,7 +90,7 @@ def main() -> None:
     with temporal_only() as stack:
         for run in range(args.runs):
             one = subprocess.run(
-                [sys.executable, "-m", "bench.floor_hops", f"--one={stack.temporal}",
+                [sys.executable, "-m", "bench", "floor_hops", f"--one={stack.temporal}",
                  f"--iterations={args.iterations}"],
                 capture_output=True, text=True, timeout=300,
             )  # fmt: skip

@@ -1,4 +1,6 @@
-"""The GPU check: one command an operator runs on a new GPU host, within 8
+"""The GPU check of a new GPU host: driver probe, conformance, every GPU switch scenario.
+
+The GPU check: one command an operator runs on a new GPU host, within 8
 minutes on one GPU. Each step runs as a process of its own under its own
 time limit, and its `scenario=...` line is printed as it finishes:
 
@@ -10,7 +12,7 @@ time limit, and its `scenario=...` line is printed as it finishes:
 - cuda, freeze+cuda, cuda-checkpoint, co-residency, hooks: the gpu_switch
   scenarios (bench.gpu_switch), one stack for all, each with its own limit.
 
-Each figure is printed next to its limit (bench.gpu_figures): each rank's
+Each figure is printed next to its limit (bench.parts.gpu_figures): each rank's
 checkpoint and restore rate through timeshare against the raw driver's on the
 same bytes (driver_ratio, at least 0.90), the offload hook's against a pinned
 copy (at least 0.50), and how far a job's ranks moved at once (overlap). The
@@ -21,8 +23,8 @@ With --emulator every step runs on the GPU emulator (tests/emulator, no GPU):
 the harness is checked, no figure is a GPU figure and no limit is judged, and
 hooks is not measured (the emulator runs no PyTorch CUDA).
 
-    python -m bench.gpu_check                        # on a GPU host, 4 GiB per job
-    python -m bench.gpu_check --emulator --gib 0.05  # no GPU
+    python -m bench gpu_check                        # on a GPU host, 4 GiB per job
+    python -m bench gpu_check --emulator --gib 0.05  # no GPU
 """
 
 from __future__ import annotations
@@ -37,21 +39,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_check_steps import (
+from bench.gpu_switch import EMULATED, NAMES, emulator_environment
+from bench.parts.gpu_check_steps import (
     Context,
     StepResult,
     run_conformance,
     run_probe,
     run_scenarios,
 )
-from bench.gpu_switch import EMULATED, NAMES, emulator_environment
 
 BUDGET_SECONDS = 480.0
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.gpu_check",
+        prog="python -m bench gpu_check",
         description="Check a GPU host: driver probe, conformance, switch scenarios.",
     )
     parser.add_argument("--gib", type=float, default=4.0, help="device memory per job (GiB)")

@@ -1,4 +1,6 @@
-"""The driver probe of the GPU check: the readings of shared/GPU-FACTS.md taken
+"""The driver's answers on this host: GPU-FACTS.md's readings again, raw driver copy rates.
+
+The driver probe of the GPU check: the readings of shared/GPU-FACTS.md taken
 again on this host, plus the raw driver rates the transparent path is judged
 against. Writes probe.json and probe.md under --out (after every section, so
 that a probe stopped by its time limit leaves what it read).
@@ -20,7 +22,7 @@ that a probe stopped by its time limit leaves what it read).
 Readings where GPU-FACTS.md says what the H200 answered are marked as the same
 or different. Nothing is judged here but the round trips' success.
 
-    python -m bench.gpu_probe --out DIR [--bytes N] [--ranks 2] [--repeats 3]
+    python -m bench gpu_probe --out DIR [--bytes N] [--ranks 2] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -405,7 +407,7 @@ def main() -> None:
     probe.environment()
     ranks: list[Rank] = []
     try:
-        ranks = [Rank([sys.executable, "-m", "bench.cuda_rank", f"--bytes={args.bytes}",
+        ranks = [Rank([sys.executable, "-m", "bench.parts.cuda_rank", f"--bytes={args.bytes}",
                        f"--seed={100 + index}"]) for index in range(args.ranks)]  # fmt: skip
         for rank in ranks:
             rank.hello["bytes"] = args.bytes

@@ -1,8 +1,10 @@
-"""The GPU switch scenarios: real device state moved by the CUDA backends, for
+"""Device state moved by the CUDA backends for two-rank RL-shaped jobs: GB/s per rank.
+
+The GPU switch scenarios: real device state moved by the CUDA backends, for
 jobs shaped like real RL jobs. bench.gpu_check runs them on a new GPU host,
 each under its own time limit, next to the driver probe.
 
-Each job has two CUDA ranks (bench.cuda_rank), each holding a seeded pattern
+Each job has two CUDA ranks (bench.parts.cuda_rank), each holding a seeded pattern
 in device memory (written and checked at device speed) and each with a
 DataLoader-style child that never touches CUDA. Two such jobs take turns in
 one group through the embedded stack, in these scenarios:
@@ -14,20 +16,20 @@ one group through the embedded stack, in these scenarios:
 - co-residency: both jobs fit on the GPU, so a switch is a lock and an unlock,
   and NVML shows the waiting job's memory never leaves the device;
 - hooks (needs torch with CUDA): `app+cuda`, a PyTorch job whose offload hook
-  moves its data to pinned host memory first (bench.gpu_holder).
+  moves its data to pinned host memory first (bench.parts.gpu_holder).
 
 After every grant each rank's data is read back and checked (CRC32), and NVML
 says whether the waiting job's device memory dropped (or, co-resident,
 stayed). Reports checkpoint and restore GB/s per rank and how far the ranks
-of a job moved at once, from the agent's record (bench.gpu_figures); for
+of a job moved at once, from the agent's record (bench.parts.gpu_figures); for
 hooks, the hook's own GB/s next to a pinned copy of the same bytes.
 
 Prints one `scenario=...` line as each scenario finishes; --results appends
 a JSON line when each starts and when it finishes (bench.gpu_check reads it).
 
-    python -m bench.gpu_switch                      # on a GPU host
-    python -m bench.gpu_switch --only freeze+cuda,cuda-checkpoint
-    python -m bench.gpu_switch --emulator --gib 0.02   # no GPU: the GPU EMULATOR
+    python -m bench gpu_switch                      # on a GPU host
+    python -m bench gpu_switch --only freeze+cuda,cuda-checkpoint
+    python -m bench gpu_switch --emulator --gib 0.02   # no GPU: the GPU EMULATOR
                                                        # (tests/emulator); checks the
                                                        # harness only, no GPU figure
 """
@@ -51,13 +53,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 import timeshare
-from bench.gpu_figures import figure, overlaps, p50, rank_moves, ratio
-from bench.stack import LocalStack
-from bench.stats import p50_p90_p99
+from bench.parts.gpu_figures import figure, overlaps, p50, rank_moves, ratio
+from bench.parts.stats import p50_p90_p99
 from timeshare.activities.gpus import device_memory_by_pid
 from timeshare.credentials import JOB_TOKEN_ENV
 from timeshare.models import CoResidency, GroupPolicy
 from timeshare.status import table
+from timeshare.testing import LocalStack
 
 Expect = Literal["dropped", "stayed"]
 EMULATED = "TIMESHARE_GPU_SWITCH_EMULATED"
@@ -93,7 +95,8 @@ NAMES = [scenario.name for scenario in SCENARIOS]
 
 
 class Rank:
-    """A process holding known data on the device (bench.cuda_rank or bench.gpu_holder)."""
+    """A process holding known data on the device (bench.parts.cuda_rank or
+    bench.parts.gpu_holder)."""
 
     def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:
         self.process = subprocess.Popen(
@@ -138,12 +141,12 @@ def start_job(group: str, job: str, gib: float, seed: int, scenario: Scenario,
     env = {"TIMESHARE_AGENT_SOCKET": str(socket), JOB_TOKEN_ENV: token}
     identity = [f"--group={group}", f"--job={job}"]
     if scenario.torch_hooks:
-        command = [sys.executable, "-m", "bench.gpu_holder", *identity, f"--gib={gib}",
+        command = [sys.executable, "-m", "bench.parts.gpu_holder", *identity, f"--gib={gib}",
                    f"--seed={seed}", "--hooks"]  # fmt: skip
         return [Rank(command, env)]
     per_rank = int(gib * 2**30) // RANKS
     return [
-        Rank([sys.executable, "-m", "bench.cuda_rank", *identity, f"--bytes={per_rank}",
+        Rank([sys.executable, "-m", "bench.parts.cuda_rank", *identity, f"--bytes={per_rank}",
               f"--seed={seed * RANKS + rank}"], env)
         for rank in range(RANKS)
     ]  # fmt: skip
@@ -161,7 +164,7 @@ class Outcome(BaseModel):
     checkpoint_gbps: list[float] = Field(default_factory=list)
     restore_gbps: list[float] = Field(default_factory=list)
     ranks_reported: int = 0
-    # Per phase, how far a job's ranks moved at once (bench.gpu_figures.overlap).
+    # Per phase, how far a job's ranks moved at once (bench.parts.gpu_figures.overlap).
     overlap: list[float] = Field(default_factory=list)
     # Hooks: the offload hook's own GB/s, and a pinned copy of the same bytes.
     hook_gbps: dict[str, list[float]] = Field(default_factory=dict)
@@ -311,7 +314,7 @@ def on_the_emulator(gib: float) -> None:
     env = emulator_environment(root, gib)
     env[EMULATED] = "1"
     env[EMULATOR_SCRATCH] = str(root)
-    os.execve(sys.executable, [sys.executable, "-m", "bench.gpu_switch", *sys.argv[1:]],
+    os.execve(sys.executable, [sys.executable, "-m", "bench", "gpu_switch", *sys.argv[1:]],
               {**os.environ, **env})  # fmt: skip
 
 

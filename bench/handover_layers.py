@@ -1,15 +1,17 @@
-"""What a hand-over costs the workflow worker, layer by layer, measured side
+"""A hand-over's CPU in the workflow worker, layer by layer, up to GroupWorkflow.
+
+What a hand-over costs the workflow worker, layer by layer, measured side
 by side in one window on one Temporal dev server: the floor
 `worker_cpu_ratio` divides by (a trivial update plus an update awaiting a
-remote activity, bench.floors), then the hand-over-shaped layers of
-bench.handover_floors, up to timeshare's own GroupWorkflow. Each runs in a
+remote activity, bench.parts.floors), then the hand-over-shaped layers of
+bench.parts.handover_floors, up to timeshare's own GroupWorkflow. Each runs in a
 worker process of its own, activations inline as the scheduler runs them,
 as many workflows each, paced as bench.scale paces its groups (a hand-over
 per workflow every period, the next job asking half a period before).
 
-    python -m bench.handover_layers            # 25 workflows each, 3 rounds of 30 s
-    python -m bench.handover_layers --quick    # one round of 20 s
-    python -m bench.handover_layers --floor-defaults   # the floor on the SDK's thread pool
+    python -m bench handover_layers            # 25 workflows each, 3 rounds of 30 s
+    python -m bench handover_layers --quick    # one round of 20 s
+    python -m bench handover_layers --floor-defaults   # the floor on the SDK's thread pool
 
 Each round's figures are CPU milliseconds per hand-over (per pair for the
 floor) and each layer's ratio to the floor of the same round; the last line
@@ -28,12 +30,12 @@ import platform
 import statistics
 from pathlib import Path
 
-from bench.floors import PacedFloor, PacedFloorCpu
-from bench.handover_floors import LAYERS
-from bench.procstat import load_average
-from bench.stack import temporal_only
+from bench.parts.floors import PacedFloor, PacedFloorCpu
+from bench.parts.handover_floors import LAYERS
+from bench.parts.procstat import load_average
 from timeshare.models import GroupPolicy
 from timeshare.status import table
+from timeshare.testing import temporal_only
 from timeshare.workers.service import connect_temporal
 
 PAIR = "pair floor"

@@ -1,13 +1,15 @@
-"""A switch on two nodes against a switch on one node, side by side in one
+"""Switch and hand-over time on two nodes against one, side by side in one run.
+
+A switch on two nodes against a switch on one node, side by side in one
 run: two groups on one stack with two agents, one group's jobs on node-a
 only and the other's on node-a and node-b, with the same simulated state
 per job and node and the same bandwidth. Hand-overs alternate between the
 groups, so both see the same load. The goal: two nodes cost at most 1.5x
 one, since the nodes move their state in parallel.
 
-    python -m bench.multinode                 # 40 hand-overs each, 2 GiB per job and node
-    python -m bench.multinode --quick         # 10
-    python -m bench.multinode --state-gib 0   # the orchestration alone: zero-byte switches
+    python -m bench multinode                 # 40 hand-overs each, 2 GiB per job and node
+    python -m bench multinode --quick         # 10
+    python -m bench multinode --state-gib 0   # the orchestration alone: zero-byte switches
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import tempfile
 from pathlib import Path
 
 import timeshare
-from bench.handoff import measure_handoff
-from bench.stack import LocalStack
-from bench.stats import p50_p90_p99
+from bench.handover import measure_handover
+from bench.parts.stats import p50_p90_p99
 from timeshare.models import GroupPolicy
 from timeshare.status import table
+from timeshare.testing import LocalStack
 
 NODES = ["node-a", "node-b"]
 # 2 x 107 ms of simulated transfer per node and switch (checkpoint, restore).
@@ -38,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     iterations = 10 if args.quick else args.iterations
     spans = {1: NODES[:1], 2: NODES}
-    handoff_ms: dict[int, list[float]] = {n: [] for n in spans}
+    handover_ms: dict[int, list[float]] = {n: [] for n in spans}
     switch_ms: dict[int, list[float]] = {n: [] for n in spans}
     with tempfile.TemporaryDirectory() as scratch:
         stack = LocalStack(
@@ -60,24 +62,25 @@ def main() -> None:
                 for _ in range(iterations):
                     for n, (a, b) in pairs.items():
                         seconds: list[float] = []
-                        handoff_ms[n] += measure_handoff(client, a, b, 1, seconds)
+                        handover_ms[n] += measure_handover(client, a, b, 1, seconds)
                         switch_ms[n] += [s * 1000 for s in seconds]
         finally:
             stack.stop_all()
     rows = []
     for n, nodes in spans.items():
-        handoff, switch = p50_p90_p99(handoff_ms[n]), p50_p90_p99(switch_ms[n])
+        handover, switch = p50_p90_p99(handover_ms[n]), p50_p90_p99(switch_ms[n])
         rows.append([str(n), ",".join(nodes), f"{switch[0]:.1f}", f"{switch[1]:.1f}",
-                     f"{handoff[0]:.1f}", f"{handoff[1]:.1f}"])  # fmt: skip
+                     f"{handover[0]:.1f}", f"{handover[1]:.1f}"])  # fmt: skip
     print()
     print(f"{args.state_gib:g} GiB per job and node at {args.bandwidth_gbps:g} GB/s (SIMULATED)")
     headers = ["nodes", "on", "switch p50 ms", "p90", "hand-over p50 ms", "p90"]
     print(table(headers, rows))
     s1, s2 = p50_p90_p99(switch_ms[1])[0], p50_p90_p99(switch_ms[2])[0]
-    h1, h2 = p50_p90_p99(handoff_ms[1])[0], p50_p90_p99(handoff_ms[2])[0]
+    h1, h2 = p50_p90_p99(handover_ms[1])[0], p50_p90_p99(handover_ms[2])[0]
     print(
         f"switch_1node_p50_ms={s1:.1f} switch_2node_p50_ms={s2:.1f} switch_ratio={s2 / s1:.2f} "
-        f"handoff_1node_p50_ms={h1:.1f} handoff_2node_p50_ms={h2:.1f} handoff_ratio={h2 / h1:.2f}"
+        f"handover_1node_p50_ms={h1:.1f} handover_2node_p50_ms={h2:.1f} "
+        f"handover_ratio={h2 / h1:.2f}"
     )
 
 

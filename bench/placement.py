@@ -1,4 +1,6 @@
-"""The placement advisor checked against real runs: plan a set of jobs, run
+"""The placement advisor's predictions against real runs of the groups it plans.
+
+The placement advisor checked against real runs: plan a set of jobs, run
 the planned groups for real on the sim stack (gateway, workflow, one sim
 agent per GPU set, each job a synthetic job following its profile's
 iteration), and compare the model's predictions with what was measured.
@@ -12,8 +14,8 @@ costs the planned run itself showed (plain means over all its groups): how
 much of the error is the stack's latencies drifting (the host is shared;
 the load average is printed) rather than the model.
 
-    python -m bench.placement           # 10 iterations per job, about 3 minutes
-    python -m bench.placement --quick   # 4 iterations, about 1.5 minutes
+    python -m bench placement           # 10 iterations per job, about 3 minutes
+    python -m bench placement --quick   # 4 iterations, about 1.5 minutes
 
 The last line: max_util_error (largest |predicted - measured| busy fraction
 of a group, as a fraction: 0.03 is 3 points) and max_slowdown_error (largest
@@ -28,8 +30,7 @@ import tempfile
 from pathlib import Path
 
 import timeshare
-from bench.placement_costs import CostSamples
-from bench.stack import LocalStack
+from bench.parts.placement_costs import CostSamples
 from timeshare.placement.evaluate import Evaluator
 from timeshare.placement.figures import GroupPrediction, whole_run
 from timeshare.placement.load import load_plan_input
@@ -39,6 +40,7 @@ from timeshare.placement.search import PlanError
 from timeshare.placement.spec import JobSpec, Phase, PlanInput, StackCosts
 from timeshare.status import table
 from timeshare.synthetic import SyntheticJobReport, load_report
+from timeshare.testing import LocalStack
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "placement" / "jobs.yaml"
 # The calibration's own jobs: sample, reward, train, 2 GiB moved each way.

@@ -1,9 +1,11 @@
-"""How fast the placement advisor is: the model on a 4-job group over 100
+"""How fast the placement advisor models, searches and plans (CPU only, no stack).
+
+How fast the placement advisor is: the model on a 4-job group over 100
 iterations, the exact search on 10 jobs, the heuristic on 100 jobs. CPU only
 (no stack); figures in seconds, minimum and median of several runs where a
 run is short.
 
-    python -m bench.placement_speed
+    python -m bench placement_speed
 """
 
 from __future__ import annotations

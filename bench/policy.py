@@ -1,9 +1,11 @@
-"""Scheduling policies measured on the real stack (sim backend, one node,
+"""Scheduling policies on the real stack: fair share, priority waits, trainer-first steps.
+
+Scheduling policies measured on the real stack (sim backend, one node,
 **simulated** GPU): who gets the GPU, how long each waits.
 
-    python -m bench.policy            # 40 s per scenario
-    python -m bench.policy --quick    # 12 s per scenario
-    python -m bench.policy --seconds S
+    python -m bench policy            # 40 s per scenario
+    python -m bench policy --quick    # 12 s per scenario
+    python -m bench policy --seconds S
 
 1. fairness: three jobs always want the GPU, one holding 0.6 s turns and two
    holding 0.1 s turns; Jain's index of their GPU-seconds under FIFO and fair.
@@ -35,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import timeshare.aio
-from bench.stack import LocalStack
-from bench.stats import percentile
+from bench.parts.stats import percentile
 from timeshare.models import GroupPolicy
 from timeshare.status import table
+from timeshare.testing import LocalStack
 
 
 @dataclass

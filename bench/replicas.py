@@ -1,11 +1,13 @@
-"""Replicas: the same paced load on one scheduler and one gateway, then on two
+"""The same paced load on one scheduler and gateway, then on two of each.
+
+Replicas: the same paced load on one scheduler and one gateway, then on two
 of each against one Temporal, in one run. For each: hand-overs per second,
 the p99 hand-over, the cores each process kept busy, and the share of the
 groups' workflow tasks each scheduler replica completed (by the worker
 identity Temporal records on every completed workflow task).
 
-    python -m bench.replicas                 # 100 groups of 3, one hand-over per group every 5 s
-    python -m bench.replicas --groups 50 --period 0     # as fast as possible
+    python -m bench replicas                 # 100 groups of 3, one hand-over per group every 5 s
+    python -m bench replicas --groups 50 --period 0     # as fast as possible
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from bench.procstat import load_average
-from bench.scale_load import LoadResult, bounded, run_load
-from bench.stack import LocalStack
+from bench.parts.procstat import load_average
+from bench.parts.scale_load import LoadResult, bounded, run_load
 from timeshare.names import group_workflow_id
 from timeshare.status import table
+from timeshare.testing import LocalStack
 from timeshare.workers.service import connect_temporal
 
 
@@ -76,7 +78,7 @@ def run(replicas: int, args: argparse.Namespace) -> list[str]:
         finally:
             stack.stop_all()
     print(
-        f"{replicas} replica(s): {result.handoffs_per_s:.1f} hand-overs/s, p99 "
+        f"{replicas} replica(s): {result.handovers_per_s:.1f} hand-overs/s, p99 "
         f"{result.p99_ms:.0f} ms (load {load_average()})",
         flush=True,
     )
@@ -86,7 +88,7 @@ def run(replicas: int, args: argparse.Namespace) -> list[str]:
     )
     split = ", ".join(f"{part} {share * 100:.0f} %" for part, share in shares.items())
     return [
-        str(replicas), str(result.handoffs), f"{result.handoffs_per_s:.1f}",
+        str(replicas), str(result.handovers), f"{result.handovers_per_s:.1f}",
         f"{result.p99_ms:.0f}", str(result.evictions + len(result.lost)), cores, split,
     ]  # fmt: skip
 
@@ -107,7 +109,8 @@ def main() -> None:
     print(table(headers, rows))
     one, two = rows
     print(
-        f"handoffs_per_s_1={one[2]} handoffs_per_s_2={two[2]} p99_ms_1={one[3]} p99_ms_2={two[3]} "
+        f"handovers_per_s_1={one[2]} handovers_per_s_2={two[2]} "
+        f"p99_ms_1={one[3]} p99_ms_2={two[3]} "
         f"rate_ratio={float(two[2]) / max(0.1, float(one[2])):.2f}"
     )
 

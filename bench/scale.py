@@ -1,27 +1,29 @@
-"""Scale: many groups on the scheduler worker(s), gateway(s) and embedded dev
+"""Many groups on one stack: hand-over p99, scheduler CPU against Temporal's floor, idle cost.
+
+Scale: many groups on the scheduler worker(s), gateway(s) and embedded dev
 server, sim backend, one node, zero-byte switches. In one run, on one server:
 
 1. the floor workflow's worker CPU per trivial update and per update awaiting
-   one remote activity (bench.floors, its worker in a process of its own);
-2. the history idle jobs write (bench.idle_history): now, and with the
+   one remote activity (bench.parts.floors, its worker in a process of its own);
+2. the history idle jobs write (bench.parts.idle_history): now, and with the
    heartbeat every 10 s of clients before the turn watch;
 3. groups of 3 jobs, each group handing over once every ``--period`` seconds
-   (bench.scale_load), at growing sizes; the full run searches upward until
+   (bench.parts.scale_load), at growing sizes; the full run searches upward until
    the p99 hand-over passes 1 s or a lease is lost;
 4. paced, the load at 50 groups (or the first size) once more, with the
    floor workflow paced the same way beside it in the same window
-   (bench.floors.PacedFloor: as many workflows, one pair of updates each per
+   (bench.parts.floors.PacedFloor: as many workflows, one pair of updates each per
    period).
 
-    python -m bench.scale                     # 50, 100, 150, ... groups, 30 s each
-    python -m bench.scale --quick             # 10 and 50 groups, 20 s each
-    python -m bench.scale --period 0          # as fast as the jobs can (the old load)
-    python -m bench.scale --replicas 2        # two schedulers and two gateways
-    python -m bench.scale --profile DIR       # py-spy of the schedulers at 50 groups
-    python -m bench.scale --floor-inline      # the paced floor's activations inline too
-    python -m bench.scale --floor-publishes   # the paced floor upserts as a hand-over does
-    python -m bench.scale --floor-handovers   # and a hand-over-shaped floor beside both
-    python -m bench.scale --floor-handovers group   # or GroupWorkflow itself, driven directly
+    python -m bench scale                     # 50, 100, 150, ... groups, 30 s each
+    python -m bench scale --quick             # 10 and 50 groups, 20 s each
+    python -m bench scale --period 0          # as fast as the jobs can (the old load)
+    python -m bench scale --replicas 2        # two schedulers and two gateways
+    python -m bench scale --profile DIR       # py-spy of the schedulers at 50 groups
+    python -m bench scale --floor-inline      # the paced floor's activations inline too
+    python -m bench scale --floor-publishes   # the paced floor upserts as a hand-over does
+    python -m bench scale --floor-handovers   # and a hand-over-shaped floor beside both
+    python -m bench scale --floor-handovers group   # or GroupWorkflow itself, driven directly
 
 worker_cpu_ratio: the scheduler's CPU per hand-over over the floor worker's
 per pair (a trivial update plus an update awaiting a remote activity), both
@@ -34,7 +36,7 @@ count hand-overs alone: each group's first grant comes before the window,
 its last yield after it (worker_cpu_ratio_with_edges counts them, as the
 benchmark did before 2026-12-03). At 50 groups (or the first size) it also
 prints what the server did per hand-over, from Temporal's own request
-counters (bench.temporal_operations).
+counters (bench.parts.temporal_operations).
 """
 
 from __future__ import annotations
@@ -52,18 +54,18 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from bench.floors import FloorCpu, PacedFloor, PacedFloorCpu, measure_floor_cpu
-from bench.handover_floors import LAYERS
-from bench.idle_history import IdleHistory, measure_idle_history
-from bench.procstat import load_average
-from bench.profiling import Profiler, read_profile
-from bench.scale_load import LoadResult, run_load
-from bench.stack import LocalStack
-from bench.temporal_operations import TemporalOperations
-from bench.watch_cost import WatchCost, measure_watch_cost
-from bench.window_history import window_events, workflow_tasks
+from bench.parts.floors import FloorCpu, PacedFloor, PacedFloorCpu, measure_floor_cpu
+from bench.parts.handover_floors import LAYERS
+from bench.parts.idle_history import IdleHistory, measure_idle_history
+from bench.parts.procstat import load_average
+from bench.parts.profiling import Profiler, read_profile
+from bench.parts.scale_load import LoadResult, run_load
+from bench.parts.temporal_operations import TemporalOperations
+from bench.parts.watch_cost import WatchCost, measure_watch_cost
+from bench.parts.window_history import window_events, workflow_tasks
 from timeshare.models import MAX_GPUS_PER_NODE
 from timeshare.status import table
+from timeshare.testing import LocalStack
 from timeshare.workers.service import connect_temporal
 
 # The size whose scheduler CPU per hand-over makes worker_cpu_ratio.
@@ -81,9 +83,9 @@ def stack_pids(stack: LocalStack) -> dict[str, int]:
 
 def load_row(r: LoadResult, parts: list[str], schedulers: list[str]) -> list[str]:
     return [
-        str(r.groups), str(r.jobs), str(r.handoffs), f"{r.handoffs_per_s:.1f}",
+        str(r.groups), str(r.jobs), str(r.handovers), f"{r.handovers_per_s:.1f}",
         f"{r.p50_ms:.0f}", f"{r.p99_ms:.0f}", str(r.evictions + len(r.lost)),
-        f"{r.cpu_ms_per_handoff(schedulers):.1f}",
+        f"{r.cpu_ms_per_handover(schedulers):.1f}",
         *(f"{r.cpu_share(part):.2f}" for part in parts),
     ]  # fmt: skip
 
@@ -228,7 +230,7 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
             during=both(profiling, operations[groups].window()),
         )  # fmt: skip
         results.append(result)
-        print(f"{groups} groups: {result.handoffs_per_s:.1f} hand-overs/s, p99 "
+        print(f"{groups} groups: {result.handovers_per_s:.1f} hand-overs/s, p99 "
               f"{result.p99_ms:.0f} ms, leases lost {result.evictions + len(result.lost)} "
               f"(load {load_average()})", flush=True)  # fmt: skip
         for lost in result.lost:
@@ -261,7 +263,7 @@ async def load_beside_floor(
 ) -> tuple[LoadResult, PacedFloorCpu, PacedFloorCpu | None]:
     """The reference load again, with the floor workflow paced the same way
     beside it in the same window: worker_cpu_ratio compares the two. With
-    ``--floor-handovers`` a hand-over floor (a layer of bench.handover_floors,
+    ``--floor-handovers`` a hand-over floor (a layer of bench.parts.handover_floors,
     ``shape`` unless named) runs in that window too, paced as the groups are."""
     async with contextlib.AsyncExitStack() as floors:
         floor = await floors.enter_async_context(PacedFloor(
@@ -284,7 +286,7 @@ async def load_beside_floor(
         )  # fmt: skip
     assert floor.result is not None
     print(f"beside the paced floor: scheduler "
-          f"{load.cpu_ms_per_handoff(stack.scheduler_parts):.2f} ms CPU per hand-over, floor "
+          f"{load.cpu_ms_per_handover(stack.scheduler_parts):.2f} ms CPU per hand-over, floor "
           f"{floor.result.cpu_ms_per_pair:.2f} ms per pair over {floor.result.pairs} pairs "
           f"(load {load_average()})", flush=True)  # fmt: skip
     if handovers is not None:
@@ -304,7 +306,7 @@ def reference_result(results: list[LoadResult]) -> LoadResult:
 def print_history(history: Counter[str], result: LoadResult) -> None:
     print(f"history per hand-over at {result.groups} groups, in the window (the floor: "
           "3 workflow tasks, 2 updates, 1 activity):")  # fmt: skip
-    rows = [[kind, f"{n / max(1, result.handoffs):.2f}"] for kind, n in history.most_common(14)]
+    rows = [[kind, f"{n / max(1, result.handovers):.2f}"] for kind, n in history.most_common(14)]
     print(table(["event", "per hand-over"], rows))
 
 
@@ -322,7 +324,7 @@ def print_operations(operations: TemporalOperations, result: LoadResult) -> None
         print(f"  not read: {operations.error}")
         return
     print(table(["counter", "service", "operation", "per hand-over"],
-                operations.rows(result.handoffs)))  # fmt: skip
+                operations.rows(result.handovers)))  # fmt: skip
 
 
 def report(
@@ -361,36 +363,36 @@ def report(
     if args.profile is not None:
         print()
         units = {
-            "floor-worker": floor.per_handoff_floor_ms,
-            "floor-worker-sandboxed": sandboxed.per_handoff_floor_ms,
+            "floor-worker": floor.per_handover_floor_ms,
+            "floor-worker-sandboxed": sandboxed.per_handover_floor_ms,
         }
         for part in (*stack.scheduler_parts, *stack.gateway_parts):
-            units[part] = reference.cpu_ms_per_handoff([part])
+            units[part] = reference.cpu_ms_per_handover([part])
         print_profiles(args.profile, units)
-    worker_ms = reference.cpu_ms_per_handoff(stack.scheduler_parts)
-    back_to_back = worker_ms / floor.per_handoff_floor_ms
+    worker_ms = reference.cpu_ms_per_handover(stack.scheduler_parts)
+    back_to_back = worker_ms / floor.per_handover_floor_ms
     # The ratio's two sides, from one window where the load was paced.
     measured, floor_ms = (
         (side_by_side, paced.cpu_ms_per_pair)
         if side_by_side is not None and paced is not None
-        else (reference, floor.per_handoff_floor_ms)
+        else (reference, floor.per_handover_floor_ms)
     )
-    ratio = measured.cpu_ms_per_handoff(stack.scheduler_parts) / floor_ms
-    with_edges = measured.cpu_ms_per_handoff_with_edges(stack.scheduler_parts) / floor_ms
-    temporal_ms = reference.cpu_ms_per_handoff(["temporal"])
-    temporal_ratio = temporal_ms / max(1e-9, floor.per_handoff_server_floor_ms)
+    ratio = measured.cpu_ms_per_handover(stack.scheduler_parts) / floor_ms
+    with_edges = measured.cpu_ms_per_handover_with_edges(stack.scheduler_parts) / floor_ms
+    temporal_ms = reference.cpu_ms_per_handover(["temporal"])
+    temporal_ratio = temporal_ms / max(1e-9, floor.per_handover_server_floor_ms)
     print(f"Temporal's CPU per hand-over at {reference.groups} groups: {temporal_ms:.1f} ms, "
-          f"against {floor.per_handoff_server_floor_ms:.1f} ms for the floor's two updates "
+          f"against {floor.per_handover_server_floor_ms:.1f} ms for the floor's two updates "
           f"(ratio {temporal_ratio:.2f})")  # fmt: skip
     if reference.edge_cpu:
         print(f"scheduler CPU per hand-over at {reference.groups} groups: "
-              f"{reference.cpu_ms_per_handoff(stack.scheduler_parts):.1f} ms in the window; "
-              f"{reference.cpu_ms_per_handoff_with_edges(stack.scheduler_parts):.1f} ms counting "
+              f"{reference.cpu_ms_per_handover(stack.scheduler_parts):.1f} ms in the window; "
+              f"{reference.cpu_ms_per_handover_with_edges(stack.scheduler_parts):.1f} ms counting "
               "each group's first grant and last yield too, as before 2026-12-03 "
               f"(ratio {with_edges:.2f})")  # fmt: skip
     layer_figures = ""
     if handovers is not None and paced is not None:
-        worker_beside = measured.cpu_ms_per_handoff(stack.scheduler_parts)
+        worker_beside = measured.cpu_ms_per_handover(stack.scheduler_parts)
         layer_figures = (
             f"handover_floor_layer={handovers.layer} "
             f"handover_floor_cpu_ms={handovers.cpu_ms_per_pair:.2f} "
@@ -403,26 +405,26 @@ def report(
     print(f"machine: {platform.node()} {platform.platform()}; load average at the end "
           f"{load_average()}")  # fmt: skip
     print(
-        f"groups={last.groups} handoffs_per_s={last.handoffs_per_s:.1f} p99_ms={last.p99_ms:.0f} "
+        f"groups={last.groups} handovers_per_s={last.handovers_per_s:.1f} p99_ms={last.p99_ms:.0f} "
         f"max_groups_p99_under_1s={max(under, default=0)} "
         f"lost_leases={sum(r.evictions + len(r.lost) for r in results)} "
-        f"worker_cpu_ms_per_handoff={worker_ms:.2f} "
+        f"worker_cpu_ms_per_handover={worker_ms:.2f} "
         f"floor_cpu_ms={floor_ms:.2f} worker_cpu_ratio={ratio:.2f} "
-        f"worker_cpu_ms_per_handoff_beside_floor="
-        f"{measured.cpu_ms_per_handoff(stack.scheduler_parts):.2f} "
-        f"back_to_back_floor_cpu_ms={floor.per_handoff_floor_ms:.2f} "
+        f"worker_cpu_ms_per_handover_beside_floor="
+        f"{measured.cpu_ms_per_handover(stack.scheduler_parts):.2f} "
+        f"back_to_back_floor_cpu_ms={floor.per_handover_floor_ms:.2f} "
         f"worker_cpu_ratio_back_to_back={back_to_back:.2f} {layer_figures}"
         f"worker_cpu_ratio_with_edges={with_edges:.2f} "
-        f"temporal_cpu_ms_per_handoff={temporal_ms:.2f} temporal_cpu_ratio={temporal_ratio:.2f} "
-        f"workflow_tasks_per_handoff={workflow_tasks(history) / max(1, reference.handoffs):.2f} "
-        f"sandboxed_floor_cpu_ms={sandboxed.per_handoff_floor_ms:.2f} "
+        f"temporal_cpu_ms_per_handover={temporal_ms:.2f} temporal_cpu_ratio={temporal_ratio:.2f} "
+        f"workflow_tasks_per_handover={workflow_tasks(history) / max(1, reference.handovers):.2f} "
+        f"sandboxed_floor_cpu_ms={sandboxed.per_handover_floor_ms:.2f} "
         f"history_events_per_idle_job_hour={idle.now_per_job_hour:.2f} "
         f"history_events_per_idle_job_hour_before={idle.before_per_job_hour:.0f} "
         f"watch_temporal_cores_per_100_groups={watch.watched['temporal'] * 100 / watch.groups:.2f}"
-        f" temporal_requests_per_handoff="
-        f"{at_reference.total('service_requests', 'frontend') / max(1, reference.handoffs):.2f}"
-        f" temporal_store_requests_per_handoff="
-        f"{at_reference.total('persistence_requests') / max(1, reference.handoffs):.2f}"
+        f" temporal_requests_per_handover="
+        f"{at_reference.total('service_requests', 'frontend') / max(1, reference.handovers):.2f}"
+        f" temporal_store_requests_per_handover="
+        f"{at_reference.total('persistence_requests') / max(1, reference.handovers):.2f}"
     )
 
 
@@ -467,7 +469,7 @@ def main() -> None:
     parser.add_argument(
         "--floor-handovers", nargs="?", const="shape", choices=list(LAYERS), metavar="LAYER",
         help="also pace a hand-over floor in the same window: the layer of "
-        "bench.handover_floors named (default shape: a hand-over's shape with nothing else, "
+        "bench.parts.handover_floors named (default shape: a hand-over's shape with nothing else, "
         "what any scheduler of this protocol pays; group: GroupWorkflow driven directly)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)

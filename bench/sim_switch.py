@@ -1,11 +1,13 @@
-"""What one zero-byte switch costs the sim backend itself (SIMULATED GPU):
+"""What one zero-byte switch costs the sim backend itself, with nothing else running.
+
+What one zero-byte switch costs the sim backend itself (SIMULATED GPU):
 checkpoint one job, restore the other, with the sim's state file in a
 directory of your choice, nothing else running. It tells the sim's own
 bookkeeping (its state file, its record) from the scheduler's and
 Temporal's part of a hand-over.
 
-    python -m bench.sim_switch --dir /dev/shm   # tmpfs, as bench.stack keeps it
-    python -m bench.sim_switch --dir /tmp       # the disk
+    python -m bench sim_switch --dir /dev/shm   # tmpfs, as bench.stack keeps it
+    python -m bench sim_switch --dir /tmp       # the disk
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.stats import percentile
+from bench.parts.stats import percentile
 from timeshare.activities.backend import BackendConfig
 from timeshare.activities.sim import SimBackend
 

@@ -1,4 +1,6 @@
-"""Utilisation gained: synthetic RL jobs through the real stack (gateway,
+"""GPU busy fraction with and without sharing, for synthetic RL jobs on the real stack.
+
+Utilisation gained: synthetic RL jobs through the real stack (gateway,
 workflow, agent, sim backend), with and without sharing one GPU.
 
 Default profile, after the llm-d time-slicing blog: two GRPO-like jobs whose
@@ -16,10 +18,10 @@ once; the full run repeats the default profile with blocking yields
 The agent runs `app+sim`: the app layer calls the hooks of jobs that serve
 them and does nothing for the others.
 
-    python -m bench.utilization           # about 5 minutes
-    python -m bench.utilization --quick   # about 1 minute
-    python -m bench.utilization --pairs 4 # yield_nowait against blocking yields, 4 min
-    python -m bench.utilization --pairs 1 --timeline  # and every turn of each run
+    python -m bench utilization           # about 5 minutes
+    python -m bench utilization --quick   # about 1 minute
+    python -m bench utilization --pairs 4 # yield_nowait against blocking yields, 4 min
+    python -m bench utilization --pairs 1 --timeline  # and every turn of each run
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from bench.stack import LocalStack
 from timeshare.status import table
 from timeshare.synthetic import SyntheticJobReport, load_report
+from timeshare.testing import LocalStack
 from timeshare.timeline import GPU_PHASES, chart, turns_table, utilisation
 
 ITERATION_SECONDS = 2.5

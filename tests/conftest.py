@@ -21,7 +21,6 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 import timeshare.aio
-from bench.stack import free_port, timeshare_command
 from tests import emulator
 from tests.emulator.rig import Emulator, emulator_in_this_process
 from tests.gateways import start_gateway
@@ -31,6 +30,7 @@ from timeshare.activities.processes import ProcessTable
 from timeshare.activities.sim import SimBackend
 from timeshare.activities.switch import SwitchActivities
 from timeshare.names import SCHEDULER_TASK_QUEUE, node_task_queue
+from timeshare.testing import free_port, timeshare_command
 from timeshare.workers.agent import drop_claim
 from timeshare.workers.device_memory import sim_state_path
 from timeshare.workers.service import connect_temporal

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import grpc
 
-from bench.stack import free_port
+from timeshare.testing import free_port
 from timeshare.workers.gateway import GatewayOptions, serve_gateway
 from timeshare.workers.gateway_access import GatewaySecurity
 from timeshare.workers.llmd_compat import CompatSettings

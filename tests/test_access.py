@@ -16,11 +16,11 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 import timeshare.aio
-from bench.stack import free_port, timeshare_command
 from tests.conftest import SimNodes
 from tests.gateways import RunningGateway, start_gateway
 from tests.polling import wait_until_async
 from timeshare import errors
+from timeshare.testing import free_port, timeshare_command
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from timeshare.workers.gateway import GatewayOptions, serve_gateway

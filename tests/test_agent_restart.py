@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 import timeshare
-from bench.stack import LocalStack, timeshare_command
 from tests.conftest import REPO
 from tests.polling import wait_until
 from tests.processes import detached, kill
 from timeshare.activities.processes import ProcessTable, alive, start_time
 from timeshare.credentials import JOB_TOKEN_ENV
+from timeshare.testing import LocalStack, timeshare_command
 
 REGISTERED_COUNTER = """
 import sys, time, pathlib
@@ -61,12 +61,8 @@ def still(path: Path) -> bool:
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[LocalStack]:
-    local = LocalStack(tmp_path, backend="freeze")
-    try:
-        local.start_all()
+    with LocalStack(tmp_path, backend="freeze") as local:
         yield local
-    finally:
-        local.stop_all()
 
 
 def test_a_job_frozen_before_an_agent_restart_is_thawed_after_it(

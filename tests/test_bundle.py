@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from bench.stack import free_port
 from tests.conftest import REPO, forget_simulated_gpus, start_until_ready
 from timeshare.bundle.platforms import compatible_platforms
 from timeshare.bundle.repack import repack_with_lzma
+from timeshare.testing import free_port
 
 pytestmark = pytest.mark.timeout(600)
 SLOW = pytest.mark.skipif(

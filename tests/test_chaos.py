@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHistory
 
-from bench.chaos_check import JobRecord, double_grants, errors, lost, turns_completed
-from bench.chaos_stuck import SDK_BUG_HINT, explain, only_the_known_sdk_bug, save_histories
+from bench.parts.chaos_check import JobRecord, double_grants, errors, lost, turns_completed
+from bench.parts.chaos_stuck import SDK_BUG_HINT, explain, only_the_known_sdk_bug, save_histories
 from tests.conftest import REPO, SimNodes
 from tests.groups import acquire, group_on_one_node
 from tests.test_replay import replayer
@@ -29,7 +29,7 @@ from tests.test_replay import replayer
 @pytest.mark.timeout(900)
 def test_half_a_minute_of_chaos_loses_nothing(tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "bench.chaos", "--minutes", "0.5", "--workdir", str(tmp_path)],
+        [sys.executable, "-m", "bench", "chaos", "--minutes", "0.5", "--workdir", str(tmp_path)],
         capture_output=True, text=True, cwd=REPO, timeout=840,
     )  # fmt: skip
     output = run.stdout + run.stderr[-4000:]

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.stack import free_port, timeshare_command
 from tests.conftest import REPO, wait_for_line
 from timeshare import cli
 from timeshare.cli.server_settings import AGENT_OPTIONS, agent_arguments, job_state, socket_group
 from timeshare.credentials import llmd_job_token
+from timeshare.testing import free_port, timeshare_command
 from timeshare.workers.temporal_server import (
     MAX_IN_FLIGHT_UPDATES,
     TRANSFER_QUEUE_READS_PER_SECOND,
@@ -75,6 +75,7 @@ def test_status_without_a_gateway_says_what_to_do() -> None:
 def test_client_library_imports_no_temporalio() -> None:
     probe = (
         "import sys, timeshare, timeshare.aio, timeshare.synthetic, timeshare.status;"
+        "import timeshare.testing;"
         "import timeshare.hooks, timeshare.hooks.vllm, timeshare.hooks.sglang;"
         "sys.exit(1 if any(m.startswith('temporalio') for m in sys.modules) else 0)"
     )
@@ -185,7 +186,7 @@ def test_llmd_token_derives_the_jobs_token_from_the_gateways_secret(
 
 
 def test_the_benchmarks_zero_byte_sim_state_is_accepted() -> None:
-    """`python -m bench.handoff`, `bench.scale` and `bench.multinode --state-gib 0`
+    """`python -m bench handover`, `bench.scale` and `bench.multinode --state-gib 0`
     start their agents with no simulated state, to time the orchestration alone."""
     args = cli.build_parser().parse_args(["agent", "--sim-state-gib", "0"])
     assert args.sim_state_gib == 0.0

@@ -14,7 +14,6 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 from bench.sim_switch import switch_times
-from bench.stack import overlaps
 from tests.conftest import SimNodes
 from tests.groups import acquire, join, release
 from timeshare.activities.backend import BackendConfig
@@ -22,6 +21,7 @@ from timeshare.activities.sim import SimBackend
 from timeshare.activities.switch import SwitchActivities
 from timeshare.models import CoResidency, GroupPolicy, NodeMove, SwitchInput, SwitchOutput
 from timeshare.scheduling.residency import extra, plan_room
+from timeshare.testing import overlaps
 
 STATE = 2**26
 HANDOVERS = 20

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import timeshare
-from bench.stack import LocalStack
 from tests import emulator
 from tests.emulator import CHECKPOINTED
 from tests.emulator.rig import REPO, Emulator
 from tests.polling import wait_until
 from timeshare.models import GroupPolicy
+from timeshare.testing import LocalStack
 
 GROUP = "e2e-cuda"
 JOBS = ("job-a", "job-b")

@@ -11,9 +11,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from bench.stack import free_port, timeshare_command
 from tests.conftest import REPO, forget_simulated_gpus, start_until_ready
 from timeshare.synthetic import SyntheticJobReport, TurnRecord, load_report
+from timeshare.testing import free_port, timeshare_command
 from timeshare.workers.device_memory import sim_state_path
 from timeshare.workers.temporal_server import temporal_binary
 

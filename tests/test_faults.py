@@ -1,6 +1,6 @@
 """Faults against the real stack, as separate processes: after each, every
 surviving job gets all its turns and the simulated GPU never held two jobs'
-state. (Timings of the same scenarios: `python -m bench.faults`.)"""
+state. (Timings of the same scenarios: `python -m bench faults`.)"""
 
 from __future__ import annotations
 

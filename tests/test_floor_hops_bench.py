@@ -11,7 +11,7 @@ from tests.conftest import REPO
 
 def test_the_floor_hops_benchmark_prints_each_run() -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "bench.floor_hops", "--runs=2", "--iterations=3"],
+        [sys.executable, "-m", "bench", "floor_hops", "--runs=2", "--iterations=3"],
         capture_output=True, text=True, cwd=REPO, timeout=200,
     )  # fmt: skip
     output = run.stdout + run.stderr[-3000:]

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_check_steps import Context, finished, judged, junit_counts
-from bench.gpu_figures import RankMove, overlap
 from bench.gpu_switch import SCENARIOS, Outcome
-from bench.procstat import descendants
+from bench.parts.gpu_check_steps import Context, finished, judged, junit_counts
+from bench.parts.gpu_figures import RankMove, overlap
 from tests import emulator
 from tests.conftest import REPO
 from tests.polling import wait_until
+from timeshare.testing.stack import processes_below
 
 
 @pytest.mark.skipif(emulator.gcc() is None, reason="gcc is not installed: the emulator needs it")
@@ -30,7 +30,7 @@ def test_the_gpu_check_runs_on_the_emulator(tmp_path: Path) -> None:
     scratch_before = set(Path(tempfile.gettempdir()).glob("gpu-check-emulator-*"))
     # The conformance step is the suite's own gpu variants (test_conformance.py).
     result = subprocess.run(
-        [sys.executable, "-m", "bench.gpu_check", "--emulator", "--gib=0.02", "--handovers=2",
+        [sys.executable, "-m", "bench", "gpu_check", "--emulator", "--gib=0.02", "--handovers=2",
          "--skip=conformance", f"--out={tmp_path}"],
         capture_output=True, text=True, cwd=REPO, timeout=280,
     )  # fmt: skip
@@ -89,7 +89,7 @@ def finish(name: str, checkpoint: float, restore: float, **extra: object) -> dic
 def test_each_figure_is_judged_against_its_limit_on_a_gpu_and_never_on_the_emulator(
     tmp_path: Path,
 ) -> None:
-    from bench.gpu_check_steps import StepResult
+    from bench.parts.gpu_check_steps import StepResult
 
     probe = StepResult(name="probe", status="ok",
                        data={"parallel": {"checkpoint": 1.7, "restore": 4.0}})  # fmt: skip
@@ -132,11 +132,11 @@ def test_the_suites_report_is_counted_from_its_junit_file(tmp_path: Path) -> Non
 
 
 def test_a_step_past_its_limit_is_killed_with_everything_it_started(tmp_path: Path) -> None:
-    from bench.gpu_check_steps import started
+    from bench.parts.gpu_check_steps import started
 
     process = started(["sh", "-c", "sleep 60 & sleep 60"], tmp_path / "log", dict(os.environ))
     time.sleep(0.3)
-    family = descendants(process.pid)
+    family = processes_below(process.pid)
     assert family
     assert finished(process, 0.5) is None
     wait_until(lambda: not [pid for pid in family if running(pid)], "the step's children to go")

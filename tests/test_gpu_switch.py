@@ -26,7 +26,7 @@ def test_the_gpu_switch_scenarios_run_on_a_gpu() -> None:
     if shutil.which("cuda-checkpoint"):
         only.append("cuda-checkpoint")
     result = subprocess.run(
-        [sys.executable, "-m", "bench.gpu_switch", "--gib=1", "--handovers=2",
+        [sys.executable, "-m", "bench", "gpu_switch", "--gib=1", "--handovers=2",
          f"--only={','.join(only)}"],
         capture_output=True, text=True, cwd=REPO, timeout=280,
     )  # fmt: skip

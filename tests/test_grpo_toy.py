@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.stack import free_port, timeshare_command
 from examples.grpo_toy.compare import compare
 from tests.conftest import REPO, start_until_ready
+from timeshare.testing import free_port, timeshare_command
 
 STEPS = 8
 

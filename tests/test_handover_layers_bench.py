@@ -1,5 +1,5 @@
 """`bench.handover_layers` on a tiny load: the pair floor and every
-hand-over-shaped layer (bench.handover_floors), timeshare's GroupWorkflow
+hand-over-shaped layer (bench.parts.handover_floors), timeshare's GroupWorkflow
 among them, each in a worker process of its own, paced in one window. It
 must hand over in every layer and end with its line of figures. No timing
 is asserted."""
@@ -9,14 +9,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from bench.handover_floors import LAYERS
+from bench.parts.handover_floors import LAYERS
 from tests.conftest import REPO
 
 
 def test_every_layer_hands_over_and_the_figures_are_printed() -> None:
     run = subprocess.run(
         [
-            sys.executable, "-m", "bench.handover_layers", "--workflows=2", "--seconds=4",
+            sys.executable, "-m", "bench", "handover_layers", "--workflows=2", "--seconds=4",
             "--period=1", "--rounds=1",
         ],
         capture_output=True, text=True, cwd=REPO, timeout=240,

@@ -21,10 +21,10 @@ import grpc
 import pytest
 from temporalio.worker import Worker
 
-from bench.stack import overlaps
 from tests.conftest import REPO, SimNodes
 from tests.gateways import RunningGateway, start_gateway
 from tests.polling import wait_until_async
+from timeshare.testing import overlaps
 from timeshare.v1 import llmd_compat_pb2 as llmd
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
 from timeshare.workers.llmd_compat import CompatSettings

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import timeshare
-from bench.stack import LocalStack, overlaps
 from timeshare.models import GroupPolicy
 from timeshare.synthetic import TurnRecord, load_report
+from timeshare.testing import LocalStack, overlaps
 
 GROUP = "multi"
 NODES = ["node-a", "node-b", "node-c"]

@@ -13,7 +13,6 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
 import timeshare.aio
-from bench.stack import overlaps
 from tests.conftest import SimNodes
 from tests.polling import wait_until_async
 from timeshare import errors
@@ -22,6 +21,7 @@ from timeshare.activities.sim import SimBackend
 from timeshare.activities.switch import SwitchActivities
 from timeshare.models import GroupPolicy, NodeMove, SwitchInput
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, node_task_queue
+from timeshare.testing import overlaps
 from timeshare.workers.agent import drop_claim
 from timeshare.workflows.registry import Claim, NodeRegistryWorkflow
 

@@ -23,11 +23,11 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 import timeshare.aio
-from bench.stack import free_port, timeshare_command
 from tests.conftest import REPO, SimNodes, wait_for_line
 from tests.gateways import RunningGateway, start_gateway
 from timeshare.models import GroupPolicy
 from timeshare.names import group_workflow_id
+from timeshare.testing import free_port, timeshare_command
 from timeshare.workers.service import connect_temporal
 from timeshare.workers.telemetry import Telemetry
 from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH, STATE

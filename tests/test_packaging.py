@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.stack import free_port
 from tests.conftest import REPO, SimNodes, forget_simulated_gpus, start_until_ready
+from timeshare.testing import free_port
 from timeshare.workers.device_memory import sim_state_path
 
 GENERIC_NAMES = {"workflows", "activities", "workers"}

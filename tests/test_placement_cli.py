@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.stack import timeshare_command
 from tests.conftest import REPO
 from tests.placement_cases import sets
 from timeshare.models import GroupPolicy
 from timeshare.placement.model import GroupModel
 from timeshare.placement.profile import profile_job
 from timeshare.placement.spec import JobSpec, Phase, StackCosts
+from timeshare.testing import timeshare_command
 
 EXAMPLE = REPO / "examples" / "placement" / "jobs.yaml"
 GOOD = """\

@@ -13,10 +13,10 @@ from contextlib import asynccontextmanager
 
 import timeshare
 import timeshare.aio
-from bench.stack import timeshare_command
 from tests.conftest import REPO, SimNodes
 from tests.polling import wait_until_async
 from timeshare.history import GroupHistory
+from timeshare.testing import timeshare_command
 
 STATE_BYTES = 2**26
 # Sample 0.8 s, reward 1.2 s on the CPU, train 0.1 s: two turns an iteration,

@@ -23,7 +23,7 @@ FIGURES = [
 
 def test_the_policy_benchmark_runs_every_scenario() -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "bench.policy", "--seconds=2"],
+        [sys.executable, "-m", "bench", "policy", "--seconds=2"],
         capture_output=True, text=True, cwd=REPO, timeout=280,
     )  # fmt: skip
     output = run.stdout + run.stderr[-3000:]

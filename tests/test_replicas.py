@@ -11,8 +11,8 @@ from functools import partial
 from pathlib import Path
 
 import timeshare
-from bench.stack import LocalStack
 from tests.polling import wait_until
+from timeshare.testing import LocalStack
 
 GROUP = "replicas"
 

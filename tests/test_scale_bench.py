@@ -8,14 +8,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from bench.temporal_operations import parse
+from bench.parts.temporal_operations import parse
 from tests.conftest import REPO
 
 
 def test_the_scale_benchmark_prints_its_figures() -> None:
     run = subprocess.run(
         [
-            sys.executable, "-m", "bench.scale", "--quick", "--period=1", "--sizes=2",
+            sys.executable, "-m", "bench", "scale", "--quick", "--period=1", "--sizes=2",
             "--seconds=4", "--idle-groups=1", "--idle-lease=12", "--idle-seconds=6",
             "--floor-iterations=5", "--watch-groups=3", "--watch-seconds=2", "--floor-inline",
             "--floor-publishes", "--floor-handovers",
@@ -33,10 +33,10 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
         "lost_leases",
         "history_events_per_idle_job_hour",
         "history_events_per_idle_job_hour_before",
-        "temporal_requests_per_handoff",
-        "temporal_store_requests_per_handoff",
+        "temporal_requests_per_handover",
+        "temporal_store_requests_per_handover",
         "temporal_cpu_ratio",
-        "workflow_tasks_per_handoff",
+        "workflow_tasks_per_handover",
         "handover_floor_ratio",
         "worker_cpu_ratio_vs_handover_floor",
     ):
@@ -57,13 +57,13 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
     before = float(figures["history_events_per_idle_job_hour_before"])
     assert before > float(figures["history_events_per_idle_job_hour"]) >= 0, output
     # What the server did, from its own counters: updates and workflow tasks at least.
-    assert float(figures["temporal_requests_per_handoff"]) > 0, output
+    assert float(figures["temporal_requests_per_handover"]) > 0, output
     # The server's CPU, in the load and in the floors: each measured, so neither is 0.
-    assert float(figures["temporal_cpu_ms_per_handoff"]) > 0, output
+    assert float(figures["temporal_cpu_ms_per_handover"]) > 0, output
     assert float(figures["temporal_cpu_ratio"]) > 0, output
     # Every hand-over's switch is scheduled by one workflow task and granted by
     # another, both inside the window its histories are counted in.
-    assert float(figures["workflow_tasks_per_handoff"]) >= 2, output
+    assert float(figures["workflow_tasks_per_handover"]) >= 2, output
     assert "UpdateWorkflowExecution" in run.stdout and "RespondWorkflowTaskCompleted" in run.stdout
 
 

@@ -21,7 +21,6 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.worker import Worker
 
-from bench.stack import LocalStack
 from tests.groups import Handle, acquire, eventually, join, release
 from tests.polling import wait_until_async
 from tests.test_replay import replayer
@@ -30,6 +29,7 @@ from timeshare.activities.sim import SimBackend
 from timeshare.activities.switch import SwitchActivities
 from timeshare.models import SwitchInput, SwitchOutput
 from timeshare.names import node_task_queue
+from timeshare.testing import LocalStack
 from timeshare.workers.service import connect_temporal
 
 NODES = ("n1", "n2", "n3")

@@ -23,7 +23,6 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from bench.stack import timeshare_command
 from tests.conftest import REPO
 from tests.credentials import known_jobs
 from tests.groups import join
@@ -41,6 +40,7 @@ from timeshare.hooks.protocol import EvictMode
 from timeshare.models import EvictInput, TokenCheck
 from timeshare.names import group_workflow_id
 from timeshare.registration import open_agent_connection, register_process
+from timeshare.testing import timeshare_command
 from timeshare.workers import agent_socket
 from timeshare.workers.agent_credentials import JobCredentials, group_lookup
 from timeshare.workers.agent_socket import forgotten, serve_agent_socket

@@ -9,9 +9,9 @@ workflow schedules (`_payload_converter_with_context`). Each clone calls
 `payload_converter_class()`, and PydanticPayloadConverter builds a composite
 of seven converters, a pydantic SchemaSerializer and an empty cache of
 TypeAdapters each time: so every activity's result also built its
-TypeAdapter afresh. Live in the scheduler under `bench.scale --quick
+TypeAdapter afresh. Live in the scheduler under `python -m bench scale --quick
 --period 5` those clones took 60-75 µs each and, with the context checks
-below, about 5 % of its CPU (docs/benchmarks.md, "fourteenth session"). Here every clone is an
+below, about 5 % of its CPU (docs/benchmarks.md, "Scale"). Here every clone is an
 empty shell over one shared PydanticPayloadConverter, whose TypeAdapters are
 cached for the process, and a context leaves the converter as it is.
 

@@ -5,7 +5,7 @@ activation is a round of futures, callbacks and Rust-to-Python hand-offs on
 the process's event loop. On uvloop (libuv, in C) the group workflow's
 worker spent 8-11 % less CPU per hand-over than on asyncio's own loop, side
 by side, and the scheduler under bench.scale 3-7 % less, back to back
-(docs/benchmarks.md, "Scale", thirteenth session). The workflows
+(docs/benchmarks.md, "Scale"). The workflows
 themselves run on the SDK's own deterministic loop either way: the choice
 changes nothing they decide.
 

@@ -65,7 +65,7 @@ def external_storage_concurrency(converter: DataConverter) -> int:
     of its own, at 1 a plain call. timeshare's converter has no external
     storage (workers/data_converter.py), so one at a time costs nothing and
     saves about 4 % of the scheduler's CPU per hand-over (docs/benchmarks.md,
-    "fifteenth session"). A converter with external storage keeps the SDK's
+    "Scale"). A converter with external storage keeps the SDK's
     default."""
     return 1 if converter.external_storage is None else sdk_external_storage_concurrency()
 
@@ -81,7 +81,7 @@ def sdk_external_storage_concurrency() -> int:
 def activations_inline(sandboxed: bool, deadlock_detection: bool) -> bool:
     """Whether the worker runs each workflow activation on its event loop
     rather than on a thread of its pool. Inline saves about a tenth of the
-    scheduler's CPU per hand-over (docs/benchmarks.md, "ninth session"): no
+    scheduler's CPU per hand-over (docs/benchmarks.md, "Scale"): no
     hand-off to a thread and back, no deadlock timer per activation. What
     the pool adds is the SDK's deadlock detection, which fails an activation
     that runs past 2 s. The group workflow's code cannot block (no I/O, no

@@ -15,7 +15,7 @@ compression (`--temporal-compression`, `TIMESHARE_TEMPORAL_COMPRESSION`),
 `none` unless asked. The SDK's default, gzip, compresses every poll and
 every workflow task's completion, and has the server compress its answers:
 about 4 % of the scheduler's CPU per hand-over (docs/benchmarks.md,
-"fifteenth session") for messages of a few hundred bytes. `gzip` suits a
+"Scale") for messages of a few hundred bytes. `gzip` suits a
 Temporal reached over a slow link.
 """
 

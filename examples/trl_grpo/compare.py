@@ -24,9 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench.stack import LocalStack
 from examples.trl_grpo.train import TrainResult
 from timeshare.integrations.turns import ENV_GROUP, ENV_JOB, ENV_TURNS_FD, TurnRecord
+from timeshare.testing import LocalStack
 
 GROUP = "trl-grpo"
 JOBS = {"job-a": 0, "job-b": 1}  # job -> seed; job-a's seed also trains alone

@@ -171,7 +171,7 @@ class StackCosts(Strict):
     """What the real stack adds to the profiles' own seconds: the round trips
     of acquire and yield and a switch's own overhead beyond the bytes moved.
     Defaults: medians measured on the sim stack (docs/benchmarks.md,
-    "Placement advisor"); `python -m bench.placement` measures them afresh.
+    "Placement advisor"); `python -m bench placement` measures them afresh.
     Override them for another deployment."""
 
     # A job's message (acquire, yield) reaching the scheduler.

@@ -1,10 +1,12 @@
-"""Hand-over latency: re-acquire with nobody waiting, and a hand-over from A's
+"""Hand-over and re-acquire latency on one node, beside Temporal's floors, hop by hop.
+
+Hand-over latency: re-acquire with nobody waiting, and a hand-over from A's
 yield to waiting B's acquire returning, on one node with zero-byte switches
 (sim backend), next to Temporal's own floors measured on the same server,
-and where a hand-over's time goes hop by hop (bench.handoff_segments).
+and where a hand-over's time goes hop by hop (bench.parts.handover_segments).
 
-    python -m bench.handoff           # 200 iterations each
-    python -m bench.handoff --quick   # 40
+    python -m bench handover           # 200 iterations each
+    python -m bench handover --quick   # 40
 """
 
 from __future__ import annotations
@@ -21,19 +23,19 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 import timeshare
-from bench.floors import measure_floors
-from bench.handoff_segments import SEGMENTS, Event, all_segments
-from bench.stack import LocalStack
-from bench.stats import p50_p90_p99
+from bench.parts.floors import measure_floors
+from bench.parts.handover_segments import SEGMENTS, Event, all_segments
+from bench.parts.stats import p50_p90_p99
 from timeshare.names import group_workflow_id
 from timeshare.status import table
+from timeshare.testing import LocalStack
 from timeshare.workers.service import connect_temporal
 from timeshare.workers.temporal_server import (
     TRANSFER_QUEUE_READS_PER_SECOND,
     TRANSFER_READS_SETTING,
 )
 
-GROUP = "handoff"
+GROUP = "handover"
 
 
 def measure_reacquire(job: timeshare.Job, iterations: int) -> list[float]:
@@ -63,7 +65,7 @@ def acquire_and_note_time(
     granted.append((time.perf_counter(), time.time(), turn))
 
 
-def measure_handoff(
+def measure_handover(
     client: timeshare.Client,
     a: timeshare.Job,
     b: timeshare.Job,
@@ -106,12 +108,12 @@ async def group_events(client: Client) -> list[Event]:
     ]
 
 
-def print_segments(found: list[list[float]], handoffs: int) -> None:
+def print_segments(found: list[list[float]], handovers: int) -> None:
     """The p50 of each hop; the hops do not add up to the hand-over's p50
     (each has its own median, and the few tenths of a millisecond between
     one hop's end and the next's start are in none)."""
     print()
-    print(f"where a hand-over's time goes ({len(found)} of {handoffs} hand-overs, "
+    print(f"where a hand-over's time goes ({len(found)} of {handovers} hand-overs, "
           "from the group's history timestamps):")  # fmt: skip
     rows = []
     for index, name in enumerate(SEGMENTS):
@@ -147,7 +149,7 @@ def main() -> None:
                 reacquire = measure_reacquire(a, iterations)
                 print("re-acquire done", flush=True)
                 wall_clock: list[tuple[float, float]] = []
-                handoff = measure_handoff(client, a, b, iterations, wall_clock=wall_clock)
+                handover = measure_handover(client, a, b, iterations, wall_clock=wall_clock)
                 print("hand-over done", flush=True)
 
             async def floors_and_history() -> tuple[dict[str, list[float]], list[Event]]:
@@ -160,7 +162,7 @@ def main() -> None:
     rows = []
     for name, values in (
         ("re-acquire (no node action)", reacquire),
-        ("hand-over (one switch activity)", handoff),
+        ("hand-over (one switch activity)", handover),
         ("floor: trivial update", floor["update"]),
         ("floor: update awaiting one activity", floor["update+activity"]),
     ):
@@ -169,13 +171,13 @@ def main() -> None:
     print()
     print(table(["measure", "p50 ms", "p90 ms", "p99 ms"], rows))
     print_segments(all_segments(events, wall_clock), len(wall_clock))
-    re50, ho50, ho99 = p50_p90_p99(reacquire)[0], p50_p90_p99(handoff)[0], p50_p90_p99(handoff)[2]
+    re50, ho50, ho99 = p50_p90_p99(reacquire)[0], p50_p90_p99(handover)[0], p50_p90_p99(handover)[2]
     up50 = p50_p90_p99(floor["update"])[0]
     act50 = p50_p90_p99(floor["update+activity"])[0]
     print(
-        f"reacquire_p50_ms={re50:.1f} handoff_p50_ms={ho50:.1f} handoff_p99_ms={ho99:.1f} "
+        f"reacquire_p50_ms={re50:.1f} handover_p50_ms={ho50:.1f} handover_p99_ms={ho99:.1f} "
         f"floor_update_ms={up50:.1f} floor_activity_ms={act50:.1f} "
-        f"reacquire_ratio={re50 / up50:.2f} handoff_ratio={ho50 / act50:.2f} "
+        f"reacquire_ratio={re50 / up50:.2f} handover_ratio={ho50 / act50:.2f} "
         f"transfer_reads={reads}"
     )
 

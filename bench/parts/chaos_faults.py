@@ -7,9 +7,8 @@ import random
 import time
 from dataclasses import dataclass
 
-from bench.chaos_pool import JobPool
-from bench.faults import restart
-from bench.stack import LocalStack
+from bench.parts.chaos_pool import JobPool
+from timeshare.testing import LocalStack
 
 KINDS = ("scheduler", "gateway", "agent", "job", "temporal")
 # A part stays down this long before it is started again: longer than the
@@ -51,7 +50,8 @@ def inject(kind: str, stack: LocalStack, pool: JobPool, rng: random.Random) -> F
     part = rng.choice(candidates) if len(candidates) > 1 else candidates[0]
     downtime = rng.uniform(*DOWNTIME_SECONDS)
     # The Temporal dev server restarts on the same SQLite file and port.
-    _, at = restart(stack, part, downtime=downtime)
+    at = time.time()
+    stack.restart(part, downtime=downtime)
     back_at = time.time()
     return Fault(
         kind, part, at, back_at, f"down {downtime:.1f} s, ready {back_at - at:.1f} s later"

@@ -22,8 +22,8 @@ from functools import partial
 from typing import TypeVar
 
 import timeshare.aio
-from bench.procstat import CpuMeter
-from bench.stats import percentile
+from bench.parts.procstat import CpuMeter
+from bench.parts.stats import percentile
 from timeshare.errors import Aborted, NotFound
 from timeshare.models import GroupPolicy
 
@@ -51,7 +51,7 @@ class LoadResult:
     jobs: int
     period: float
     grants: int
-    handoffs: int
+    handovers: int
     seconds: float
     p50_ms: float
     p99_ms: float
@@ -67,17 +67,17 @@ class LoadResult:
     window: tuple[float, float] = (0.0, 0.0)
 
     @property
-    def handoffs_per_s(self) -> float:
-        return self.handoffs / self.seconds
+    def handovers_per_s(self) -> float:
+        return self.handovers / self.seconds
 
-    def cpu_ms_per_handoff(self, names: Sequence[str]) -> float:
+    def cpu_ms_per_handover(self, names: Sequence[str]) -> float:
         """CPU of these processes together (the replicas of a part) per hand-over."""
-        return sum(self.cpu[name] for name in names) * 1000 / max(1, self.handoffs)
+        return sum(self.cpu[name] for name in names) * 1000 / max(1, self.handovers)
 
-    def cpu_ms_per_handoff_with_edges(self, names: Sequence[str]) -> float:
+    def cpu_ms_per_handover_with_edges(self, names: Sequence[str]) -> float:
         """As measured before the first grants and last yields left the window."""
         edges = sum(self.edge_cpu.get(name, 0.0) for name in names) * 1000
-        return self.cpu_ms_per_handoff(names) + edges / max(1, self.handoffs)
+        return self.cpu_ms_per_handover(names) + edges / max(1, self.handovers)
 
     def cpu_share(self, name: str) -> float:
         """Cores the process kept busy on average."""
@@ -228,7 +228,7 @@ async def run_load(
         jobs=groups * jobs_per_group,
         period=period,
         grants=sum(log.grants for log in logs),
-        handoffs=len(latencies),
+        handovers=len(latencies),
         seconds=elapsed,
         p50_ms=percentile(latencies, 50),
         p99_ms=percentile(latencies, 99),

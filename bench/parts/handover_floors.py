@@ -1,7 +1,7 @@
 """Hand-over-shaped floors: what one hand-over costs the workflow worker,
 layer by layer, from the protocol's bare shape up to timeshare's own
 GroupWorkflow. Each layer runs on a task queue of its own (its worker is a
-bench.floor_worker process), so that side by side each worker's CPU is its
+bench.parts.floor_worker process), so that side by side each worker's CPU is its
 own layer's.
 
 - ``shape``: the switch protocol (DESIGN.md) and nothing else: the waiter's
@@ -19,7 +19,7 @@ own layer's.
   benchmark directly (no gateway), its switch served by a no-op activity.
   Its worker runs on the scheduler's client and worker settings (timeshare's
   data converter, no gRPC compression, one external-storage visit at a
-  time: bench.floor_worker ``--settings scheduler``); the other layers and
+  time: bench.parts.floor_worker ``--settings scheduler``); the other layers and
   the floors keep the SDK's defaults.
 """
 
@@ -59,7 +59,7 @@ with workflow.unsafe.imports_passed_through():
     from timeshare.workflows.group import GroupInput, GroupWorkflow
     from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH
 
-# A group's jobs take turns in this order, as bench.scale_load's do.
+# A group's jobs take turns in this order, as bench.parts.scale_load's do.
 JOBS = ("job-0", "job-1", "job-2")
 TOKEN_HASH = hashlib.sha256(b"bench-handover-floors").hexdigest()
 SWITCH_TIMEOUT = timedelta(seconds=30)
@@ -271,7 +271,7 @@ class Layer:
         self, handle: WorkflowHandle[Any, Any], holder: Held | None, waiter: str,
         ask_at: float, yield_at: float,
     ) -> Held:  # fmt: skip
-        """One hand-over, timed as bench.scale_load times a group's: the
+        """One hand-over, timed as bench.parts.scale_load times a group's: the
         waiter asks at ``ask_at``, the holder yields at ``yield_at``
         (time.monotonic()); returns once the waiter is granted."""
         await asyncio.sleep(max(0.0, ask_at - time.monotonic()))

@@ -4,13 +4,13 @@ activity on another task queue (what a one-node switch costs at least).
 
 measure_floors times them from a worker in the benchmark's process;
 measure_floor_cpu runs the workflow's worker in a process of its own
-(bench.floor_worker), as the scheduler runs, and reads its CPU per update,
+(bench.parts.floor_worker), as the scheduler runs, and reads its CPU per update,
 the updates sent back to back to one workflow; PacedFloor sends
 them as bench.scale's paced load sends its messages (many workflows, one pair
 each per period), so that the two are compared under the same load; with
 ``publishes``, each pair also upserts the search attributes a hand-over
 changes, which the turn watch reads (timeshare.workers.turn_watch). Given a
-``layer`` of bench.handover_floors, PacedFloor paces hand-overs of that
+``layer`` of bench.parts.handover_floors, PacedFloor paces hand-overs of that
 layer's workflows instead of pairs.
 """
 
@@ -33,9 +33,9 @@ from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from bench.handover_floors import JOBS, Held, Layer, floor_noop
-from bench.procstat import cpu_seconds, tree_cpu_seconds
-from bench.profiling import Profiler
+from bench.parts.handover_floors import JOBS, Held, Layer, floor_noop
+from bench.parts.procstat import cpu_seconds, tree_cpu_seconds
+from bench.parts.profiling import Profiler
 from timeshare.workers.children import spawn, stop_process
 from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH
 
@@ -128,13 +128,13 @@ class FloorCpu:
     server_activity_cpu_ms: float = 0.0
 
     @property
-    def per_handoff_floor_ms(self) -> float:
+    def per_handover_floor_ms(self) -> float:
         # A hand-over is at least an update that returns at once (the yield)
         # and one that awaits a switch activity (the waiter's acquire).
         return self.update_cpu_ms + self.activity_cpu_ms
 
     @property
-    def per_handoff_server_floor_ms(self) -> float:
+    def per_handover_server_floor_ms(self) -> float:
         return self.server_update_cpu_ms + self.server_activity_cpu_ms
 
 
@@ -152,7 +152,7 @@ class PacedFloorCpu:
     inline: bool = False
     # Each pair also upserted what a hand-over publishes (FloorWorkflow).
     publishes: bool = False
-    # The hand-over-shaped layer paced instead of the pair (bench.handover_floors).
+    # The hand-over-shaped layer paced instead of the pair (bench.parts.handover_floors).
     layer: str = ""
 
 
@@ -173,8 +173,8 @@ class PacedFloor:
         """``inline``: the worker runs activations on its event loop, as the
         scheduler does, instead of the SDK's default thread pool.
         ``publishes``: each pair upserts what a hand-over publishes.
-        ``layer``: each workflow hands over (bench.handover_floors), paced as
-        a group of bench.scale_load, instead of being sent a pair."""
+        ``layer``: each workflow hands over (bench.parts.handover_floors), paced as
+        a group of bench.parts.scale_load, instead of being sent a pair."""
         if publishes and layer is not None:
             raise ValueError("publishes is the pair floor's; a layer says what it publishes")
         self._client, self._temporal = client, temporal
@@ -261,7 +261,7 @@ class PacedFloor:
             raise RuntimeError("the paced floor was to publish, but its workflow shows no holder")
 
     async def _pace(self, index: int, phase: float, until: float) -> None:
-        """One workflow's pairs, as bench.scale_load.paced_group times a
+        """One workflow's pairs, as bench.parts.scale_load.paced_group times a
         group's hand-overs: the trivial update half a period before each
         moment (as a waiter's acquire arrives), the update awaiting the
         activity on the moment (as the yield starts the switch, whose end
@@ -320,9 +320,9 @@ def start_floor_worker(
     task_queue: str = WORKFLOW_QUEUE, settings: str = "sdk",
 ) -> subprocess.Popen[bytes]:  # fmt: skip
     """``settings``: ``sdk`` for the floors, ``scheduler`` for a worker that
-    stands for the scheduler (bench.floor_worker)."""
+    stands for the scheduler (bench.parts.floor_worker)."""
     command = [
-        sys.executable, "-m", "bench.floor_worker", f"--temporal={temporal}",
+        sys.executable, "-m", "bench.parts.floor_worker", f"--temporal={temporal}",
         f"--task-queue={task_queue}", f"--settings={settings}",
     ]  # fmt: skip
     if sandboxed:

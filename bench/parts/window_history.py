@@ -12,7 +12,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 
-from bench.scale_load import LoadResult
+from bench.parts.scale_load import LoadResult
 from timeshare.names import group_workflow_id
 
 # Histories read at once.

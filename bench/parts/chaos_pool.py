@@ -1,5 +1,5 @@
 """The job processes of the chaos run: started, killed and replaced, each
-with the JSON-lines record it writes (see `bench.chaos_job`)."""
+with the JSON-lines record it writes (see `bench.parts.chaos_job`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from bench.chaos_check import JobRecord
-from bench.stack import LocalStack
+from bench.parts.chaos_check import JobRecord
+from timeshare.testing import LocalStack
 
 
 @dataclass
@@ -46,7 +46,7 @@ class JobPool:
         events.parent.mkdir(exist_ok=True)
         address = self.stack.job_address(len(self.processes))
         command = [
-            sys.executable, "-m", "bench.chaos_job", f"--group={group}", f"--job={job}",
+            sys.executable, "-m", "bench.parts.chaos_job", f"--group={group}", f"--job={job}",
             f"--nodes={','.join(nodes)}", f"--address={address}",
             f"--events={events}", f"--until={s.until}", f"--work-seconds={s.work_seconds}",
             f"--gap-seconds={s.gap_seconds}", f"--lease-seconds={s.lease_seconds}",

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from functools import partial
 
 import timeshare.aio
-from bench.procstat import CpuMeter
-from bench.scale_load import bounded
+from bench.parts.procstat import CpuMeter
+from bench.parts.scale_load import bounded
 from timeshare.models import GroupPolicy
 
 SETTLE_SECONDS = 2.0

@@ -3,7 +3,7 @@ finishes the turn it is waiting for and leaves. Every step is appended to a
 JSON-lines file the moment it happens, so a SIGKILL loses nothing the job had
 done and the run can tell what a job was waiting for when it ended.
 
-    python -m bench.chaos_job --group G --job J --nodes a,b --events PATH --until UNIX_TIME
+    python -m bench.parts.chaos_job --group G --job J --nodes a,b --events PATH --until UNIX_TIME
 """
 
 from __future__ import annotations

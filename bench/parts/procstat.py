@@ -7,6 +7,8 @@ import contextlib
 import os
 from pathlib import Path
 
+from timeshare.activities.processes import descendants
+
 
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU seconds the process has used so far."""
@@ -14,20 +16,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, children first."""
-    children: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        with contextlib.suppress(OSError):
-            children += [int(child) for child in task.read_text().split()]
-    return [grand for child in children for grand in [child, *descendants(child)]]
-
-
 def tree_cpu_seconds(pid: int) -> float:
     """The CPU of ``pid`` and of every process below it that still runs (the
     Temporal dev server runs below `timeshare temporal`)."""
     total = 0.0
-    for member in (pid, *descendants(pid)):
+    for member in descendants(pid):
         with contextlib.suppress(OSError):
             total += cpu_seconds(member)
     return total

@@ -39,7 +39,7 @@ class Event:
     activity: str = ""
 
 
-class IncompleteHandoff(ValueError):
+class IncompleteHandover(ValueError):
     pass
 
 
@@ -56,7 +56,7 @@ def segments(events: Sequence[Event], yielded_at: float, granted_at: float) -> l
             if event.kind == kind and (not activity or event.activity == activity):
                 cursor = index + 1
                 return event.at
-        raise IncompleteHandoff(f"no {kind} between the yield and the grant")
+        raise IncompleteHandover(f"no {kind} between the yield and the grant")
 
     task_started = next_of("WORKFLOW_TASK_STARTED")
     task_completed = next_of("WORKFLOW_TASK_COMPLETED")
@@ -78,13 +78,13 @@ def segments(events: Sequence[Event], yielded_at: float, granted_at: float) -> l
 
 
 def all_segments(
-    events: Sequence[Event], handoffs: Iterable[tuple[float, float]]
+    events: Sequence[Event], handovers: Iterable[tuple[float, float]]
 ) -> list[list[float]]:
     """segments() of every hand-over whose events are all there."""
     found = []
-    for yielded_at, granted_at in handoffs:
+    for yielded_at, granted_at in handovers:
         try:
             found.append(segments(events, yielded_at, granted_at))
-        except IncompleteHandoff:
+        except IncompleteHandover:
             continue
     return found

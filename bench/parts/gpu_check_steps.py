@@ -20,11 +20,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from bench.gpu_figures import DRIVER_RATIO_LIMIT, HOOKS_CEILING_LIMIT, figure, p50, ratio
 from bench.gpu_switch import RANKS, Outcome
-from bench.procstat import descendants
+from bench.parts.gpu_figures import DRIVER_RATIO_LIMIT, HOOKS_CEILING_LIMIT, figure, p50, ratio
+from timeshare.testing.stack import processes_below
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 Status = Literal["ok", "failed", "timed_out", "not_measured", "not_run"]
 PROBE_SECONDS = 150.0
 CONFORMANCE_SECONDS = 240.0
@@ -103,7 +103,7 @@ def started(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Po
 
 def stop(process: subprocess.Popen[bytes]) -> None:
     """Kill the step's process and everything it started."""
-    family = descendants(process.pid)
+    family = processes_below(process.pid)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     for pid in [process.pid, *family]:
@@ -129,7 +129,7 @@ def run_probe(context: Context) -> StepResult:
     if limit is None:
         return context.not_run("probe")
     log = context.out / "probe.log"
-    command = [sys.executable, "-m", "bench.gpu_probe", f"--out={context.out}",
+    command = [sys.executable, "-m", "bench", "gpu_probe", f"--out={context.out}",
                f"--bytes={context.rank_bytes}", f"--ranks={RANKS}"]  # fmt: skip
     command += ["--emulated", "--repeats=2"] if context.emulated else ["--repeats=3"]
     begun = time.monotonic()
@@ -232,7 +232,7 @@ def one_switch_process(context: Context, names: list[str], probe: StepResult | N
     the process ends."""
     log, results_path = context.out / "gpu_switch.log", context.out / "gpu_switch.jsonl"
     offset = results_path.stat().st_size if results_path.exists() else 0
-    command = [sys.executable, "-m", "bench.gpu_switch", f"--only={','.join(names)}",
+    command = [sys.executable, "-m", "bench", "gpu_switch", f"--only={','.join(names)}",
                f"--gib={context.gib}", f"--handovers={context.handovers}",
                f"--results={results_path}"]  # fmt: skip
     process = started(command, log, context.env)

@@ -23,7 +23,7 @@ from typing import Any
 
 @dataclass
 class JobRecord:
-    """What one process of a job wrote (see `bench.chaos_job`), and when the run killed it."""
+    """What one process of a job wrote (see `bench.parts.chaos_job`), and when the run killed it."""
 
     group: str
     job: str

@@ -11,7 +11,7 @@ well under a second. The expected CRC32 is computed once from the pattern; a
 check reads the device back in 256 MiB copies and compares. A chunk lost,
 zeroed or swapped with another changes the CRC.
 
-    python -m bench.cuda_rank --bytes N --seed S [--group G --job J]
+    python -m bench.parts.cuda_rank --bytes N --seed S [--group G --job J]
 """
 
 from __future__ import annotations

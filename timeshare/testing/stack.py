@@ -1,6 +1,6 @@
 """A timeshare stack of separate processes (Temporal, scheduler, gateway,
-agents) that a benchmark or a fault test can start, kill and restart one by
-one, plus synthetic jobs run against it. Every process dies with its parent.
+agents) that a test or a benchmark can start, kill and restart one by one,
+plus synthetic jobs run against it. Every process dies with its parent.
 
 Parts are named "temporal", "scheduler", "gateway", "agent" (the agent of
 ``node``) and "agent-<node>" (one for each of ``more_nodes``). With
@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,44 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import timeshare
-from bench.procstat import descendants
-from timeshare.activities.processes import alive
+from timeshare.activities.processes import alive, descendants
 from timeshare.models import GroupStatus
+from timeshare.testing.ports import free_port
 from timeshare.workers.children import spawn, stop_process
 from timeshare.workers.device_memory import DEVICE_MEMORY_ROOT
 
 READY_SECONDS = 90.0
-
-
-# Servers' ports are drawn from below the kernel's ephemeral range, where
-# every outgoing connection (each client of Temporal) takes its source port:
-# a port found free there stays free until the server binds it, even with
-# several stacks starting at once (the test suite's processes).
-PORTS_BELOW_EPHEMERAL = 12000
-_ports = random.Random()
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port() -> int:
-    low = _ephemeral_low()
-    for _ in range(200):
-        port = _ports.randrange(max(1024, low - PORTS_BELOW_EPHEMERAL), low)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        chosen: int = probe.getsockname()[1]
-        return chosen
 
 
 def device_memory_dir(fallback: Path) -> Path:
@@ -90,6 +56,11 @@ def timeshare_command(*args: str) -> list[str]:
 
 @dataclass
 class LocalStack:
+    """A stack in ``workdir`` (logs, records, Temporal's database). Start it
+    whole with ``with LocalStack(workdir) as stack:`` (stopped on leaving),
+    or part by part with ``start``; jobs connect to ``address`` and register
+    their processes through ``socket_path``."""
+
     workdir: Path
     node: str = "node-a"
     # Further nodes, each with an agent process of its own.
@@ -104,7 +75,7 @@ class LocalStack:
     job_state_gib: dict[str, float] = field(default_factory=dict)
     temporal_port: int = field(default_factory=free_port)
     ui_port: int = field(default_factory=free_port)
-    # Temporal's own Prometheus metrics (bench.temporal_operations reads them).
+    # Temporal's own Prometheus metrics (bench.parts.temporal_operations reads them).
     temporal_metrics_port: int = field(default_factory=free_port)
     gateway_port: int = field(default_factory=free_port)
     # Replicas: scheduler workers on the one task queue, gateways on ports of their own.
@@ -258,7 +229,7 @@ class LocalStack:
         the part would (a killed `timeshare temporal` cannot stop its server),
         and returns once they are gone, so the part's ports are free again."""
         process = self.processes[name]
-        family = descendants(process.pid) if signum == signal.SIGKILL else []
+        family = processes_below(process.pid) if signum == signal.SIGKILL else []
         for pid in family:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
@@ -278,6 +249,17 @@ class LocalStack:
                 stop_process(self.processes[name], grace=30)
         if self.device_dir is not None and self.device_dir != self.workdir:
             shutil.rmtree(self.device_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalStack:
+        try:
+            self.start_all()
+        except BaseException:
+            self.stop_all()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop_all()
 
     def job(
         self, group: str, job: str, report: Path, *options: str, nodes: list[str] | None = None
@@ -347,46 +329,9 @@ def temporal_only() -> Iterator[LocalStack]:
             stack.stop_all()
 
 
-def overlaps(record: list[dict[str, Any]]) -> int:
-    """Times the simulated GPUs broke their invariant, by the backend's own
-    record: two jobs running at once on one GPU (whatever their groups), or
-    more resident there than fits."""
-    refused = sum(1 for e in record if e["event"] == "overlap")
-    broken = 0
-    for node, device in {(e["node"], gpu) for e in record for gpu in _devices(e)}:
-        mine = [e for e in record if e["node"] == node and device in _devices(e)]
-        running = [e for e in mine if e["event"] == "running"]
-        broken += sum(
-            1
-            for a, b in itertools.combinations(running, 2)
-            if _job(a) != _job(b) and a["start"] < b["end"] and b["start"] < a["end"]
-        )
-        broken += overfull([e for e in mine if e["event"] == "resident"])
-    return refused + broken
-
-
-def _devices(event: dict[str, Any]) -> list[str]:
-    """The simulated GPUs an event is about; a record written before nodes
-    had several is about its group's own one."""
-    return list(event.get("devices") or [f"group:{event.get('group')}"])
-
-
-def _job(event: dict[str, Any]) -> tuple[str, str]:
-    return str(event.get("group")), str(event["job"])
-
-
-def overfull(resident: list[dict[str, Any]]) -> int:
-    """Residency intervals that began while the GPU held more than fits: more
-    bytes than its capacity, or a second job where it has none (one at a time)."""
-    count = 0
-    for interval in resident:
-        here = [e for e in resident if e["start"] <= interval["start"] < e["end"]]
-        # One job's interval recorded twice (an agent restarted) is not two jobs.
-        here = list({_job(e): e for e in here}.values())
-        capacity = interval.get("capacity")
-        if len(here) > 1 and (capacity is None or sum(e.get("bytes", 0) for e in here) > capacity):
-            count += 1
-    return count
+def processes_below(pid: int) -> list[int]:
+    """Every process below ``pid``, not ``pid`` itself."""
+    return [member for member in descendants(pid) if member != pid]
 
 
 def wait_gone(pids: list[int], timeout: float = 60) -> None:

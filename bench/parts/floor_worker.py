@@ -1,11 +1,11 @@
 """The floor workflow's worker in a process of its own, as the scheduler
 worker runs in its own: its CPU, read from /proc, is then comparable with the
-scheduler's (see bench.floors.measure_floor_cpu).
+scheduler's (see bench.parts.floors.measure_floor_cpu).
 
-    python -m bench.floor_worker --temporal HOST:PORT [--sandboxed | --inline] [--task-queue Q]
-        [--settings sdk|scheduler]
+    python -m bench.parts.floor_worker --temporal HOST:PORT [--sandboxed | --inline]
+        [--task-queue Q] [--settings sdk|scheduler]
 
-It also serves the hand-over-shaped layers of bench.handover_floors, the
+It also serves the hand-over-shaped layers of bench.parts.handover_floors, the
 group layer's GroupWorkflow among them; each floor or layer that runs beside
 another is given a ``--task-queue`` of its own, so that each worker's CPU is
 its own floor's.
@@ -34,8 +34,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from bench.floors import READY_LINE, WORKFLOW_QUEUE, FloorWorkflow
-from bench.handover_floors import HandOverFloorWorkflow, MessagesFloorWorkflow
+from bench.parts.floors import READY_LINE, WORKFLOW_QUEUE, FloorWorkflow
+from bench.parts.handover_floors import HandOverFloorWorkflow, MessagesFloorWorkflow
 from timeshare.workers.children import die_with_parent_if_asked
 from timeshare.workers.data_converter import DATA_CONVERTER
 from timeshare.workers.scheduler import (

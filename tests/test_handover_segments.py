@@ -1,15 +1,21 @@
-"""bench.handoff_segments cuts a hand-over at the right events."""
+"""bench.parts.handover_segments cuts a hand-over at the right events."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.handoff_segments import SEGMENTS, Event, IncompleteHandoff, all_segments, segments
+from bench.parts.handover_segments import (
+    SEGMENTS,
+    Event,
+    IncompleteHandover,
+    all_segments,
+    segments,
+)
 
 # One hand-over as a group's history has it (times in ms after the yield call
 # at 100 s), with the previous hand-over's events before it and B's own
 # yield's after it, which must not be taken for this one's.
-HANDOFF = [
+HANDOVER = [
     (-40.0, "WORKFLOW_TASK_STARTED", ""),
     (-30.0, "WORKFLOW_TASK_COMPLETED", ""),
     (-29.0, "ACTIVITY_TASK_SCHEDULED", "switch"),
@@ -28,7 +34,7 @@ HANDOFF = [
 
 
 def events() -> list[Event]:
-    return [Event(100 + at / 1000, kind, activity) for at, kind, activity in HANDOFF]
+    return [Event(100 + at / 1000, kind, activity) for at, kind, activity in HANDOVER]
 
 
 def test_each_hop_is_the_gap_between_its_own_two_events() -> None:
@@ -37,9 +43,9 @@ def test_each_hop_is_the_gap_between_its_own_two_events() -> None:
     assert found == pytest.approx([5.0, 9.0, 6.0, 7.0, 4.0, 9.0, 9.0])
 
 
-def test_a_handoff_whose_switch_is_not_in_the_history_is_left_out() -> None:
+def test_a_handover_whose_switch_is_not_in_the_history_is_left_out() -> None:
     without_switch = [e for e in events() if e.activity != "switch" or e.at < 100]
-    with pytest.raises(IncompleteHandoff):
+    with pytest.raises(IncompleteHandover):
         segments(without_switch, 100.0, 100.050)
     assert all_segments(without_switch, [(100.0, 100.050)]) == []
     assert len(all_segments(events(), [(100.0, 100.050), (100.0, 100.020)])) == 1

@@ -33,7 +33,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 
 import timeshare.aio
-from bench.scale_load import bounded
+from bench.parts.scale_load import bounded
 from timeshare.models import GroupPolicy
 from timeshare.names import group_workflow_id
 
