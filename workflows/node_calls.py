@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import TypedDict
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -46,6 +47,24 @@ def _retries() -> RetryPolicy:
         backoff_coefficient=2.0,
         maximum_interval=timedelta(seconds=5),
         maximum_attempts=SWITCH_ATTEMPTS,
+    )
+
+
+class _NodeOptions(TypedDict):
+    task_queue: str
+    schedule_to_start_timeout: timedelta
+    start_to_close_timeout: timedelta
+    heartbeat_timeout: timedelta
+
+
+def _on_node(node: str, agent_timeout: timedelta) -> _NodeOptions:
+    """An activity on the node's agent: an agent not polling, or silent while
+    it works, is noticed within ``agent_timeout``."""
+    return _NodeOptions(
+        task_queue=node_task_queue(node),
+        schedule_to_start_timeout=agent_timeout,
+        start_to_close_timeout=timedelta(minutes=10),
+        heartbeat_timeout=agent_timeout,
     )
 
 
@@ -111,10 +130,7 @@ async def _move(
                 gpus=state.policy.gpus,
             ),
             result_type=SwitchOutput,
-            task_queue=node_task_queue(move.node),
-            schedule_to_start_timeout=agent_timeout,
-            start_to_close_timeout=timedelta(minutes=10),
-            heartbeat_timeout=agent_timeout,
+            **_on_node(move.node, agent_timeout),
             retry_policy=_retries(),
         )
     except ActivityError as failure:
@@ -147,15 +163,8 @@ async def release(state: GroupState, job: str, node: str) -> None:
                 gpus=state.policy.gpus,
             ),
             result_type=ReleaseOutput,
-            task_queue=node_task_queue(node),
-            schedule_to_start_timeout=agent_timeout,
-            start_to_close_timeout=timedelta(minutes=10),
-            heartbeat_timeout=agent_timeout,
-            retry_policy=RetryPolicy(
-                initial_interval=timedelta(milliseconds=500),
-                maximum_interval=timedelta(seconds=5),
-                maximum_attempts=SWITCH_ATTEMPTS,
-            ),
+            **_on_node(node, agent_timeout),
+            retry_policy=_retries(),
         )
         workflow.logger.info("group %s: %s", state.group, output.summary)
     except ActivityError as failure:
