@@ -35,14 +35,15 @@ TEST_WORKERS ?= 3
 test: install chromium
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-# Headless Chromium for the report's browser test (pytest marker `browser`): installed
-# here with apt when this is root on Debian/Ubuntu and it is missing; elsewhere the test
-# is skipped and named in the suite's one-line skip summary. Never fails the build.
+# Headless Chromium for the browser tests (pytest marker `browser`: the report, the
+# Temporal UI): installed here with apt when this is root on Debian/Ubuntu and it is
+# missing; elsewhere the tests are skipped and named in the suite's one-line skip
+# summary. Never fails the build.
 chromium:
 	@test -x /usr/bin/chromium || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || \
 		  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1; }; } || \
-		echo "chromium: not installed (needs root and apt-get); its browser test will be skipped"; }
+		echo "chromium: not installed (needs root and apt-get); its browser tests will be skipped"; }
 
 lint: install
 	$(BIN)/ruff check .

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,20 @@ def start_until_ready(
     raise AssertionError(f"{needle!r} never came: {failures}")
 
 
+@dataclass(frozen=True)
+class TemporalServer:
+    address: str
+    # Its Web UI (tests/test_ui_details.py opens it in a browser).
+    ui_url: str
+
+
 @pytest.fixture(scope="session")
-def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def temporal_address(temporal_server: TemporalServer) -> str:
+    return temporal_server.address
+
+
+@pytest.fixture(scope="session")
+def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TemporalServer]:
     data_dir = tmp_path_factory.mktemp("temporal")
     ports: list[int] = []
 
@@ -97,7 +110,7 @@ def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     process = start_until_ready(command, "timeshare temporal: ready")
     try:
-        yield f"localhost:{ports[0]}"
+        yield TemporalServer(f"localhost:{ports[0]}", f"http://localhost:{ports[1]}")
     finally:
         process.terminate()
         process.wait(30)

@@ -201,8 +201,9 @@ async def test_search_attributes_and_details_show_the_group(
         )
         assert await eventually_found(client, query)
         details = await current_details(client, workflow_id)
-        assert "| holder | a |" in details and "| queue | b |" in details
-        assert f"| node {node} | a |" in details
+        lines = details.splitlines()
+        assert "- **holder**: a" in lines and "- **queue**: b" in lines
+        assert f"- **node {node}**: a" in lines
         await a.yield_()
         await waiting
         await b.yield_()

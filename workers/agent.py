@@ -33,11 +33,13 @@ from timeshare.workers.telemetry import Telemetry
 from timeshare.workers.temporal_settings import TemporalSettings
 from timeshare.workflows.registry import (
     NODE_HEARTBEAT_SECONDS,
+    REGISTRY_DETAILS,
     NodeDeparture,
     NodeRegistryInput,
     NodeRegistryWorkflow,
     UnclaimInput,
 )
+from timeshare.workflows.ui_text import REGISTRY_SUMMARY
 
 log = logging.getLogger("timeshare.agent")
 
@@ -143,6 +145,8 @@ async def announce(client: Client, info: NodeInfo) -> None:
             task_queue=SCHEDULER_TASK_QUEUE,
             start_signal="announce",
             start_signal_args=[info],
+            static_summary=REGISTRY_SUMMARY,
+            static_details=REGISTRY_DETAILS,
         )
     except Exception as error:  # a missed heartbeat is retried at the next beat
         log.warning("could not announce node %s: %s", info.node, error)

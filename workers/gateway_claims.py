@@ -28,6 +28,7 @@ from timeshare.workers.gateway_errors import MESSAGE_SECONDS, AccessDenied, with
 from timeshare.workers.group_client import group_handle, group_running, join_group
 from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.registry import (
+    REGISTRY_DETAILS,
     Claim,
     ClaimInput,
     ClaimOutput,
@@ -35,6 +36,7 @@ from timeshare.workflows.registry import (
     NodeRegistryWorkflow,
     UnclaimInput,
 )
+from timeshare.workflows.ui_text import REGISTRY_SUMMARY
 
 CLAIM_GRACE_SECONDS = 10.0
 
@@ -133,6 +135,8 @@ async def _claim(client: Client, claim: ClaimInput) -> ClaimOutput:
         id=NODE_REGISTRY_WORKFLOW_ID,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         task_queue=SCHEDULER_TASK_QUEUE,
+        static_summary=REGISTRY_SUMMARY,
+        static_details=REGISTRY_DETAILS,
     )
     return await client.execute_update_with_start_workflow(
         NodeRegistryWorkflow.claim, claim, start_workflow_operation=start

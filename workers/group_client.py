@@ -35,6 +35,7 @@ from timeshare.workers.gateway_errors import workflow_task_failed
 from timeshare.workers.turn_watch import WATCH_POLL_MEMO, poll_seconds
 from timeshare.workflows.group import CancelAcquireInput, GroupInput, GroupWorkflow
 from timeshare.workflows.registry import NodeRegistryWorkflow
+from timeshare.workflows.ui_text import group_details, group_summary
 
 GroupHandle = WorkflowHandle[GroupWorkflow, None]
 # Temporal fails an accepted update whose run ended first; the request keeps
@@ -96,6 +97,8 @@ async def join_group(
     """Join a job to its group's workflow, starting the workflow on first use."""
     clock = asyncio.get_running_loop().time
     give_up = clock() + JOIN_RETRY_SECONDS
+    # Applies only where this join starts the group, like the policy.
+    summary, details = group_summary(group), group_details(group, policy or GroupPolicy())
     while True:
         # One operation per attempt: the SDK's start operation is single-use.
         start = WithStartWorkflowOperation(
@@ -106,6 +109,8 @@ async def join_group(
             task_queue=SCHEDULER_TASK_QUEUE,
             # Read by turn watches instead of a query (the policy is fixed here).
             memo={WATCH_POLL_MEMO: poll_seconds(policy or GroupPolicy())},
+            static_summary=summary,
+            static_details=details,
         )
         try:
             return await client.execute_update_with_start_workflow(

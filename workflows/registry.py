@@ -22,9 +22,12 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from timeshare.models import DrainInput, NodeInfo, NodeRecord
+    from timeshare.workflows.ui_text import registry_details
 
 NODE_HEARTBEAT_SECONDS = 10.0
 NODE_LIVENESS_SECONDS = 35.0
+# What the Temporal UI says of the registry: whoever starts it passes these.
+REGISTRY_DETAILS = registry_details(NODE_HEARTBEAT_SECONDS, NODE_LIVENESS_SECONDS)
 
 
 class Claim(BaseModel):

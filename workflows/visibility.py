@@ -10,6 +10,7 @@ from temporalio.common import MetricGauge, SearchAttributeKey, SearchAttributeUp
 
 with workflow.unsafe.imports_passed_through():
     from timeshare.scheduling.reporting import GroupSummary
+    from timeshare.workflows.ui_text import current_details
 
 HOLDER = SearchAttributeKey.for_keyword("TimeshareHolder")
 QUEUE_DEPTH = SearchAttributeKey.for_int("TimeshareQueueDepth")
@@ -120,27 +121,3 @@ class GroupVisibility:
                 if now != before
             ]
         workflow.upsert_search_attributes(updates)
-
-
-def current_details(summary: GroupSummary) -> str:
-    """A small markdown table for the Temporal UI."""
-    state = summary.state + (f" ({summary.degraded_cause})" if summary.degraded_cause else "")
-    holder = summary.holder or "-"
-    if summary.holder_phase:
-        holder += f" ({summary.holder_phase})"
-    if summary.yield_epoch:
-        holder += ", asked to yield"
-    lines = [
-        f"**{summary.group}**: {state}, epoch {summary.epoch}, {summary.switches} switches",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| holder | {holder} |",
-        f"| queue | {', '.join(summary.queue) or '-'} |",
-        f"| ordering | {summary.ordering} |",
-    ]
-    if summary.phase_priority:
-        bonuses = ", ".join(f"{p} {b:+d}" for p, b in summary.phase_priority)
-        lines.append(f"| phase priority | {bonuses} |")
-    lines += [f"| node {node} | {job} |" for node, job in summary.resident]
-    return "\n".join(lines)
