@@ -138,6 +138,8 @@ class ProcessTable:
         self._pids: defaultdict[JobKey, set[int]] = defaultdict(set)
         # Jobs that registered processes here and have none left.
         self._gone: set[JobKey] = set()
+        # Of those, the ones that had not left their group, not yet taken by take_exited().
+        self._exited: set[JobKey] = set()
         # Called with (group, job) after each registration.
         self.on_register: list[Callable[[str, str], None]] = []
         self._state_path = state_path
@@ -160,6 +162,7 @@ class ProcessTable:
         self._pids[(group, job)].add(pid)
         self._started[pid] = start_time(pid)
         self._gone.discard((group, job))
+        self._exited.discard((group, job))
         self._save()
         for listener in self.on_register:
             listener(group, job)
@@ -210,10 +213,20 @@ class ProcessTable:
             self._pids[key] = living
             if not living:
                 self._gone.add(key)
+                if key not in self._released:
+                    self._exited.add(key)
                 self._released.discard(key)
                 del self._pids[key]
         if changed:
             self._save()
+
+    def take_exited(self) -> list[JobKey]:
+        """The jobs whose registered processes have all exited here since the
+        last call, or before this agent started, while still in their group
+        (not released): each is returned once."""
+        self.forget_exited()
+        exited, self._exited = sorted(self._exited), set()
+        return exited
 
     def _same_process(self, pid: int) -> bool:
         started = start_time(pid)
@@ -222,10 +235,13 @@ class ProcessTable:
     def _load(self, path: Path) -> None:
         try:
             entries = json.loads(path.read_text()) if path.exists() else []
+            exited: set[JobKey] = set()
             for entry in entries:
                 pid, started = int(entry["pid"]), str(entry["started"])
+                key = (str(entry["group"]), str(entry["job"]))
+                if not entry.get("released"):
+                    exited.add(key)  # until one of its processes is found alive
                 if started and start_time(pid) == started:
-                    key = (str(entry["group"]), str(entry["job"]))
                     self._pids[key].add(pid)
                     self._started[pid] = started
                     if entry.get("released"):
@@ -236,6 +252,10 @@ class ProcessTable:
                 path, error,
             )  # fmt: skip
             self._pids.clear()
+            exited = set()
+        # Jobs whose processes all ended while no agent was here to see it.
+        self._exited = {key for key in exited if key not in self._pids}
+        self._gone |= self._exited
         if self._pids:
             log.info("registrations kept from before the restart: %s", self.describe())
         self._save()

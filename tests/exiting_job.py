@@ -1,8 +1,9 @@
 """A job of one RL framework's plug-in that takes its first turn, says
 "holding", then crashes (when a line comes on its standard input) or waits
-to be killed (tests/test_integration_exits.py):
+to be killed (tests/test_integration_exits.py); "registered" registers its
+process with the node's agent first, then waits (tests/test_exit_watch.py):
 
-    python -m tests.exiting_job FRAMEWORK crash|wait
+    python -m tests.exiting_job FRAMEWORK crash|wait|registered
 
 The environment names the group, job and gateway as a launcher would
 (TIMESHARE_GROUP, TIMESHARE_JOB, TIMESHARE_ADDRESS, TIMESHARE_NODES)."""
@@ -62,9 +63,21 @@ def skyrl() -> None:
 FRAMEWORKS = {"trl": trl, "verl": verl, "slime": slime, "openrlhf": openrlhf, "skyrl": skyrl}
 
 
+def register_with_agent() -> None:
+    """As a GPU worker does: its node's agent now knows this process is the job's."""
+    import os
+
+    from timeshare.registration import register_process
+
+    group = os.environ.get("TIMESHARE_GROUP") or os.environ["TIMESHARE_TRAINER_GROUP"]
+    register_process(group, os.environ["TIMESHARE_JOB"])
+
+
 def main() -> None:
     framework, mode = sys.argv[1], sys.argv[2]
     FRAMEWORKS[framework]()
+    if mode == "registered":
+        register_with_agent()
     print("holding", flush=True)
     if mode == "crash":
         sys.stdin.readline()  # the test has seen the turn held

@@ -205,6 +205,9 @@ def test_up_passes_every_agent_flag_on_to_its_agent() -> None:
             value = "job-x=0.5"
         if kind is socket_group:
             value = "4711"
+        if option.kwargs.get("action") == "store_true":
+            given.append(option.flag)
+            continue
         given.append(f"{option.flag}={value}")
     up = cli.build_parser().parse_args(["up", *given])
     agent = cli.build_parser().parse_args(["agent", *agent_arguments(up)])

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator, Coroutine
 from functools import partial
 from pathlib import Path
 
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from timeshare.activities.backend import (
@@ -24,13 +26,20 @@ from timeshare.activities.hook_registry import HookRegistry
 from timeshare.activities.processes import ProcessTable
 from timeshare.activities.switch import SwitchActivities
 from timeshare.instruments import GpuSample, observe_gpus
-from timeshare.models import NodeInfo
-from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE, node_task_queue
+from timeshare.models import EvictInput, NodeInfo
+from timeshare.names import (
+    NODE_REGISTRY_WORKFLOW_ID,
+    SCHEDULER_TASK_QUEUE,
+    group_workflow_id,
+    node_task_queue,
+)
 from timeshare.workers.agent_credentials import JobCredentials, group_lookup
 from timeshare.workers.agent_socket import remove_socket, serve_agent_socket
+from timeshare.workers.exit_watch import ExitWatch
 from timeshare.workers.service import StartupError, connect_temporal, ready
 from timeshare.workers.telemetry import Telemetry
 from timeshare.workers.temporal_settings import TemporalSettings
+from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.registry import (
     NODE_HEARTBEAT_SECONDS,
     REGISTRY_DETAILS,
@@ -52,6 +61,8 @@ async def serve_agent(
     socket_path: str,
     telemetry: Telemetry | None = None,
     socket_group: int | None = None,
+    *,
+    evict_exited: bool = True,
 ) -> None:
     try:
         backend = load_backend(backend_name, config)
@@ -83,7 +94,8 @@ async def serve_agent(
     worker = Worker(
         client, task_queue=task_queue, activities=[activities.switch, activities.release]
     )
-    async with registrations, worker:
+    exits = ExitWatch(config.node, processes, partial(evict_from_group, client))
+    async with registrations, worker, background(exits.run(stop) if evict_exited else None):
         await announce(client, node_info(info, backend))
         ready(
             "agent",
@@ -102,6 +114,30 @@ async def serve_agent(
             handle = client.get_workflow_handle(NODE_REGISTRY_WORKFLOW_ID)
             await handle.signal(NodeRegistryWorkflow.depart, NodeDeparture(node=config.node))
     await telemetry.close()
+
+
+@contextlib.asynccontextmanager
+async def background(work: Coroutine[None, None, None] | None) -> AsyncIterator[None]:
+    """Run ``work`` (if any) while the block runs; cancelled at its end."""
+    task = asyncio.create_task(work) if work is not None else None
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def evict_from_group(client: Client, group: str, job: str, reason: str) -> bool:
+    """Evict the job; False where it is not in its group (left, or the group is gone)."""
+    handle = client.get_workflow_handle(group_workflow_id(group))
+    try:
+        return await handle.execute_update(GroupWorkflow.evict, EvictInput(job=job, reason=reason))
+    except RPCError as error:
+        if error.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
 
 
 def node_info(info: NodeInfo, backend: Backend) -> NodeInfo:

@@ -284,7 +284,14 @@ def run_agent(args: argparse.Namespace) -> int:
     run_service(
         "agent",
         lambda stop: serve_agent(
-            stop, temporal, args.backend, config, args.socket, traced, args.socket_group
+            stop,
+            temporal,
+            args.backend,
+            config,
+            args.socket,
+            traced,
+            args.socket_group,
+            evict_exited=not args.no_evict_exited,
         ),
     )
 

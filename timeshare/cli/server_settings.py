@@ -192,6 +192,16 @@ AGENT_OPTIONS = [
         },
     ),
     AgentOption(
+        "--no-evict-exited",
+        SOCKET,
+        {
+            "action": "store_true",
+            "default": False,
+            "help": "keep a job in its group when all its registered processes here have "
+            "exited (default: evicted after a grace, so a killed job frees its turn at once)",
+        },
+    ),
+    AgentOption(
         "--record", PROCESS, {"type": Path, "help": "append what a process backend did (JSONL)"}
     ),
     AgentOption(
