@@ -20,14 +20,14 @@ from opentelemetry import propagate, trace
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from timeshare.activities.backend import (
+from timeshare.activities.backends.base import (
     Backend,
     BackendError,
     HookFailed,
     JobFailed,
     NoDeviceRoom,
 )
-from timeshare.activities.processes import ProcessTable
+from timeshare.activities.backends.processes import ProcessTable
 from timeshare.hooks.protocol import EvictMode
 from timeshare.instruments import record_switch
 from timeshare.models import (

@@ -30,7 +30,7 @@ from bench.parts.floors import ACTIVITY_QUEUE, WORKFLOW_QUEUE, FloorWorkflow, st
 from bench.parts.handover_floors import floor_noop
 from timeshare.status import table
 from timeshare.testing import temporal_only
-from timeshare.workers.service import connect_temporal
+from timeshare.workers.common.service import connect_temporal
 
 RESULT_PREFIX = "floor hops:"
 

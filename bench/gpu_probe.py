@@ -46,7 +46,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from bench.gpu_switch import Rank
-from timeshare.activities.gpus import NoGpus, device_memory, device_memory_by_pid, gpu_inventory
+from timeshare.activities.backends.gpus import (
+    NoGpus,
+    device_memory,
+    device_memory_by_pid,
+    gpu_inventory,
+)
 
 # What the H200 answered (GPU-FACTS.md), where a probe here can differ.
 FACTS = {

@@ -55,7 +55,7 @@ from pydantic import BaseModel, Field
 import timeshare
 from bench.parts.gpu_figures import figure, overlaps, p50, rank_moves, ratio
 from bench.parts.stats import p50_p90_p99
-from timeshare.activities.gpus import device_memory_by_pid
+from timeshare.activities.backends.gpus import device_memory_by_pid
 from timeshare.credentials import JOB_TOKEN_ENV
 from timeshare.models import CoResidency, GroupPolicy
 from timeshare.status import table

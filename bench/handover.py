@@ -29,8 +29,8 @@ from bench.parts.stats import p50_p90_p99
 from timeshare.names import group_workflow_id
 from timeshare.status import table
 from timeshare.testing import LocalStack
-from timeshare.workers.service import connect_temporal
-from timeshare.workers.temporal_server import (
+from timeshare.workers.common.service import connect_temporal
+from timeshare.workers.temporal.dev_server import (
     TRANSFER_QUEUE_READS_PER_SECOND,
     TRANSFER_READS_SETTING,
 )

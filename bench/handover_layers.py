@@ -36,7 +36,7 @@ from bench.parts.procstat import load_average
 from timeshare.models import GroupPolicy
 from timeshare.status import table
 from timeshare.testing import temporal_only
-from timeshare.workers.service import connect_temporal
+from timeshare.workers.common.service import connect_temporal
 
 PAIR = "pair floor"
 # The group layer's jobs hold their turns with the default policy's lease.

@@ -27,7 +27,7 @@ from bench.parts.scale_load import LoadResult, bounded, run_load
 from timeshare.names import group_workflow_id
 from timeshare.status import table
 from timeshare.testing import LocalStack
-from timeshare.workers.service import connect_temporal
+from timeshare.workers.common.service import connect_temporal
 
 
 async def task_identities(client: Client, groups: list[str]) -> Counter[str]:

@@ -66,7 +66,7 @@ from bench.parts.window_history import window_events, workflow_tasks
 from timeshare.models import MAX_GPUS_PER_NODE
 from timeshare.status import table
 from timeshare.testing import LocalStack
-from timeshare.workers.service import connect_temporal
+from timeshare.workers.common.service import connect_temporal
 
 # The size whose scheduler CPU per hand-over makes worker_cpu_ratio.
 REFERENCE_GROUPS = 50

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from bench.parts.stats import percentile
-from timeshare.activities.backend import BackendConfig
-from timeshare.activities.sim import SimBackend
+from timeshare.activities.backends.base import BackendConfig
+from timeshare.activities.backends.sim import SimBackend
 
 # A pause between switches, as a hand-over leaves between its switches.
 PAUSE_SECONDS = 0.003

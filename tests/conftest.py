@@ -26,15 +26,15 @@ from tests import emulator
 from tests.emulator.rig import Emulator, emulator_in_this_process
 from tests.gateways import start_gateway
 from tests.needs import skip_what_the_machine_lacks
-from timeshare.activities.backend import BackendConfig
-from timeshare.activities.processes import ProcessTable
-from timeshare.activities.sim import SimBackend
+from timeshare.activities.backends.base import BackendConfig
+from timeshare.activities.backends.processes import ProcessTable
+from timeshare.activities.backends.sim import SimBackend
+from timeshare.activities.backends.sim_memory import sim_state_path
 from timeshare.activities.switch import SwitchActivities
 from timeshare.names import SCHEDULER_TASK_QUEUE, node_task_queue
 from timeshare.testing import free_port, timeshare_command
-from timeshare.workers.agent import drop_claim
-from timeshare.workers.device_memory import sim_state_path
-from timeshare.workers.service import connect_temporal
+from timeshare.workers.agent.serve import drop_claim
+from timeshare.workers.common.service import connect_temporal
 from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.registry import NodeRegistryWorkflow
 from timeshare.workflows.sandbox import workflow_runner

@@ -8,7 +8,7 @@ import hmac
 
 from timeshare.credentials import JOB_TOKEN_ENV, token_hash
 from timeshare.models import TokenCheck
-from timeshare.workers.agent_credentials import JobCredentials
+from timeshare.workers.agent.credentials import JobCredentials
 
 
 def token_of(job: str) -> str:

@@ -15,11 +15,11 @@ import pytest
 
 from tests import emulator
 from tests.emulator.rig import CudaWorker, Emulator, nvml_device_memory, start_worker
-from timeshare.activities.backend import BackendConfig
-from timeshare.activities.checkpointing import ProcessCheckpointBackend
-from timeshare.activities.cuda_checkpoint import CudaCheckpointBackend
-from timeshare.activities.cuda_driver import CudaDriverBackend
-from timeshare.activities.processes import ProcessTable
+from timeshare.activities.backends.base import BackendConfig
+from timeshare.activities.backends.checkpointing import ProcessCheckpointBackend
+from timeshare.activities.backends.cuda_checkpoint import CudaCheckpointBackend
+from timeshare.activities.backends.cuda_driver import CudaDriverBackend
+from timeshare.activities.backends.processes import ProcessTable
 from timeshare.models import NodeMove, SwitchInput
 
 MiB = 2**20
@@ -52,7 +52,8 @@ def running_workers(emu: Emulator) -> Iterator[list[CudaWorker]]:
 def read_emulated_nvml(monkeypatch: pytest.MonkeyPatch, emu: Emulator) -> None:
     """The backends read NVML (through the real pynvml, in a child process)."""
     monkeypatch.setattr(
-        "timeshare.activities.checkpointing.device_memory", lambda: nvml_device_memory(emu.env)
+        "timeshare.activities.backends.checkpointing.device_memory",
+        lambda: nvml_device_memory(emu.env),
     )
 
 

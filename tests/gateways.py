@@ -9,11 +9,11 @@ from pathlib import Path
 import grpc
 
 from timeshare.testing import free_port
-from timeshare.workers.gateway import GatewayOptions, serve_gateway
-from timeshare.workers.gateway_access import GatewaySecurity
-from timeshare.workers.llmd_compat import CompatSettings
-from timeshare.workers.telemetry import Telemetry
-from timeshare.workers.temporal_settings import TemporalSettings
+from timeshare.workers.common.telemetry import Telemetry
+from timeshare.workers.common.temporal_settings import TemporalSettings
+from timeshare.workers.gateway.access import GatewaySecurity
+from timeshare.workers.gateway.llmd_compat import CompatSettings
+from timeshare.workers.gateway.serve import GatewayOptions, serve_gateway
 
 
 @dataclass

@@ -11,7 +11,7 @@ from temporalio.exceptions import ApplicationError
 
 from tests.conftest import SimNodes
 from tests.polling import wait_until_async
-from timeshare.activities.sim import SimBackend
+from timeshare.activities.backends.sim import SimBackend
 from timeshare.models import (
     AcquireInput,
     Grant,
@@ -23,7 +23,7 @@ from timeshare.models import (
     YieldInput,
 )
 from timeshare.names import group_workflow_id
-from timeshare.workers.group_client import acquire_turn, join_group
+from timeshare.workers.gateway.group_client import acquire_turn, join_group
 from timeshare.workflows.group import GroupWorkflow
 
 Handle = WorkflowHandle[GroupWorkflow, None]

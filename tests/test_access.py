@@ -23,11 +23,11 @@ from timeshare import errors
 from timeshare.testing import free_port, timeshare_command
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
-from timeshare.workers.gateway import GatewayOptions, serve_gateway
-from timeshare.workers.gateway_access import GatewaySecurity, sha256_hex
-from timeshare.workers.group_client import count_running_groups
-from timeshare.workers.service import StartupError
-from timeshare.workers.temporal_settings import TemporalSettings
+from timeshare.workers.common.service import StartupError
+from timeshare.workers.common.temporal_settings import TemporalSettings
+from timeshare.workers.gateway.access import GatewaySecurity, sha256_hex
+from timeshare.workers.gateway.group_client import count_running_groups
+from timeshare.workers.gateway.serve import GatewayOptions, serve_gateway
 
 TEAM_TOKEN = "team-a-token-0123456789"
 OPERATOR_TOKEN = "operator-token-0123456789"

@@ -19,7 +19,7 @@ import timeshare
 from tests.conftest import REPO
 from tests.polling import wait_until
 from tests.processes import detached, kill
-from timeshare.activities.processes import ProcessTable, alive, start_time
+from timeshare.activities.backends.processes import ProcessTable, alive, start_time
 from timeshare.credentials import JOB_TOKEN_ENV
 from timeshare.testing import LocalStack, timeshare_command
 

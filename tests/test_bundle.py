@@ -137,7 +137,7 @@ def test_installed_offline_timeshare_up_becomes_ready(
 
 def up_becomes_ready(bundle: Path, venv: Path, tmp_path: Path) -> None:
     manifest = json.loads((bundle / "manifest.json").read_text())
-    # The CLI where timeshare.workers.temporal_server.temporal_binary looks first.
+    # The CLI where timeshare.workers.temporal.dev_server.temporal_binary looks first.
     assert sha256_of(venv / "bin" / "temporal") == manifest["temporal"]["sha256"]
     data = tmp_path / "data"
 
@@ -308,7 +308,7 @@ def test_the_default_bundle_for_this_python_installs_and_serves(tmp_path: Path) 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr
     env = {**outside(path_first=target / "bin"), "PYTHONPATH": str(target)}
     found = subprocess.run(
-        [BASE_PYTHON, "-c", "from timeshare.workers.temporal_server import temporal_binary; "
+        [BASE_PYTHON, "-c", "from timeshare.workers.temporal.dev_server import temporal_binary; "
          "print(temporal_binary())"],
         capture_output=True, text=True, env=env, check=True,
     )  # fmt: skip

@@ -42,16 +42,16 @@ from tests.emulator.rig import (
     start_worker,
 )
 from tests.polling import async_check, wait_until, wait_until_async
-from timeshare.activities.backend import BackendError
-from timeshare.activities.checkpointing import CudaState
-from timeshare.activities.cuda_checkpoint import CudaCheckpointBackend
-from timeshare.activities.freeze import FreezeBackend
-from timeshare.activities.processes import ProcessTable
-from timeshare.activities.stacked import StackedBackend
+from timeshare.activities.backends.base import BackendError
+from timeshare.activities.backends.checkpointing import CudaState
+from timeshare.activities.backends.cuda_checkpoint import CudaCheckpointBackend
+from timeshare.activities.backends.freeze import FreezeBackend
+from timeshare.activities.backends.processes import ProcessTable
+from timeshare.activities.backends.stacked import StackedBackend
 from timeshare.activities.switch import SwitchActivities
 from timeshare.models import CHECKPOINT_FAILED, NodeInfo, NodeRecord
 from timeshare.status import nodes_table
-from timeshare.workers.agent import node_info
+from timeshare.workers.agent.serve import node_info
 
 
 @pytest.fixture
@@ -222,8 +222,8 @@ bindings = types.ModuleType("driver")
 for name in dir(driver):
     if name != "cuCheckpointProcessRestore":  # as cuda-bindings 13.0.0 and 13.0.1
         setattr(bindings, name, getattr(driver, name))
-from timeshare.activities.backend import BackendConfig, BackendError, JobFailed, NoDeviceRoom
-from timeshare.activities.cuda_driver import CudaDriverBackend
+from timeshare.activities.backends.base import BackendConfig, BackendError, JobFailed, NoDeviceRoom
+from timeshare.activities.backends.cuda_driver import CudaDriverBackend
 try:
     CudaDriverBackend.create_with(BackendConfig(node="n"), lambda: bindings)
 except BackendError as error:
@@ -272,7 +272,7 @@ async def test_host_memory_is_held_for_every_checkpoint_under_way_whatever_its_g
     first = start_job(emu, tmp_path, workers, table, "a", ranks=1, nbytes=64 * MiB, group="g1")
     start_job(emu, tmp_path, workers, table, "b", ranks=1, nbytes=64 * MiB, group="g2")
     monkeypatch.setattr(
-        "timeshare.activities.checkpoint_memory.host_memory_available", lambda: 100 * MiB
+        "timeshare.activities.backends.checkpoint_memory.host_memory_available", lambda: 100 * MiB
     )
     # One group's checkpoint is under way (slow) ...
     emulator.add_fault(emu.state_dir, first.pids[0], "checkpoint", "delay", 1500)
@@ -287,7 +287,9 @@ async def test_host_memory_is_held_for_every_checkpoint_under_way_whatever_its_g
         await backend.checkpoint("g2", "b")
     assert list((await backend.states("g2", "b")).values()) == [CudaState.RUNNING]
     assert (await under_way).bytes == 64 * MiB
-    monkeypatch.setattr("timeshare.activities.checkpoint_memory.host_memory_available", lambda: 0)
+    monkeypatch.setattr(
+        "timeshare.activities.backends.checkpoint_memory.host_memory_available", lambda: 0
+    )
     with pytest.raises(BackendError, match=r"parked here already: g1/a 0\.1 GiB"):
         await backend.checkpoint("g2", "b")
 
@@ -324,7 +326,7 @@ async def test_memory_nvml_cannot_tell_is_unknown_and_such_a_job_is_moved_never_
         start_job(emu, tmp_path, workers, table, job, ranks=1, nbytes=4 * MiB)
     seen = {"env": emu.env}
     monkeypatch.setattr(
-        "timeshare.activities.checkpointing.device_memory",
+        "timeshare.activities.backends.checkpointing.device_memory",
         lambda: nvml_device_memory(seen["env"]),
     )
     run = ActivityEnvironment().run

@@ -18,7 +18,7 @@ from timeshare import cli
 from timeshare.cli.server_settings import AGENT_OPTIONS, agent_arguments, job_state, socket_group
 from timeshare.credentials import llmd_job_token
 from timeshare.testing import free_port, timeshare_command
-from timeshare.workers.temporal_server import (
+from timeshare.workers.temporal.dev_server import (
     MAX_IN_FLIGHT_UPDATES,
     TRANSFER_QUEUE_READS_PER_SECOND,
     TRANSFER_READS_SETTING,

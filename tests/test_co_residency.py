@@ -16,8 +16,8 @@ from temporalio.testing import ActivityEnvironment
 from bench.sim_switch import switch_times
 from tests.conftest import SimNodes
 from tests.groups import acquire, join, release
-from timeshare.activities.backend import BackendConfig
-from timeshare.activities.sim import SimBackend
+from timeshare.activities.backends.base import BackendConfig
+from timeshare.activities.backends.sim import SimBackend
 from timeshare.activities.switch import SwitchActivities
 from timeshare.models import CoResidency, GroupPolicy, NodeMove, SwitchInput, SwitchOutput
 from timeshare.scheduling.residency import extra, plan_room

@@ -35,21 +35,21 @@ from tests.emulator.rig import (
 )
 from tests.polling import wait_until, wait_until_async
 from tests.processes import detached, kill
-from timeshare.activities.app import AppBackend
-from timeshare.activities.backend import (
+from timeshare.activities.backends.app import AppBackend
+from timeshare.activities.backends.base import (
     Backend,
     BackendConfig,
     BackendError,
     JobFailed,
     StateUnknown,
 )
-from timeshare.activities.cuda_checkpoint import CudaCheckpointBackend
-from timeshare.activities.cuda_driver import CudaDriverBackend
-from timeshare.activities.freeze import FreezeBackend
-from timeshare.activities.gpus import device_memory_by_pid
-from timeshare.activities.processes import ProcessTable
-from timeshare.activities.sim import SimBackend
-from timeshare.activities.stacked import StackedBackend
+from timeshare.activities.backends.cuda_checkpoint import CudaCheckpointBackend
+from timeshare.activities.backends.cuda_driver import CudaDriverBackend
+from timeshare.activities.backends.freeze import FreezeBackend
+from timeshare.activities.backends.gpus import device_memory_by_pid
+from timeshare.activities.backends.processes import ProcessTable
+from timeshare.activities.backends.sim import SimBackend
+from timeshare.activities.backends.stacked import StackedBackend
 
 KINDS = ["cuda", "cuda-checkpoint", "freeze+cuda", "app+cuda", "freeze", "sim"]
 CUDA = {"cuda", "cuda-checkpoint", "freeze+cuda", "app+cuda"}

@@ -1,4 +1,4 @@
-"""timeshare's data converter (workers/data_converter.py): the SDK's pydantic
+"""timeshare's data converter (workers/scheduler/data_converter.py): the SDK's pydantic
 payloads byte for byte, without a new pydantic converter per clone."""
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from timeshare.models import (
     SwitchOutput,
 )
 from timeshare.scheduling.state import GroupState, StoredPolicy
-from timeshare.workers.data_converter import DATA_CONVERTER
-from timeshare.workers.scheduler import external_storage_concurrency
+from timeshare.workers.scheduler.data_converter import DATA_CONVERTER
+from timeshare.workers.scheduler.serve import external_storage_concurrency
 from timeshare.workflows.group import GroupInput
 
 GRANT = Grant(

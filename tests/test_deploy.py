@@ -41,11 +41,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tests.conftest import REPO
 from tests.credentials import known_jobs, token_env
 from tests.test_access import make_certificates
-from timeshare.activities.processes import ProcessTable
+from timeshare.activities.backends.processes import ProcessTable
 from timeshare.cli import build_parser, gateway_security, temporal_settings
-from timeshare.workers.agent_socket import serve_agent_socket
-from timeshare.workers.gateway import SERVICE_NAME
-from timeshare.workers.temporal_server import (
+from timeshare.workers.agent.registration_socket import serve_agent_socket
+from timeshare.workers.gateway.serve import SERVICE_NAME
+from timeshare.workers.temporal.dev_server import (
     MAX_IN_FLIGHT_UPDATES,
     SEARCH_ATTRIBUTES,
     TRANSFER_QUEUE_READS_PER_SECOND,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from timeshare.activities.backend import BackendConfig
-from timeshare.activities.sim import SimBackend
-from timeshare.workers.device_memory import forget_if_nothing_held, sim_state_path
+from timeshare.activities.backends.base import BackendConfig
+from timeshare.activities.backends.sim import SimBackend
+from timeshare.activities.backends.sim_memory import forget_if_nothing_held, sim_state_path
 
 
 def test_a_stack_finds_its_simulated_gpus_again_and_no_other_stack_shares_them(

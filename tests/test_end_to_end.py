@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import REPO, forget_simulated_gpus, start_until_ready
+from timeshare.activities.backends.sim_memory import sim_state_path
 from timeshare.synthetic import SyntheticJobReport, TurnRecord, load_report
 from timeshare.testing import free_port, timeshare_command
-from timeshare.workers.device_memory import sim_state_path
-from timeshare.workers.temporal_server import temporal_binary
+from timeshare.workers.temporal.dev_server import temporal_binary
 
 JOBS = ["job-0", "job-1", "job-2"]
 ITERATIONS = 6  # a sample and a train turn each: 12 turns per job

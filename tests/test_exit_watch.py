@@ -23,10 +23,10 @@ import timeshare
 from tests.conftest import REPO, wait_for_line
 from tests.polling import wait_until
 from tests.processes import detached, kill
-from timeshare.activities.processes import ProcessTable, alive
+from timeshare.activities.backends.processes import ProcessTable, alive
 from timeshare.models import GroupPolicy
 from timeshare.testing import LocalStack
-from timeshare.workers.exit_watch import EVICT_TRIES, ExitWatch
+from timeshare.workers.agent.exit_watch import EVICT_TRIES, ExitWatch
 
 LEASE_SECONDS = 600.0
 FRAMEWORKS = ["trl", "verl", "slime", "openrlhf", "skyrl"]

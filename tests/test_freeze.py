@@ -15,16 +15,21 @@ from temporalio.testing import ActivityEnvironment
 from tests.credentials import known_jobs, token_env, token_of
 from tests.polling import async_check, wait_until, wait_until_async
 from tests.processes import detached, kill
-from timeshare.activities import processes
-from timeshare.activities.backend import BackendConfig, load_backend
-from timeshare.activities.cgroups import FreezerCgroup, hierarchies, own_cgroup
-from timeshare.activities.freeze import FreezeBackend
-from timeshare.activities.processes import ProcessTable, RegistrationRefused, owner, stopped
+from timeshare.activities.backends import processes
+from timeshare.activities.backends.base import BackendConfig, load_backend
+from timeshare.activities.backends.cgroups import FreezerCgroup, hierarchies, own_cgroup
+from timeshare.activities.backends.freeze import FreezeBackend
+from timeshare.activities.backends.processes import (
+    ProcessTable,
+    RegistrationRefused,
+    owner,
+    stopped,
+)
 from timeshare.activities.switch import SwitchActivities
 from timeshare.errors import FailedPrecondition
 from timeshare.models import NodeMove, SwitchInput
 from timeshare.registration import register_process
-from timeshare.workers.agent_socket import registration, serve_agent_socket
+from timeshare.workers.agent.registration_socket import registration, serve_agent_socket
 
 # Written whole (rename), so a process frozen mid-write leaves a number.
 COUNTER = """

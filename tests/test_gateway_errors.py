@@ -10,8 +10,8 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from timeshare.models import JoinInput, JoinOutput
-from timeshare.workers import group_client
-from timeshare.workers.gateway_errors import status_for
+from timeshare.workers.gateway import group_client
+from timeshare.workers.gateway.errors import status_for
 
 
 def test_a_group_whose_workflow_task_fails_is_reported_stuck_with_the_way_out() -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from temporalio.testing import ActivityEnvironment
 
-from timeshare.activities.backend import BackendConfig
-from timeshare.activities.sim import SimBackend
+from timeshare.activities.backends.base import BackendConfig
+from timeshare.activities.backends.sim import SimBackend
 from timeshare.activities.switch import SwitchActivities
 from timeshare.models import NodeMove, SwitchInput
 

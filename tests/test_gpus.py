@@ -7,7 +7,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from timeshare.activities.gpus import NoGpus, gpu_inventory
+from timeshare.activities.backends.gpus import NoGpus, gpu_inventory
 
 
 def fake_nvml(driver: str, fail: bool = False) -> ModuleType:

@@ -30,7 +30,7 @@ from tests.polling import wait_until_async
 from tests.test_replay import HISTORIES
 from timeshare.models import JobInput, YieldInput
 from timeshare.names import SCHEDULER_TASK_QUEUE
-from timeshare.workers.data_converter import DATA_CONVERTER
+from timeshare.workers.scheduler.data_converter import DATA_CONVERTER
 from timeshare.workflows.group import ACQUIRE_WAIT_SLICE_SECONDS, GroupWorkflow
 from timeshare.workflows.registry import NodeRegistryWorkflow
 from timeshare.workflows.sandbox import workflow_runner

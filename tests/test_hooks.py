@@ -26,19 +26,19 @@ from tests.emulator.rig import Emulator, nvml_device_memory, start_worker
 from tests.fakes.engine import FakeEngine, running_engine
 from tests.polling import async_check, wait_until_async
 from tests.processes import detached, kill
-from timeshare.activities.app import AppBackend
-from timeshare.activities.backend import Backend, BackendConfig, load_backend
-from timeshare.activities.cuda_driver import CudaDriverBackend
-from timeshare.activities.hook_registry import HookRegistry
-from timeshare.activities.processes import ProcessTable
-from timeshare.activities.sim import SimBackend
-from timeshare.activities.stacked import StackedBackend
+from timeshare.activities.backends.app import AppBackend
+from timeshare.activities.backends.base import Backend, BackendConfig, load_backend
+from timeshare.activities.backends.cuda_driver import CudaDriverBackend
+from timeshare.activities.backends.hook_registry import HookRegistry
+from timeshare.activities.backends.processes import ProcessTable
+from timeshare.activities.backends.sim import SimBackend
+from timeshare.activities.backends.stacked import StackedBackend
 from timeshare.activities.switch import SwitchActivities
 from timeshare.errors import FailedPrecondition
 from timeshare.hooks import WorkloadHooks, serve_hooks
 from timeshare.hooks.protocol import EvictMode
 from timeshare.models import HOOK_FAILED, RESTORE_FAILED, NodeMove, SwitchInput
-from timeshare.workers.agent_socket import serve_agent_socket
+from timeshare.workers.agent.registration_socket import serve_agent_socket
 
 HOOK_TIMEOUT = 2.0
 
@@ -344,7 +344,8 @@ async def test_a_job_left_parked_on_release_is_not_woken_into_blocked_calls(
     would block until the hook timeout, so they are not called."""
     emu = gpu_emulator
     monkeypatch.setattr(
-        "timeshare.activities.checkpointing.device_memory", lambda: nvml_device_memory(emu.env)
+        "timeshare.activities.backends.checkpointing.device_memory",
+        lambda: nvml_device_memory(emu.env),
     )
     async with two_ranks(tmp_path, engine, emu) as (agent, ranks):
         await agent.admit("b", ["a"])

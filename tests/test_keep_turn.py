@@ -25,7 +25,7 @@ from timeshare.refusals import Refusal
 from timeshare.scheduling.base import QueueError
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
-from timeshare.workers.gateway_errors import unknown_update
+from timeshare.workers.gateway.errors import unknown_update
 
 
 def test_with_nobody_waiting_the_turn_goes_on_into_the_next_phase() -> None:

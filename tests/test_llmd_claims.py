@@ -27,8 +27,8 @@ from tests.polling import wait_until_async
 from timeshare.testing import overlaps
 from timeshare.v1 import llmd_compat_pb2 as llmd
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
-from timeshare.workers.llmd_compat import CompatSettings
-from timeshare.workers.llmd_placement import LlmdPlacement, parse_placement
+from timeshare.workers.gateway.llmd_compat import CompatSettings
+from timeshare.workers.gateway.llmd_placement import LlmdPlacement, parse_placement
 
 SECRET = b"shared by the gateway replicas"
 CLIENTS = ["wire", pytest.param("llm-d", marks=pytest.mark.llmd_client)]

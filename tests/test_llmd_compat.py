@@ -20,17 +20,17 @@ from tests.conftest import SimNodes
 from tests.gateways import start_gateway
 from tests.groups import acquire, join
 from tests.processes import detached, kill
-from timeshare.activities.processes import ProcessTable
+from timeshare.activities.backends.processes import ProcessTable
 from timeshare.credentials import llmd_job_token
 from timeshare.errors import PermissionDenied
 from timeshare.models import GroupPolicy, GroupStatus, JobStatus
 from timeshare.registration import register_process
 from timeshare.v1 import llmd_compat_pb2 as llmd
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
-from timeshare.workers.agent_credentials import JobCredentials, group_lookup
-from timeshare.workers.agent_socket import serve_agent_socket
-from timeshare.workers.llmd_compat import CompatSettings, peer_address
-from timeshare.workers.llmd_status import GroupState, JobState, group_status_response
+from timeshare.workers.agent.credentials import JobCredentials, group_lookup
+from timeshare.workers.agent.registration_socket import serve_agent_socket
+from timeshare.workers.gateway.llmd_compat import CompatSettings, peer_address
+from timeshare.workers.gateway.llmd_status import GroupState, JobState, group_status_response
 
 METHOD = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/"
 # The gateway replicas' shared secret (TIMESHARE_LLMD_SECRET), from which each

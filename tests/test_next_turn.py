@@ -15,7 +15,7 @@ from tests.test_gateway import queued, two_jobs
 from timeshare import errors
 from timeshare.models import AcquireInput
 from timeshare.names import group_workflow_id
-from timeshare.workers.service import connect_temporal
+from timeshare.workers.common.service import connect_temporal
 from timeshare.workflows.group import GroupWorkflow
 
 

@@ -16,13 +16,13 @@ import timeshare.aio
 from tests.conftest import SimNodes
 from tests.polling import wait_until_async
 from timeshare import errors
-from timeshare.activities.backend import BackendConfig, BackendError
-from timeshare.activities.sim import SimBackend
+from timeshare.activities.backends.base import BackendConfig, BackendError
+from timeshare.activities.backends.sim import SimBackend
 from timeshare.activities.switch import SwitchActivities
 from timeshare.models import GroupPolicy, NodeMove, SwitchInput
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, node_task_queue
 from timeshare.testing import overlaps
-from timeshare.workers.agent import drop_claim
+from timeshare.workers.agent.serve import drop_claim
 from timeshare.workflows.registry import Claim, NodeRegistryWorkflow
 
 STATE = 2**20

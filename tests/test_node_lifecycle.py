@@ -26,15 +26,15 @@ from tests.emulator.rig import REPO, CudaWorker, Emulator, nvml_device_memory, s
 from tests.groups import acquire, eventually, group_on_one_node, heartbeat, join, release
 from tests.polling import async_check, wait_until_async
 from tests.processes import detached, kill
-from timeshare.activities.backend import Backend, BackendConfig
-from timeshare.activities.cuda_driver import CudaDriverBackend
-from timeshare.activities.freeze import FreezeBackend
-from timeshare.activities.processes import ProcessTable, RegistrationRefused, stopped
-from timeshare.activities.stacked import StackedBackend
+from timeshare.activities.backends.base import Backend, BackendConfig
+from timeshare.activities.backends.cuda_driver import CudaDriverBackend
+from timeshare.activities.backends.freeze import FreezeBackend
+from timeshare.activities.backends.processes import ProcessTable, RegistrationRefused, stopped
+from timeshare.activities.backends.stacked import StackedBackend
 from timeshare.activities.switch import SwitchActivities, release_summary
 from timeshare.models import EvictInput, GroupPolicy, JobInput
 from timeshare.names import node_task_queue
-from timeshare.workers.agent_socket import forgotten, serve_agent_socket
+from timeshare.workers.agent.registration_socket import forgotten, serve_agent_socket
 from timeshare.workflows.group import GroupWorkflow
 
 COUNTER = (
@@ -134,7 +134,7 @@ async def test_released_cuda_processes_come_back_where_they_fit_and_are_never_le
             found["gpu0"] = found["gpu0"].model_copy(update={"free_bytes": free["bytes"]})
         return found  # type: ignore[return-value]
 
-    monkeypatch.setattr("timeshare.activities.checkpointing.device_memory", memory)
+    monkeypatch.setattr("timeshare.activities.backends.checkpointing.device_memory", memory)
     workers: list[CudaWorker] = []
     try:
         for job in ("a", "b"):

@@ -28,8 +28,8 @@ from tests.gateways import RunningGateway, start_gateway
 from timeshare.models import GroupPolicy
 from timeshare.names import group_workflow_id
 from timeshare.testing import free_port, timeshare_command
-from timeshare.workers.service import connect_temporal
-from timeshare.workers.telemetry import Telemetry
+from timeshare.workers.common.service import connect_temporal
+from timeshare.workers.common.telemetry import Telemetry
 from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH, STATE
 
 STATE_BYTES = 2**26

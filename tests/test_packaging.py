@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, SimNodes, forget_simulated_gpus, start_until_ready
+from timeshare.activities.backends.sim_memory import sim_state_path
 from timeshare.testing import free_port
-from timeshare.workers.device_memory import sim_state_path
 
 GENERIC_NAMES = {"workflows", "activities", "workers"}
 # A turn taken with the installed client; prints the epoch it was granted.
@@ -203,7 +203,7 @@ def test_the_sdist_with_the_server_extra_runs_the_stack(
     check_layout(venv)
     backends = venv.run(
         "-c",
-        "from timeshare.activities.backend import available_backends; "
+        "from timeshare.activities.backends.base import available_backends; "
         "print(' '.join(available_backends()))",
     )
     assert backends.stdout.split() == ["app", "cuda", "cuda-checkpoint", "freeze", "sim"]

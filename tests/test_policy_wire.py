@@ -8,8 +8,8 @@ import pytest
 from timeshare import _protocol as protocol
 from timeshare.models import GroupPolicy, GroupStatus
 from timeshare.v1 import timeshare_pb2 as pb
-from timeshare.workers import gateway_convert
-from timeshare.workers.gateway_errors import InvalidRequest
+from timeshare.workers.gateway import convert as gateway_convert
+from timeshare.workers.gateway.errors import InvalidRequest
 
 
 def test_co_residency_travels_from_the_client_to_the_status() -> None:

@@ -11,7 +11,7 @@ from temporalio.client import Client
 
 from tests.conftest import SimNodes
 from tests.groups import Handle, acquire, eventually, group_on_one_node, release
-from timeshare.activities.sim import SimBackend
+from timeshare.activities.backends.sim import SimBackend
 from timeshare.models import GroupPolicy, JobInput
 from timeshare.scheduling.base import QueueError
 from timeshare.scheduling.prefetch import PREFETCH_GUESS, PREFETCH_PAST_DEPARTED, PrefetchChoice

@@ -23,7 +23,7 @@ from tests.groups import acquire, eventually, group_on_one_node, heartbeat, join
 from tests.polling import wait_until_async
 from timeshare.models import DrainInput, EvictInput, GroupPolicy, JobInput, NodeInfo, PauseInput
 from timeshare.names import SCHEDULER_TASK_QUEUE
-from timeshare.workers.data_converter import DATA_CONVERTER
+from timeshare.workers.scheduler.data_converter import DATA_CONVERTER
 from timeshare.workflows import patches
 from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.registry import (

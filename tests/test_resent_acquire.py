@@ -13,7 +13,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from tests.conftest import SimNodes
 from tests.groups import group_on_one_node, refusal_type, release
 from timeshare.models import AcquireInput, EvictInput
-from timeshare.workers.group_client import acquire_or_withdraw
+from timeshare.workers.gateway.group_client import acquire_or_withdraw
 from timeshare.workflows.group import GroupWorkflow
 
 

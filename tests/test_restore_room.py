@@ -31,10 +31,10 @@ from tests.cuda_backends import (
 from tests.emulator import CHECKPOINTED, CUDA_ERROR_OUT_OF_MEMORY, RUNNING
 from tests.emulator.rig import CudaWorker, Emulator, nvml_device_memory, start_worker
 from tests.polling import wait_until
-from timeshare.activities.backend import BackendError, JobFailed, NoDeviceRoom
-from timeshare.activities.cgroups import Hierarchy, cgroup_memory_room, hierarchies
-from timeshare.activities.gpus import DeviceMemory
-from timeshare.activities.processes import ProcessTable
+from timeshare.activities.backends.base import BackendError, JobFailed, NoDeviceRoom
+from timeshare.activities.backends.cgroups import Hierarchy, cgroup_memory_room, hierarchies
+from timeshare.activities.backends.gpus import DeviceMemory
+from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.switch import SwitchActivities
 from timeshare.models import JOB_FAILED, NO_DEVICE_ROOM, RESTORE_FAILED
 
@@ -143,7 +143,7 @@ def hide_from_nvml(monkeypatch: pytest.MonkeyPatch, emu: Emulator, hidden: list[
             for gpu, m in nvml_device_memory(emu.env).items()
         }
 
-    monkeypatch.setattr("timeshare.activities.checkpointing.device_memory", memory)
+    monkeypatch.setattr("timeshare.activities.backends.checkpointing.device_memory", memory)
 
 
 async def test_a_process_nvml_does_not_list_is_unknown_never_zero(
@@ -161,7 +161,7 @@ async def test_a_process_nvml_does_not_list_is_unknown_never_zero(
     assert "co-residency off for g/a" in note and "PID namespace" in note
     # Its host reservation is all the memory in use on its GPUs, not zero.
     monkeypatch.setattr(
-        "timeshare.activities.checkpoint_memory.host_memory_available", lambda: 32 * MiB
+        "timeshare.activities.backends.checkpoint_memory.host_memory_available", lambda: 32 * MiB
     )
     with pytest.raises(BackendError, match=r"holds 0\.\d GiB .* nothing was moved"):
         await backend.checkpoint("g", "a")

@@ -24,13 +24,13 @@ from temporalio.worker import Worker
 from tests.groups import Handle, acquire, eventually, join, release
 from tests.polling import wait_until_async
 from tests.test_replay import replayer
-from timeshare.activities.backend import BackendConfig
-from timeshare.activities.sim import SimBackend
+from timeshare.activities.backends.base import BackendConfig
+from timeshare.activities.backends.sim import SimBackend
 from timeshare.activities.switch import SwitchActivities
 from timeshare.models import SwitchInput, SwitchOutput
 from timeshare.names import node_task_queue
 from timeshare.testing import LocalStack
-from timeshare.workers.service import connect_temporal
+from timeshare.workers.common.service import connect_temporal
 
 NODES = ("n1", "n2", "n3")
 # As in the chaos runs' failing histories: the two jobs share one node, so the

@@ -31,15 +31,15 @@ from tests.groups import (
 )
 from tests.processes import detached, kill
 from tests.test_replay import record, replayer
-from timeshare.activities.backend import BackendConfig, load_backend
-from timeshare.activities.hook_registry import HookRegistry
-from timeshare.activities.processes import ProcessTable
+from timeshare.activities.backends.base import BackendConfig, load_backend
+from timeshare.activities.backends.hook_registry import HookRegistry
+from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.switch import SwitchActivities
 from timeshare.hooks import WorkloadHooks, serve_hooks
 from timeshare.hooks.protocol import EvictMode
 from timeshare.models import DrainInput, EvictInput, GroupPolicy, PauseInput
 from timeshare.names import node_task_queue
-from timeshare.workers.agent_socket import serve_agent_socket
+from timeshare.workers.agent.registration_socket import serve_agent_socket
 from timeshare.workflows.group import GroupWorkflow
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from timeshare.activities.backend import BackendConfig
-from timeshare.activities.sim import SimBackend, SimOverlapError
+from timeshare.activities.backends.base import BackendConfig
+from timeshare.activities.backends.sim import SimBackend, SimOverlapError
 
 GIB = 2**30
 

@@ -26,13 +26,13 @@ from tests.emulator import CHECKPOINTED, RUNNING
 from tests.emulator.rig import CudaWorker, Emulator, nvml_device_memory, start_worker
 from tests.groups import acquire, release
 from tests.polling import wait_until_async
-from timeshare.activities.backend import BackendConfig
-from timeshare.activities.cuda_driver import CudaDriverBackend
-from timeshare.activities.processes import ProcessTable
+from timeshare.activities.backends.base import BackendConfig
+from timeshare.activities.backends.cuda_driver import CudaDriverBackend
+from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.switch import SwitchActivities
 from timeshare.models import GroupPolicy, JoinInput
 from timeshare.names import group_workflow_id, node_task_queue
-from timeshare.workers.data_converter import DATA_CONVERTER
+from timeshare.workers.scheduler.data_converter import DATA_CONVERTER
 from timeshare.workflows.group import GroupInput, GroupWorkflow
 from timeshare.workflows.sandbox import workflow_runner
 
@@ -45,7 +45,7 @@ CUDA_ERROR_UNKNOWN = 999
 def nvml(gpu_emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
     """The backend reads NVML (through the real pynvml, in a child process)."""
     monkeypatch.setattr(
-        "timeshare.activities.checkpointing.device_memory",
+        "timeshare.activities.backends.checkpointing.device_memory",
         lambda: nvml_device_memory(gpu_emulator.env),
     )
 

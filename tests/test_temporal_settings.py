@@ -11,8 +11,8 @@ import grpc
 import pytest
 from temporalio.api.workflowservice.v1 import GetSystemInfoResponse
 
-from timeshare.workers.service import StartupError, connect_temporal
-from timeshare.workers.temporal_settings import SettingsError, load_temporal_settings
+from timeshare.workers.common.service import StartupError, connect_temporal
+from timeshare.workers.common.temporal_settings import SettingsError, load_temporal_settings
 
 PROFILES = """
 [profile.default]

@@ -28,10 +28,10 @@ from tests.credentials import known_jobs
 from tests.groups import join
 from tests.polling import async_check, wait_until_async
 from tests.processes import detached, kill
-from timeshare.activities.backend import BackendConfig
-from timeshare.activities.hook_registry import HookRegistry
-from timeshare.activities.processes import NotPermitted, ProcessTable, owner
-from timeshare.activities.sim import SimBackend
+from timeshare.activities.backends.base import BackendConfig
+from timeshare.activities.backends.hook_registry import HookRegistry
+from timeshare.activities.backends.processes import NotPermitted, ProcessTable, owner
+from timeshare.activities.backends.sim import SimBackend
 from timeshare.activities.switch import SwitchActivities
 from timeshare.credentials import JOB_TOKEN_ENV, token_hash
 from timeshare.errors import PermissionDenied
@@ -41,9 +41,9 @@ from timeshare.models import EvictInput, TokenCheck
 from timeshare.names import group_workflow_id
 from timeshare.registration import open_agent_connection, register_process
 from timeshare.testing import timeshare_command
-from timeshare.workers import agent_socket
-from timeshare.workers.agent_credentials import JobCredentials, group_lookup
-from timeshare.workers.agent_socket import forgotten, serve_agent_socket
+from timeshare.workers.agent import registration_socket as agent_socket
+from timeshare.workers.agent.credentials import JobCredentials, group_lookup
+from timeshare.workers.agent.registration_socket import forgotten, serve_agent_socket
 from timeshare.workflows.group import GroupWorkflow
 
 VICTIM, OTHER = "victim-token", "other-token"

@@ -26,8 +26,8 @@ from timeshare.scheduling.rules import RULES_POLICIES
 from timeshare.scheduling.state import GroupState, StoredPolicy
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
-from timeshare.workers import turn_watch
-from timeshare.workers.turn_watch import GroupFacts, GroupPoller, TurnWatches
+from timeshare.workers.gateway import turn_watch
+from timeshare.workers.gateway.turn_watch import GroupFacts, GroupPoller, TurnWatches
 from timeshare.workflows.group import GroupInput, GroupWorkflow
 from timeshare.workflows.visibility import YIELD_EPOCH_MEMO
 

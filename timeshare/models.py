@@ -20,6 +20,8 @@ CoResidency = Literal["auto", "off"]
 # fifo: to the first that asked. Either within a priority (see docs/user-guide.md).
 Ordering = Literal["fair", "fifo"]
 Prefetch = Literal["auto", "off"]
+# Per-device byte counts, keyed by device name ("gpu0", "sim-gpu-0").
+DeviceBytes = dict[str, int]
 PHASE_MAX_CHARS = 63
 PRIORITY_LIMIT = 1000
 MAX_GPUS_PER_NODE = 256

@@ -9,7 +9,7 @@ A GPU belongs to one group at a time. A join claims, for its group, the GPUs
 the group's policy names (all of them when it names none) on each of the
 job's nodes; a claim that overlaps another group's is answered with that
 group's claims, and the gateway refuses the join unless they are stale (see
-workers/gateway_claims.py). An agent that releases a job that left drops its
+workers/gateway/claims.py). An agent that releases a job that left drops its
 claim there.
 """
 

@@ -25,7 +25,7 @@ PATCH = "timeshare-search-attributes"
 # is not shown as `switching` (GroupWorkflow._switch): a hand-over writes one
 # upsert fewer, and a prefetch none.
 LEAN_PATCH = "timeshare-lean-search-attributes"
-# The memo key a holder's watch reads (workers/turn_watch.py): the epoch whose
+# The memo key a holder's watch reads (workers/gateway/turn_watch.py): the epoch whose
 # holder is asked to yield, 0 for none. Written only when it changes, so a
 # group whose holders are never asked to yield writes it never.
 YIELD_EPOCH_MEMO = "yield_epoch"

@@ -12,7 +12,7 @@ from pathlib import Path
 from temporalio.client import Client
 
 from timeshare.names import group_workflow_id
-from timeshare.workers.service import StartupError, connect_temporal
+from timeshare.workers.common.service import StartupError, connect_temporal
 
 # The SDK core's terminal colouring in its log lines.
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -14,14 +14,14 @@ The floor workflow runs unsandboxed (the SDK's own floor), or with
 ``--sandboxed`` in a sandbox like the scheduler's, to tell what the sandbox
 itself costs. Its activations run on the SDK's thread pool, as the SDK's
 defaults have it, or with ``--inline`` on the event loop, as the scheduler
-runs them (timeshare.workers.scheduler.activations_inline). Its client and
+runs them (timeshare.workers.scheduler.serve.activations_inline). Its client and
 worker keep the SDK's defaults, as the floor is the SDK's cost: the SDK's
 pydantic data converter, gzip on the wire, external-storage visits three at
 a time. The group layer, which stands for the scheduler, asks for the
 scheduler's own (``--settings scheduler``): timeshare's data converter
-(timeshare.workers.data_converter), no compression
-(timeshare.workers.temporal_settings), one visit at a time
-(timeshare.workers.scheduler.external_storage_concurrency).
+(timeshare.workers.scheduler.data_converter), no compression
+(timeshare.workers.common.temporal_settings), one visit at a time
+(timeshare.workers.scheduler.serve.external_storage_concurrency).
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from bench.parts.floors import READY_LINE, WORKFLOW_QUEUE, FloorWorkflow
 from bench.parts.handover_floors import HandOverFloorWorkflow, MessagesFloorWorkflow
-from timeshare.workers.children import die_with_parent_if_asked
-from timeshare.workers.data_converter import DATA_CONVERTER
-from timeshare.workers.scheduler import (
+from timeshare.workers.common.children import die_with_parent_if_asked
+from timeshare.workers.common.service import connect_temporal
+from timeshare.workers.common.temporal_settings import TemporalSettings
+from timeshare.workers.scheduler.data_converter import DATA_CONVERTER
+from timeshare.workers.scheduler.serve import (
     external_storage_concurrency,
     sdk_external_storage_concurrency,
 )
-from timeshare.workers.service import connect_temporal
-from timeshare.workers.temporal_settings import TemporalSettings
 from timeshare.workflows.group import GroupWorkflow
 
 SETTINGS = ("sdk", "scheduler")

@@ -9,7 +9,7 @@ the updates sent back to back to one workflow; PacedFloor sends
 them as bench.scale's paced load sends its messages (many workflows, one pair
 each per period), so that the two are compared under the same load; with
 ``publishes``, each pair also upserts the search attributes a hand-over
-changes, which the turn watch reads (timeshare.workers.turn_watch). Given a
+changes, which the turn watch reads (timeshare.workers.gateway.turn_watch). Given a
 ``layer`` of bench.parts.handover_floors, PacedFloor paces hand-overs of that
 layer's workflows instead of pairs.
 """
@@ -36,7 +36,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from bench.parts.handover_floors import JOBS, Held, Layer, floor_noop
 from bench.parts.procstat import cpu_seconds, tree_cpu_seconds
 from bench.parts.profiling import Profiler
-from timeshare.workers.children import spawn, stop_process
+from timeshare.workers.common.children import spawn, stop_process
 from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH
 
 WORKFLOW_QUEUE = "bench.floor"

@@ -13,7 +13,7 @@ own layer's.
   boundary (AcquireInput and AcquireResult, YieldInput and YieldOutput,
   SwitchInput and SwitchOutput), as the project's rules ask.
 - ``published``: and the two search-attribute upserts of a hand-over that
-  the turn watch reads (workers/turn_watch.py): a waiter arrived (the holder
+  the turn watch reads (workers/gateway/turn_watch.py): a waiter arrived (the holder
   is now contended and renews its lease), and the new holder.
 - ``group``: timeshare's GroupWorkflow itself, sent the same updates by the
   benchmark directly (no gateway), its switch served by a no-op activity.
@@ -55,7 +55,7 @@ with workflow.unsafe.imports_passed_through():
         YieldOutput,
     )
     from timeshare.names import group_workflow_id, node_task_queue
-    from timeshare.workers.turn_watch import WATCH_POLL_MEMO, poll_seconds
+    from timeshare.workers.gateway.turn_watch import WATCH_POLL_MEMO, poll_seconds
     from timeshare.workflows.group import GroupInput, GroupWorkflow
     from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH
 

@@ -7,7 +7,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from timeshare.activities.processes import descendants
+from timeshare.activities.backends.processes import descendants
 
 
 def cpu_seconds(pid: int) -> float:

@@ -1,6 +1,6 @@
 """What turn watches cost with nothing else going on: one job per group holds
 its turn, so every group has a watch open and its gateway polls the group's
-published facts (workers/turn_watch.py); then the jobs yield, so no watch is
+published facts (workers/gateway/turn_watch.py); then the jobs yield, so no watch is
 open. The CPU of each process over each window is the difference."""
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class JobRun(BaseModel):
 class Comparison(BaseModel):
     alone: TrainResult
     shared: dict[str, JobRun]
-    # The agent's freeze/thaw events (activities/freeze.py's record).
+    # The agent's freeze/thaw events (activities/backends/freeze.py's record).
     record: list[dict[str, Any]]
 
     @property

@@ -22,7 +22,7 @@ from types import ModuleType
 from tests import emulator
 from tests.emulator import wait_for
 from tests.processes import detached
-from timeshare.activities.gpus import DeviceMemory
+from timeshare.activities.backends.gpus import DeviceMemory
 
 REPO = Path(__file__).resolve().parents[2]
 ARGUMENTS = {
@@ -184,7 +184,7 @@ def process_state(pid: int) -> str:
 
 
 def nvml_device_memory(env: dict[str, str]) -> dict[str, DeviceMemory]:
-    """What timeshare.activities.gpus.device_memory would read through the real
+    """What timeshare.activities.backends.gpus.device_memory would read through the real
     pynvml on the emulator, read in a child process (so that this test process
     never loads an NVML library, which other tests must not find)."""
     view = emulator.nvml_view(env)

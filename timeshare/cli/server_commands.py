@@ -27,7 +27,7 @@ from timeshare.cli.server_settings import (
     telemetry,
     temporal_settings,
 )
-from timeshare.workers.event_loop import (
+from timeshare.workers.common.event_loop import (
     EVENT_LOOPS,
     UVLOOP,
     default_event_loop,
@@ -176,8 +176,8 @@ def dynamic_setting(text: str) -> tuple[str, str]:
 
 
 def run_temporal(args: argparse.Namespace) -> int:
-    from timeshare.workers.service import run_service
-    from timeshare.workers.temporal_server import serve_temporal
+    from timeshare.workers.common.service import run_service
+    from timeshare.workers.temporal.dev_server import serve_temporal
 
     run_service(
         "temporal",
@@ -193,9 +193,9 @@ def run_temporal(args: argparse.Namespace) -> int:
 
 
 def run_scheduler(args: argparse.Namespace) -> int:
-    from timeshare.workers.scheduler import serve_scheduler
-    from timeshare.workers.service import StartupError, run_service
-    from timeshare.workers.temporal_settings import SettingsError
+    from timeshare.workers.common.service import StartupError, run_service
+    from timeshare.workers.common.temporal_settings import SettingsError
+    from timeshare.workers.scheduler.serve import serve_scheduler
 
     try:
         temporal = temporal_settings(args)
@@ -220,11 +220,11 @@ def run_scheduler(args: argparse.Namespace) -> int:
 def run_gateway(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from timeshare.workers.gateway import GatewayOptions, serve_gateway
-    from timeshare.workers.gateway_access import first_problem
-    from timeshare.workers.llmd_compat import compat_settings
-    from timeshare.workers.service import StartupError, run_service
-    from timeshare.workers.temporal_settings import SettingsError
+    from timeshare.workers.common.service import StartupError, run_service
+    from timeshare.workers.common.temporal_settings import SettingsError
+    from timeshare.workers.gateway.access import first_problem
+    from timeshare.workers.gateway.llmd_compat import compat_settings
+    from timeshare.workers.gateway.serve import GatewayOptions, serve_gateway
 
     try:
         compat = None
@@ -252,7 +252,7 @@ def run_gateway(args: argparse.Namespace) -> int:
 
 
 def _probe() -> int:
-    from timeshare.activities.gpus import NoGpus, gpu_inventory
+    from timeshare.activities.backends.gpus import NoGpus, gpu_inventory
 
     try:
         gpus = gpu_inventory()
@@ -267,9 +267,9 @@ def run_agent(args: argparse.Namespace) -> int:
     if args.probe:
         return _probe()
     from timeshare.names import check_name
-    from timeshare.workers.agent import serve_agent
-    from timeshare.workers.service import StartupError, run_service
-    from timeshare.workers.temporal_settings import SettingsError
+    from timeshare.workers.agent.serve import serve_agent
+    from timeshare.workers.common.service import StartupError, run_service
+    from timeshare.workers.common.temporal_settings import SettingsError
 
     try:
         check_name("node", args.node)
@@ -297,9 +297,9 @@ def run_agent(args: argparse.Namespace) -> int:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from timeshare.workers.device_memory import sim_state_path
-    from timeshare.workers.service import run_service
-    from timeshare.workers.up import StackOptions, serve_stack
+    from timeshare.activities.backends.sim_memory import sim_state_path
+    from timeshare.workers.common.service import run_service
+    from timeshare.workers.stack.up import StackOptions, serve_stack
 
     # The stack's own files live in its data directory unless told otherwise;
     # what its simulated GPU holds lives in memory, as a GPU's does.
@@ -323,6 +323,6 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from timeshare.workers.demo import run_demo as demo
+    from timeshare.workers.stack.demo import run_demo as demo
 
     return demo(args.iterations, args.data_dir)

@@ -17,15 +17,15 @@ from timeshare.cli.arguments import AMOUNT, FRACTION, GPU_COUNT, PERIOD, PORT, R
 from timeshare.names import check_name
 
 if TYPE_CHECKING:
-    from timeshare.activities.backend import BackendConfig
-    from timeshare.workers.gateway_access import GatewaySecurity
-    from timeshare.workers.telemetry import Telemetry
-    from timeshare.workers.temporal_settings import TemporalSettings
+    from timeshare.activities.backends.base import BackendConfig
+    from timeshare.workers.common.telemetry import Telemetry
+    from timeshare.workers.common.temporal_settings import TemporalSettings
+    from timeshare.workers.gateway.access import GatewaySecurity
 
 
 def add_temporal_options(parser: argparse.ArgumentParser) -> None:
     # Defaults are None: what is not given comes from Temporal's own
-    # environment configuration (workers/temporal_settings.py).
+    # environment configuration (workers/common/temporal_settings.py).
     temporal = parser.add_argument_group(
         "Temporal connection (flags > TEMPORAL_* environment > profile in the config file)"
     )
@@ -77,7 +77,7 @@ def add_temporal_options(parser: argparse.ArgumentParser) -> None:
 
 def temporal_settings(args: argparse.Namespace) -> TemporalSettings:
     """Raises SettingsError with one line naming what is wrong."""
-    from timeshare.workers.temporal_settings import SettingsError, load_temporal_settings
+    from timeshare.workers.common.temporal_settings import SettingsError, load_temporal_settings
 
     api_key = None
     if args.temporal_api_key_file is not None:
@@ -113,7 +113,7 @@ def add_telemetry_options(parser: argparse.ArgumentParser) -> None:
 
 def telemetry(args: argparse.Namespace) -> Telemetry:
     """Raises StartupError with one line."""
-    from timeshare.workers.telemetry import TelemetrySettings, setup_telemetry
+    from timeshare.workers.common.telemetry import TelemetrySettings, setup_telemetry
 
     settings = TelemetrySettings.resolve(
         f"timeshare-{args.command}", args.traces, args.metrics, args.metrics_port
@@ -123,7 +123,7 @@ def telemetry(args: argparse.Namespace) -> Telemetry:
 
 def gateway_security(args: argparse.Namespace) -> GatewaySecurity:
     """The gateway's transport and caller settings from its flags (pydantic checks them)."""
-    from timeshare.workers.gateway_access import GatewaySecurity
+    from timeshare.workers.gateway.access import GatewaySecurity
 
     return GatewaySecurity(
         listen=args.listen,
@@ -337,7 +337,7 @@ def agent_arguments(args: argparse.Namespace) -> list[str]:
 
 
 def backend_config(args: argparse.Namespace) -> BackendConfig:
-    from timeshare.activities.backend import BackendConfig
+    from timeshare.activities.backends.base import BackendConfig
 
     capacity = args.sim_capacity_gib
     return BackendConfig(

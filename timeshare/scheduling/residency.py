@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel
 
-from timeshare.activities.backend import DeviceBytes
+from timeshare.models import DeviceBytes
 
 
 class RoomPlan(BaseModel):

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import timeshare
-from timeshare.activities.processes import alive, descendants
+from timeshare.activities.backends.processes import alive, descendants
+from timeshare.activities.backends.sim_memory import DEVICE_MEMORY_ROOT
 from timeshare.models import GroupStatus
 from timeshare.testing.ports import free_port
-from timeshare.workers.children import spawn, stop_process
-from timeshare.workers.device_memory import DEVICE_MEMORY_ROOT
+from timeshare.workers.common.children import spawn, stop_process
 
 READY_SECONDS = 90.0
 

