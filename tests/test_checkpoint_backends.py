@@ -43,8 +43,8 @@ from tests.emulator.rig import (
 )
 from tests.polling import async_check, wait_until, wait_until_async
 from timeshare.activities.backends.base import BackendError
-from timeshare.activities.backends.checkpointing import CudaState
 from timeshare.activities.backends.cuda_checkpoint import CudaCheckpointBackend
+from timeshare.activities.backends.cuda_states import CudaState
 from timeshare.activities.backends.freeze import FreezeBackend
 from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.backends.stacked import StackedBackend

@@ -50,7 +50,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import enum
 import json
 import time
 from collections.abc import Iterator
@@ -74,6 +73,15 @@ from timeshare.activities.backends.checkpoint_memory import (
     unrestorable_message,
     upper_bounds,
 )
+from timeshare.activities.backends.cuda_states import (
+    IN_PROGRESS,
+    ON_DEVICE,
+    CudaState,
+    NotCuda,
+    OutOfDeviceMemory,
+    action_name,
+    failed_message,
+)
 from timeshare.activities.backends.gpus import DeviceMemory, device_memory, node_gpus
 from timeshare.activities.backends.processes import ProcessTable, alive
 from timeshare.hooks.protocol import EvictMode
@@ -85,30 +93,6 @@ STATE_POLL_SECONDS = 0.02
 # Calls that may hang past the call timeout before no new one starts: half
 # of a backend's threads (cuda_driver.py's pool) stay for healthy processes.
 STUCK_CALLS = 32
-
-
-class CudaState(enum.StrEnum):
-    RUNNING = "running"
-    LOCKED = "locked"
-    CHECKPOINTED = "checkpointed"
-    FAILED = "failed"
-    CHECKPOINTING = "checkpointing"
-    RESTORING = "restoring"
-    # An in-progress state the installed cuda-bindings cannot name: 12.x
-    # knows only 0-3 and raises ValueError on CUDA 13's 4 and 5.
-    BUSY = "busy"
-
-
-ON_DEVICE = (CudaState.RUNNING, CudaState.LOCKED)
-IN_PROGRESS = (CudaState.CHECKPOINTING, CudaState.RESTORING, CudaState.BUSY)
-
-
-class NotCuda(Exception):
-    """The process holds no CUDA context (never had one, or has exited)."""
-
-
-class OutOfDeviceMemory(BackendError):
-    """A restore the driver failed for lack of device memory."""
 
 
 class ProcessCheckpointBackend(Backend):
@@ -221,7 +205,7 @@ class ProcessCheckpointBackend(Backend):
             self._failed.setdefault((group, job), set()).update(failed)
         if (group, job) in self._failed and not allow_failed:
             pids = sorted(self._failed[(group, job)])
-            raise JobFailed(group, job, _failed_message(group, job, pids, self.node))
+            raise JobFailed(group, job, failed_message(group, job, pids, self.node))
         if (group, job) in self._lost and not allow_failed:
             pids = sorted(self._lost[(group, job)])
             raise JobFailed(group, job, unrestorable_message(group, job, pids, self.node))
@@ -520,7 +504,7 @@ class ProcessCheckpointBackend(Backend):
             memory = device_memory()
         done = [
             RankAction(
-                pid=pid, action=_action_name(action), seconds=o,
+                pid=pid, action=action_name(action), seconds=o,
                 bytes=rank_bytes(memory, pid) if memory else 0,
             )
             for pid, o in zip(pids, outcomes, strict=True)
@@ -577,7 +561,7 @@ class ProcessCheckpointBackend(Backend):
         exited = sorted(pid for pid, error in errors.items() if not alive(pid))
         if exited:
             self._failed.setdefault((group, job), set()).update(exited)
-            raise JobFailed(group, job, _failed_message(group, job, exited, self.node))
+            raise JobFailed(group, job, failed_message(group, job, exited, self.node))
         for error in errors.values():
             if not isinstance(error, BackendError):
                 raise error
@@ -605,23 +589,8 @@ class ProcessCheckpointBackend(Backend):
                 }) + "\n")  # fmt: skip
 
 
-def _action_name(action: str) -> ActionName:
-    names: dict[str, ActionName] = {
-        "lock": "lock", "checkpoint": "checkpoint", "restore": "restore", "unlock": "unlock",
-    }  # fmt: skip
-    return names[action]
-
-
 def _first(errors: list[BaseException], kind: type[BackendError]) -> BackendError:
     for error in errors:
         if isinstance(error, kind):
             return error
     return BackendError(str(errors[0]))
-
-
-def _failed_message(group: str, job: str, pids: list[int], node: str) -> str:
-    return (
-        f"job {group}/{job}: the CUDA state of processes {pids} on node {node} is FAILED "
-        "(terminal: the driver cannot checkpoint, restore or unlock them); the job is "
-        "evicted and must be restarted"
-    )

@@ -25,12 +25,8 @@ import shutil
 from pathlib import Path
 
 from timeshare.activities.backends.base import BackendConfig, BackendError
-from timeshare.activities.backends.checkpointing import (
-    CudaState,
-    NotCuda,
-    OutOfDeviceMemory,
-    ProcessCheckpointBackend,
-)
+from timeshare.activities.backends.checkpointing import ProcessCheckpointBackend
+from timeshare.activities.backends.cuda_states import CudaState, NotCuda, OutOfDeviceMemory
 from timeshare.activities.backends.gpus import CHECKPOINT_API_DRIVER, NoGpus, gpu_inventory
 
 HELP_SECONDS = 30.0

@@ -29,12 +29,8 @@ from types import ModuleType
 from typing import Any
 
 from timeshare.activities.backends.base import BackendConfig, BackendError
-from timeshare.activities.backends.checkpointing import (
-    CudaState,
-    NotCuda,
-    OutOfDeviceMemory,
-    ProcessCheckpointBackend,
-)
+from timeshare.activities.backends.checkpointing import ProcessCheckpointBackend
+from timeshare.activities.backends.cuda_states import CudaState, NotCuda, OutOfDeviceMemory
 from timeshare.activities.backends.gpus import CHECKPOINT_API_DRIVER, NoGpus, gpu_inventory
 
 # CUprocessState ([API]; 4 and 5 from CUDA 13, cuda-bindings 13.x).
