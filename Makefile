@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO := proto/timeshare/v1/timeshare.proto proto/timeshare/v1/llmd_compat.proto
 
-.PHONY: install proto demo test chromium lint bench clean
+.PHONY: install proto demo test test-unit chromium lint bench clean
 
 install: $(STAMP)
 
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The stubs in timeshare/v1 are committed (so every pip install has them); run this after
-# changing a .proto, and commit the result: tests/test_stubs.py fails while they differ.
+# changing a .proto, and commit the result: tests/integration/test_stubs.py fails while they differ.
 proto: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m grpc_tools.protoc -Iproto \
 		--python_out=. --grpc_python_out=. \
@@ -34,6 +34,12 @@ demo: install
 TEST_WORKERS ?= 3
 test: install chromium
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# tests/unit alone: the scheduling core, policies, placement, parsers and
+# models, with no process started (tests/unit/conftest.py fails a test that
+# starts one); well under a minute in one process.
+test-unit: install
+	$(BIN)/python -m pytest -q -p no:xdist tests/unit
 
 # Headless Chromium for the browser tests (pytest marker `browser`: the report, the
 # Temporal UI): installed here with apt when this is root on Debian/Ubuntu and it is

@@ -188,7 +188,10 @@ def run_scenario(stack: LocalStack, scenario: Scenario, gib: float, handovers: i
         stack.restart("agent")
     group = f"gpu-switch-{scenario.name.replace('+', '-')}"
     jobs: list[list[Rank]] = []
-    policy = GroupPolicy(co_residency=scenario.co_residency)
+    # Without prefetch each acquire() waits for its own switch, so switch_p50_s is
+    # the switch (with prefetch the idle GPU takes the next job in before it asks,
+    # and its acquire() finds it there: 0 s).
+    policy = GroupPolicy(co_residency=scenario.co_residency, prefetch="off")
     with timeshare.connect(stack.address) as client:
         # Joined before the ranks start: they register with their job's token.
         handles = [client.join(group, f"job-{i}", [stack.node], policy) for i in range(2)]

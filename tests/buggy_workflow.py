@@ -1,5 +1,5 @@
 """A GroupWorkflow with a bug planted in one handler, for tests of what a
-failing handler leaves behind (tests/test_group_state.py). Kept in a module of
+failing handler leaves behind (tests/integration/test_group_state.py). Kept in a module of
 its own: workflow code is imported into Temporal's sandbox."""
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def start_until_ready(
 @dataclass(frozen=True)
 class TemporalServer:
     address: str
-    # Its Web UI (tests/test_ui_details.py opens it in a browser).
+    # Its Web UI (tests/integration/test_ui_details.py opens it in a browser).
     ui_url: str
 
 
@@ -221,7 +221,7 @@ LONG_FILES = [
     "test_turn_watch.py", "test_access.py",
     "test_checkpoint_backends.py", "test_lockqueue.py", "test_rpc_fuzz.py", "test_tenants.py",
     "test_replay.py", "test_placement_live.py", "test_agent_restart.py", "test_replicas.py",
-    "test_observability.py", "test_deploy.py", "test_bundle.py",
+    "test_observability.py", "test_deploy_kubernetes.py", "test_deploy_hosts.py", "test_bundle.py",
 ]  # fmt: skip
 
 

@@ -1,7 +1,7 @@
 """A job of one RL framework's plug-in that takes its first turn, says
 "holding", then crashes (when a line comes on its standard input) or waits
-to be killed (tests/test_integration_exits.py); "registered" registers its
-process with the node's agent first, then waits (tests/test_exit_watch.py):
+to be killed (tests/integration/test_integration_exits.py); "registered" registers its
+process with the node's agent first, then waits (tests/integration/test_exit_watch.py):
 
     python -m tests.exiting_job FRAMEWORK crash|wait|registered
 

@@ -1,4 +1,4 @@
-"""An llm-d job, run as a process of its own by tests/test_llmd_claims.py.
+"""An llm-d job, run as a process of its own by tests/integration/test_llmd_claims.py.
 
 With ``--client llm-d`` it is llm-d's own Python client (`timeslice`, and
 Slime's `RoleLocks` from `timeslice_slime`), installed from

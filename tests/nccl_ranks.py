@@ -1,4 +1,4 @@
-"""One rank of a two-rank job for tests/test_torch_hooks.py: real
+"""One rank of a two-rank job for tests/integration/test_torch_hooks.py: real
 torch.distributed process groups (gloo on CPU) torn down and re-created by
 NcclHooks, with an all-reduce of rank-distinct values after each step, so a
 group that lost a rank or a rank that reduced alone shows in the sums. Writes

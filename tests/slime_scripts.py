@@ -5,7 +5,7 @@ train_async.py at 1cdf4e6b), in the order the scripts make them for given
 arguments. Each call is the script's own call site, read from
 tests/upstream/slime.json (tests.upstream.extract writes it from the fork's
 source), so a phase renamed or moved upstream changes what is replayed here
-and fails the site checks in tests/test_slime_integration.py. Everything
+and fails the site checks in tests/integration/test_slime_integration.py. Everything
 between the calls (Ray, Megatron, SGLang) is left out: the callback sees
 only these calls."""
 

@@ -1,4 +1,4 @@
-"""A worker under a coordinator (tests/test_coordinator.py): asks for turns
+"""A worker under a coordinator (tests/integration/test_coordinator.py): asks for turns
 through TIMESHARE_TURNS_FD and prints what it saw, one JSON line."""
 
 from __future__ import annotations

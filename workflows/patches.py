@@ -12,7 +12,7 @@ path); and, in visibility.py, what a group shows outside. Deprecated
 the code. A history from before one of
 them no longer replays: such a group must have continued as new (it does
 every few thousand events) or ended before this scheduler runs it;
-tests/test_replay.py replays histories recorded with the markers.
+tests/integration/test_replay.py replays histories recorded with the markers.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ workflow code reaching for I/O, clocks, randomness or module state, is kept
 out by the code's own rules (workflow modules hold no mutable module state
 and call only ``workflow.*`` for time and randomness) and checked where the
 sandbox does run: the test suite's workers and every replay
-(tests/test_replay.py, `timeshare scheduler --workflow-sandbox`).
+(tests/integration/test_replay.py, `timeshare scheduler --workflow-sandbox`).
 
 In the sandbox: installed, the workflows are modules of the ``timeshare``
 package, whose ``__init__`` imports the client library and its pydantic

@@ -5,7 +5,7 @@ group's static summary and details (set when it starts), its current details
 One field per line, as a bullet list: Temporal UI 2.54 renders a markdown
 table without cell padding or borders, so a row read as one run of words
 ("node vmjob-ba" for node vmjob-b holding a); a list item renders on a line
-of its own in any markdown renderer (tests/test_ui_details.py checks the UI).
+of its own in any markdown renderer (tests/integration/test_ui_details.py checks the UI).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Why a group was stuck at the end of a chaos run: the nondeterminism errors
 the scheduler workers logged, and the group's history saved beside the run's
-records, where `tests/test_replay.py`'s replayer (or `temporal workflow
+records, where `tests/integration/test_replay.py`'s replayer (or `temporal workflow
 show`) can read it, before the stack and its Temporal stop."""
 
 from __future__ import annotations

@@ -32,7 +32,10 @@ CONFORMANCE_SECONDS = 240.0
 STACK_SECONDS = 150.0
 # A step is not started with less time left than this.
 LEAST_SECONDS = 20.0
-CONFORMANCE_TESTS = ["tests/test_conformance.py", "tests/test_torch_hooks.py"]
+CONFORMANCE_TESTS = [
+    "tests/integration/test_conformance.py",
+    "tests/integration/test_torch_hooks.py",
+]
 # Scenarios that move every rank through the driver (judged by driver_ratio).
 TRANSPARENT = ("cuda", "freeze+cuda", "cuda-checkpoint")
 

@@ -17,7 +17,7 @@ cached for the process, and a context leaves the converter as it is.
 
 Nothing about the payloads changes: the same converters write and read the
 same bytes, so histories written with the SDK's `pydantic_data_converter`
-replay with this one and the other way round (tests/test_replay.py).
+replay with this one and the other way round (tests/integration/test_replay.py).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class ContextFreeDataConverter(DataConverter):
     itself. The SDK's own ``with_context`` comes to the same after checking
     each part against an abstract class, which it asks for while it
     decodes activations and encodes completions (about four times per
-    activation, 11 µs each, live). tests/test_data_converter.py checks that
+    activation, 11 µs each, live). tests/unit/test_data_converter.py checks that
     it still comes to the same."""
 
     def with_context(self, context: SerializationContext) -> Self:

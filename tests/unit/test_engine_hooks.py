@@ -1,7 +1,7 @@
 """The ready-made engine hooks, called directly: vLLM in process (against a
 stand-in recording its sleep calls) and both engines' server APIs (against
 the fake engine of tests/fakes/engine.py, written from their source). The
-agent's side is in tests/test_hooks.py."""
+agent's side is in tests/integration/test_hooks.py."""
 
 from __future__ import annotations
 

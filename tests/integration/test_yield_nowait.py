@@ -11,7 +11,7 @@ import pytest
 import timeshare
 import timeshare.aio
 from tests.conftest import SimNodes
-from tests.test_gateway import queued, two_jobs
+from tests.integration.test_gateway import queued, two_jobs
 from timeshare import errors
 
 

@@ -26,8 +26,8 @@ from tests.groups import (
     refusal_type,
     release,
 )
+from tests.integration.test_replay import HISTORIES
 from tests.polling import wait_until_async
-from tests.test_replay import HISTORIES
 from timeshare.models import JobInput, YieldInput
 from timeshare.names import SCHEDULER_TASK_QUEUE
 from timeshare.workers.scheduler.data_converter import DATA_CONVERTER
@@ -198,7 +198,7 @@ async def test_a_job_on_two_nodes_is_stopped_on_both_before_either_checkpoints(
         workflow_runner=workflow_runner(),
     )
     await replayer.replay_workflow(history)
-    if os.environ.get("TIMESHARE_RECORD_HISTORIES") == "1":  # see tests/test_replay.py
+    if os.environ.get("TIMESHARE_RECORD_HISTORIES") == "1":  # see tests/integration/test_replay.py
         (HISTORIES / "group-two-nodes.json").write_text(history.to_json())
 
 

@@ -35,7 +35,7 @@ from timeshare.workflows.registry import (
 )
 from timeshare.workflows.sandbox import workflow_runner
 
-HISTORIES = Path(__file__).parent / "histories"
+HISTORIES = Path(__file__).parents[1] / "histories"
 
 
 def recorded() -> list[Path]:

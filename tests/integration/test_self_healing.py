@@ -29,8 +29,8 @@ from tests.groups import (
     refusal_type,
     release,
 )
+from tests.integration.test_replay import record, replayer
 from tests.processes import detached, kill
-from tests.test_replay import record, replayer
 from timeshare.activities.backends.base import BackendConfig, load_backend
 from timeshare.activities.backends.hook_registry import HookRegistry
 from timeshare.activities.backends.processes import ProcessTable

@@ -11,7 +11,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 import timeshare.aio
 from tests.conftest import SimNodes
 from tests.groups import acquire, group_on_one_node, refusal_type
-from tests.test_gateway import queued, two_jobs
+from tests.integration.test_gateway import queued, two_jobs
 from timeshare import errors
 from timeshare.models import AcquireInput
 from timeshare.names import group_workflow_id

@@ -22,7 +22,7 @@ from bench.parts.chaos_check import JobRecord, double_grants, errors, lost, turn
 from bench.parts.chaos_stuck import SDK_BUG_HINT, explain, only_the_known_sdk_bug, save_histories
 from tests.conftest import REPO, SimNodes
 from tests.groups import acquire, group_on_one_node
-from tests.test_replay import replayer
+from tests.integration.test_replay import replayer
 
 
 @pytest.mark.chaos
@@ -40,7 +40,7 @@ def test_half_a_minute_of_chaos_loses_nothing(tmp_path: Path) -> None:
         "recovery_p50_s", "recovery_max_s",
     ], output  # fmt: skip
     if run.returncode != 0 and only_the_known_sdk_bug(run.stdout.strip().splitlines()):
-        # Upstream's, not this project's: pinned by tests/test_replay.py, whose
+        # Upstream's, not this project's: pinned by tests/integration/test_replay.py, whose
         # test of the bug's history fails once a temporalio release fixes it.
         pytest.xfail(f"a group stuck on the known SDK bug (docs/reliability.md): {output}")
     for clean in ("lost", "double_grants", "overlaps", "stuck"):

@@ -38,7 +38,7 @@ from tests.emulator import (
 )
 from tests.emulator.rig import Emulator
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
 pytestmark = [

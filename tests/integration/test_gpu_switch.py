@@ -7,7 +7,7 @@ waiting job's memory dropped (or stayed), and the agent's own record reports
 each rank's bytes and seconds. Judged on what a GPU host has: the harness's
 checks, NVML and the agent's record. No speed is judged here (that is
 bench.gpu_check's, in the same run as its reference). On the emulator the
-same harness runs in tests/test_gpu_check.py."""
+same harness runs in tests/integration/test_gpu_check.py."""
 
 from __future__ import annotations
 

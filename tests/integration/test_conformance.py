@@ -1,7 +1,7 @@
 """One set of scenarios run against every backend: cuda, cuda-checkpoint,
 freeze+cuda, app+cuda, freeze and sim. In CI the CUDA processes run on the GPU
 emulator (tests/emulator) through the real cuda-bindings; with
-TIMESHARE_GPU_TESTS=1 on a GPU host (`pytest -m gpu tests/test_conformance.py`)
+TIMESHARE_GPU_TESTS=1 on a GPU host (`pytest -m gpu tests/integration/test_conformance.py`)
 the scenarios that need no fault injection run against the real driver too
 (the `-gpu` variants, marked `gpu`). Those judge only through what a GPU host
 has: the backend's own record (BackendConfig.record_path) and actions, the

@@ -6,7 +6,7 @@ takeover writes must replay, and a second crash must be recovered as the
 first.
 
 This is the shape of the history in which temporalio's core once wrote the
-commands of one task in an order it could not replay (tests/test_replay.py,
+commands of one task in an order it could not replay (tests/integration/test_replay.py,
 the SDK bug). Here, on temporalio 1.35.0, the core writes them in order: what
 else that run had that made it split the task is not known yet. The test
 stays as the deterministic form of the crash the chaos test meets by chance."""
@@ -22,8 +22,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.worker import Worker
 
 from tests.groups import Handle, acquire, eventually, join, release
+from tests.integration.test_replay import replayer
 from tests.polling import wait_until_async
-from tests.test_replay import replayer
 from timeshare.activities.backends.base import BackendConfig
 from timeshare.activities.backends.sim import SimBackend
 from timeshare.activities.switch import SwitchActivities

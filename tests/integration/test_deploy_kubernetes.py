@@ -1,17 +1,11 @@
-"""The deployment files under deploy/.
+"""The Kubernetes deployment files under deploy/kubernetes, against the code.
 
-The kustomizations render with kubectl, and every object they produce (and the
-example jobs, and the Job in the Temporal Helm values) validates strictly
-against Kubernetes 1.34's own schemas, offline, with kubernetes-validate. The
-PodMonitor is a Prometheus Operator custom resource with no schema there, so
-its shape is checked field by field. Beyond the schemas, the tests check that
-the files agree with the code: container arguments are accepted by
-timeshare's own CLI parser, the agent's probe really answers against a served
-agent socket, network policies select the pods they mean to, and the Temporal
-values register exactly the search attributes the scheduler writes. The
-systemd units pass `systemd-analyze verify`, and the Slurm scripts parse and
-do what they say against a real agent socket.
-"""
+The kustomizations render with kubectl; every object they produce validates
+strictly against Kubernetes' own schemas (tests/unit/test_deploy.py), and
+beyond the schemas: container arguments are accepted by timeshare's own CLI
+parser, the agent's probe really answers against a served agent socket, the
+gateway serves TLS and its probe checks health, and network policies select
+the pods they mean to."""
 
 from __future__ import annotations
 
@@ -20,52 +14,41 @@ import asyncio
 import functools
 import importlib.metadata
 import importlib.resources
-import os
 import re
-import shlex
 import shutil
-import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
-import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from tests.conftest import REPO
-from tests.credentials import known_jobs, token_env
-from tests.test_access import make_certificates
+from tests.credentials import known_jobs
+from tests.integration.test_access import make_certificates
+from tests.unit.test_deploy import (
+    KUBE,
+    Obj,
+    load,
+    parse_cli,
+    plain_env,
+    pod_spec,
+    validate_strictly,
+)
 from timeshare.activities.backends.processes import ProcessTable
-from timeshare.cli import build_parser, gateway_security, temporal_settings
+from timeshare.cli import gateway_security, temporal_settings
 from timeshare.workers.agent.registration_socket import serve_agent_socket
 from timeshare.workers.gateway.serve import SERVICE_NAME
-from timeshare.workers.temporal.dev_server import (
-    MAX_IN_FLIGHT_UPDATES,
-    SEARCH_ATTRIBUTES,
-    TRANSFER_QUEUE_READS_PER_SECOND,
-    TRANSFER_READS_SETTING,
-)
 
-Obj = dict[str, Any]
-
-DEPLOY = REPO / "deploy"
-KUBE = DEPLOY / "kubernetes"
-KUBERNETES_VERSION = "1.34.0"
-# Custom resources: no schema for them ships with Kubernetes.
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
 METRICS_PORT = 9464
 
+
 KUBECTL = shutil.which("kubectl")
+
+
 needs_kubectl = pytest.mark.kubectl
-
-
-# -- helpers ------------------------------------------------------------------------
 
 
 @functools.cache
@@ -81,34 +64,10 @@ def render(directory: str) -> tuple[Obj, ...]:
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
 
-def load(path: Path) -> list[Obj]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-
-
-def validate_strictly(objects: tuple[Obj, ...] | list[Obj]) -> list[Obj]:
-    """Validate every object with a built-in schema; return the custom resources."""
-    custom = []
-    for obj in objects:
-        if (obj["apiVersion"], obj["kind"]) in CUSTOM_KINDS:
-            custom.append(obj)
-            continue
-        try:
-            used = kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as error:
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {error.message}")
-        assert used == "1.34", f"validated against Kubernetes {used}, not 1.34"
-    return custom
-
-
 def one(objects: tuple[Obj, ...] | list[Obj], kind: str, name: str) -> Obj:
     found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
     assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
     return found[0]
-
-
-def pod_spec(workload: Obj) -> Obj:
-    spec: Obj = workload["spec"]["template"]["spec"]
-    return spec
 
 
 def container(workload: Obj) -> Obj:
@@ -131,31 +90,6 @@ def settings(objects: tuple[Obj, ...]) -> dict[str, str]:
     assert len(maps) == 1  # one, under a hashed name
     data: dict[str, str] = maps[0]["data"]
     return data
-
-
-def env_file(path: Path) -> dict[str, str]:
-    values = {}
-    for line in path.read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, _, value = line.partition("=")
-            values[key.strip()] = value.strip()
-    return values
-
-
-def plain_env(item: Obj) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in item.get("env", []) if "value" in e}
-
-
-def parse_cli(
-    arguments: list[str], environment: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> tuple[argparse.Namespace, list[str]]:
-    """What `timeshare ARGS` makes of these arguments in this environment (the
-    CLI reads its TIMESHARE_* defaults from the environment)."""
-    for key in [k for k in os.environ if k.startswith("TIMESHARE_")]:
-        monkeypatch.delenv(key)
-    for key, value in environment.items():
-        monkeypatch.setenv(key, value)
-    return build_parser().parse_known_args(arguments)
 
 
 def container_cli(
@@ -198,19 +132,15 @@ def workloads(objects: tuple[Obj, ...]) -> dict[str, Obj]:
     }
 
 
-# -- schemas ----------------------------------------------------------------------------
-
-
-def test_kubernetes_validate_ships_the_pinned_schemas() -> None:
-    # kubernetes-validate silently falls back to the newest schemas not newer
-    # than the version asked for: make sure 1.34's own are installed.
-    schemas = importlib.resources.files("kubernetes_validate") / "kubernetes-json-schema"
-    strict = schemas / f"v{KUBERNETES_VERSION}-local-strict"
-    assert (strict / "daemonset-apps-v1.json").is_file()
-    assert (strict / "resourceclaim-resource-v1.json").is_file()
-
-
-# -- the base -----------------------------------------------------------------------------
+def volume_of(workload: Obj, path: Path | str) -> Obj:
+    """The volume a container path lies on (the longest mount that holds it)."""
+    mounts = [
+        m for m in container(workload)["volumeMounts"] if Path(path).is_relative_to(m["mountPath"])
+    ]
+    assert mounts, f"{path} is on no volume"
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    volume: Obj = next(v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"])
+    return volume
 
 
 @needs_kubectl
@@ -306,17 +236,6 @@ async def test_agent_probe_answers_only_while_the_agent_socket_serves(tmp_path: 
         await server.wait_closed()
         socket_path.unlink()
     assert await run_probe() != 0
-
-
-def volume_of(workload: Obj, path: Path | str) -> Obj:
-    """The volume a container path lies on (the longest mount that holds it)."""
-    mounts = [
-        m for m in container(workload)["volumeMounts"] if Path(path).is_relative_to(m["mountPath"])
-    ]
-    assert mounts, f"{path} is on no volume"
-    mount = max(mounts, key=lambda m: len(m["mountPath"]))
-    volume: Obj = next(v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"])
-    return volume
 
 
 @needs_kubectl
@@ -469,9 +388,6 @@ def test_network_policies_admit_only_what_is_needed() -> None:
     assert {p["port"] for p in dns["egress"][0]["ports"]} == {53}
 
 
-# -- monitoring -----------------------------------------------------------------------------
-
-
 @needs_kubectl
 def test_monitoring_overlay_scrapes_every_process(monkeypatch: pytest.MonkeyPatch) -> None:
     objects = render("overlays/monitoring")
@@ -508,13 +424,6 @@ def test_monitoring_overlay_scrapes_every_process(monkeypatch: pytest.MonkeyPatc
     assert all(selects(scrape["podSelector"], pod_labels(w)) for w in workloads(objects).values())
     [rule] = scrape["ingress"]
     assert rule["ports"] == [{"protocol": "TCP", "port": "metrics"}]
-
-
-# -- the example jobs ------------------------------------------------------------------------
-
-
-def test_example_jobs_validate() -> None:
-    assert validate_strictly(load(KUBE / "examples" / "rl-jobs.yaml")) == []
 
 
 @needs_kubectl
@@ -576,275 +485,3 @@ def test_example_jobs_share_one_claim_and_reach_the_agent(monkeypatch: pytest.Mo
         seen_jobs.add(args.job)
         seen_groups.add(args.group)
     assert len(seen_jobs) == 2 and len(seen_groups) == 1
-
-
-# -- Temporal -------------------------------------------------------------------------------------
-
-# The chart's helpers the values use (temporalio/helm-charts templates/_helpers.tpl),
-# with what they give for release "temporal" in namespace "temporal".
-HELM_EXPRESSIONS = {
-    'include "temporal.fullname" .': "temporal",
-    'include "temporal.frontendAddress" .': "temporal-frontend:7233",
-    ".Release.Namespace": "temporal",
-    ".Values.admintools.image.repository": "temporalio/admin-tools",
-    ".Values.admintools.image.tag": "1.31.2",
-}
-
-
-def fill_helm_template(text: str) -> str:
-    def value(match: re.Match[str]) -> str:
-        expression = match.group(1).strip()
-        assert expression in HELM_EXPRESSIONS, f"unknown template expression: {expression}"
-        return HELM_EXPRESSIONS[expression]
-
-    return re.sub(r"\{\{(.*?)\}\}", value, text)
-
-
-@pytest.fixture(scope="module")
-def temporal_values() -> Obj:
-    values: Obj = yaml.safe_load((DEPLOY / "temporal" / "values.yaml").read_text())
-    return values
-
-
-def test_temporal_values_register_the_scheduler_search_attributes(temporal_values: Obj) -> None:
-    [template] = temporal_values["extraObjects"]
-    job: Obj = yaml.safe_load(fill_helm_template(template))
-    assert validate_strictly([job]) == []
-    assert job["kind"] == "Job"
-    annotations = job["metadata"]["annotations"]
-    assert annotations["helm.sh/hook"] == "post-install,post-upgrade"
-    # After the chart's namespace job, whose hook weight is 0.
-    assert int(annotations["helm.sh/hook-weight"]) > 0
-    item = pod_spec(job)["containers"][0]
-    script = "\n".join(item["args"])
-    registered = dict(re.findall(r"\b(\w+)=(Keyword|Int|Bool|Double|Datetime|Text)\b", script))
-    assert registered == SEARCH_ATTRIBUTES
-    assert "search-attribute create" in script and "search-attribute list" in script
-
-    namespace = plain_env(item)["TEMPORAL_NAMESPACE"]
-    created = [n["name"] for n in temporal_values["server"]["config"]["namespaces"]["namespace"]]
-    assert temporal_values["server"]["config"]["namespaces"]["create"] is True
-    assert namespace in created
-    assert namespace == env_file(KUBE / "base" / "settings.env")["TEMPORAL_NAMESPACE"]
-
-
-def test_temporal_values_use_postgresql_and_admit_every_waiter(temporal_values: Obj) -> None:
-    server = temporal_values["server"]
-    persistence = server["config"]["persistence"]
-    stores = persistence["datastores"]
-    assert persistence["defaultStore"] in stores and persistence["visibilityStore"] in stores
-    for name in ("default", "visibility"):
-        sql = stores[name]["sql"]
-        assert sql["pluginName"].startswith("postgres"), name
-        assert "existingSecret" in sql and "password" not in sql, name
-    [limit] = server["dynamicConfig"]["history.maxInFlightUpdates"]
-    assert limit["value"] == MAX_IN_FLIGHT_UPDATES
-    # A switch's dispatch and the grant's wait for the transfer queue's next
-    # read: faster than Temporal's default of 20 reads a second.
-    [reads] = server["dynamicConfig"][TRANSFER_READS_SETTING]
-    assert 20 < reads["value"] <= TRANSFER_QUEUE_READS_PER_SECOND
-
-
-# -- systemd -------------------------------------------------------------------------------------
-
-UNITS = ("agent", "scheduler", "gateway")
-
-
-def unit_settings(path: Path) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {}
-    for line in path.read_text().splitlines():
-        if "=" in line and not line.startswith(("#", "[")):
-            key, _, value = line.partition("=")
-            found.setdefault(key, []).append(value)
-    return found
-
-
-def exec_start_arguments(
-    command_line: str, environment: dict[str, str], credentials: Path
-) -> list[str]:
-    """systemd's expansion: ${VAR} is one argument, $VAR splits at whitespace,
-    %d is the service's credentials directory."""
-    arguments = []
-    for word in shlex.split(command_line.replace("%d", str(credentials))):
-        if whole := re.fullmatch(r"\$\{(\w+)\}", word):
-            arguments.append(environment[whole.group(1)])
-        elif split := re.fullmatch(r"\$(\w+)", word):
-            arguments += environment.get(split.group(1), "").split()
-        else:
-            assert "$" not in word and "%" not in word, word
-            arguments.append(word)
-    return arguments
-
-
-@pytest.mark.parametrize("name", UNITS)
-def test_systemd_unit_runs_a_command_the_cli_accepts(
-    name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    unit = unit_settings(DEPLOY / "systemd" / f"timeshare-{name}.service")
-    assert unit["EnvironmentFile"] == [f"/etc/timeshare/{name}.env"]
-    environment = env_file(DEPLOY / "systemd" / f"{name}.env")
-    credentials = Path("/run/credentials") / f"timeshare-{name}.service"
-    [command_line] = unit["ExecStart"]
-    program, *arguments = exec_start_arguments(command_line, environment, credentials)
-    assert program == "/opt/timeshare/bin/timeshare"
-    args, unknown = parse_cli(arguments, environment, monkeypatch)
-    assert (args.command, unknown) == (name, [])
-    temporal = temporal_settings(args)  # flags, then the environment file
-    assert temporal.address == environment["TEMPORAL_ADDRESS"]
-    assert temporal.namespace == environment["TEMPORAL_NAMESPACE"]
-    if name == "agent":
-        assert unit["User"] == ["root"]
-        assert args.socket == environment["TIMESHARE_AGENT_SOCKET"]
-        assert Path(args.socket).parent == Path("/run") / unit["RuntimeDirectory"][0]
-        assert unit["RuntimeDirectoryPreserve"] == ["yes"]  # registrations live there
-        assert args.backend == environment["TIMESHARE_BACKEND"]
-    else:
-        assert unit["DynamicUser"] == ["yes"]
-    if name == "gateway":
-        security = gateway_security(args)
-        security.check()  # it listens beyond loopback: TLS and tokens are there
-        assert not security.loopback_only and not args.insecure
-        # Every file it is given is a credential systemd copies in for it.
-        loaded = {c.split(":", 1)[0] for c in unit["LoadCredential"]}
-        for path in (args.tls_cert, args.tls_key, args.tokens_file):
-            assert path.parent == credentials and path.name in loaded, path
-
-
-@pytest.mark.skipif(
-    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here"
-)
-def test_systemd_units_verify(tmp_path: Path) -> None:
-    # verify insists that ExecStart's program exists: point the units at this
-    # checkout's own `timeshare` instead of /opt/timeshare's.
-    timeshare = Path(sys.executable).parent / "timeshare"
-    assert timeshare.exists()
-    for name in UNITS:
-        text = (DEPLOY / "systemd" / f"timeshare-{name}.service").read_text()
-        assert "/opt/timeshare/bin/timeshare" in text
-        (tmp_path / f"timeshare-{name}.service").write_text(
-            text.replace("/opt/timeshare/bin/timeshare", str(timeshare))
-        )
-    result = subprocess.run(
-        ["systemd-analyze", "verify", *sorted(str(p) for p in tmp_path.glob("*.service"))],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    # Unknown keys and bad values are only warnings (exit 0): no output at all.
-    assert (result.returncode, result.stdout + result.stderr) == (0, "")
-
-
-# -- Slurm ---------------------------------------------------------------------------------------
-
-SLURM = DEPLOY / "slurm"
-
-
-@pytest.mark.parametrize("name", ["prolog.sh", "epilog.sh", "grpo-pair.sbatch"])
-def test_slurm_script_parses(name: str) -> None:
-    result = subprocess.run(
-        ["bash", "-n", str(SLURM / name)], capture_output=True, text=True, timeout=30
-    )
-    assert (result.returncode, result.stderr) == (0, "")
-
-
-def test_slurm_example_oversubscribes_a_partition_that_allows_it() -> None:
-    options = re.findall(r"^#SBATCH (\S+)", (SLURM / "grpo-pair.sbatch").read_text(), re.M)
-    assert "--oversubscribe" in options
-    assert not any(o.startswith("--gres") for o in options)  # a GRES is never shared
-    partition = next(o.split("=", 1)[1] for o in options if o.startswith("--partition="))
-    readme = (SLURM / "README.md").read_text()
-    assert re.search(rf"PartitionName={partition} .*OverSubscribe=YES:2", readme)
-
-
-@pytest.fixture
-def orphan() -> Iterator[int]:
-    """A process that is not the test's child: the agent refuses its own tree."""
-    output = subprocess.run(
-        ["sh", "-c", "sleep 120 >/dev/null 2>&1 & echo $!"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    )
-    pid = int(output.stdout)
-    yield pid
-    os.kill(pid, signal.SIGKILL)
-
-
-def run_task_prolog(environment: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(SLURM / "prolog.sh")],
-        # PYTHONPATH passed on: the timeshare it runs is the one under test.
-        env={"PATH": os.environ["PATH"], **environment}
-        | {k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-async def test_task_prolog_registers_the_task_with_the_agent(tmp_path: Path, orphan: int) -> None:
-    scontrol = tmp_path / "scontrol"
-    scontrol.write_text(
-        '#!/bin/sh\n[ "$*" = "show hostnames gpu[01-02]" ] && printf "gpu01\\ngpu02\\n"\n'
-    )
-    scontrol.chmod(0o755)
-    socket_path = tmp_path / "agent.sock"
-    processes = ProcessTable()
-    server = await serve_agent_socket(
-        str(socket_path), processes, credentials=known_jobs("grpo-pair")
-    )
-    slurm = {
-        "SLURM_JOB_ID": "42",
-        "SLURM_JOB_NODELIST": "gpu[01-02]",
-        "SLURM_TASK_PID": str(orphan),
-        "TIMESHARE_BIN": str(Path(sys.executable).parent / "timeshare"),
-        "SCONTROL_BIN": str(scontrol),
-        "TIMESHARE_AGENT_SOCKET": str(socket_path),
-    }
-    try:
-        untouched = await asyncio.to_thread(run_task_prolog, slurm)
-        assert (untouched.returncode, untouched.stdout) == (0, "")  # not a timeshare job
-
-        grouped = {**slurm, "TIMESHARE_GROUP": "grpo-pair"}
-        exported = await asyncio.to_thread(run_task_prolog, grouped)
-        assert exported.returncode == 0, exported.stdout + exported.stderr
-        assert exported.stdout.splitlines() == [
-            "export TIMESHARE_JOB=slurm-42",
-            "export TIMESHARE_NODES=gpu01,gpu02",
-        ]
-        assert processes.jobs("grpo-pair") == []  # registering is per step, on request
-
-        # The job's token, from the Join its batch script made (deploy/slurm/README.md).
-        unproven = {**grouped, "TIMESHARE_REGISTER_TASK": "1"}
-        denied = await asyncio.to_thread(run_task_prolog, unproven)
-        assert denied.returncode == 1 and "no job token" in denied.stdout
-        assert processes.jobs("grpo-pair") == []
-        registering = {**unproven, **token_env("slurm-42")}
-        registered = await asyncio.to_thread(run_task_prolog, registering)
-        assert registered.returncode == 0, registered.stdout + registered.stderr
-        assert processes.processes("grpo-pair", "slurm-42") == [orphan]
-
-        refused = await asyncio.to_thread(run_task_prolog, {**registering, "SLURM_TASK_PID": "1"})
-        assert refused.returncode == 1
-        assert refused.stdout.splitlines()[-1].startswith("print timeshare: task 1 of slurm-42")
-    finally:
-        server.close()
-        await server.wait_closed()
-
-
-def test_epilog_never_fails_when_the_gateway_is_unreachable(tmp_path: Path) -> None:
-    # Slurm sets a node DOWN when its Epilog fails.
-    result = subprocess.run(
-        ["bash", str(SLURM / "epilog.sh")],
-        env={
-            "SLURM_JOB_ID": "42",
-            "TIMESHARE_SLURM_ENV": str(tmp_path / "absent.env"),
-            "TIMESHARE_PYTHON": sys.executable,
-            "TIMESHARE_ADDRESS": "127.0.0.1:1",
-        },
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr

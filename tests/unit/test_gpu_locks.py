@@ -1,7 +1,7 @@
 """One switch at a time per GPU, whatever its group: two groups that claim
 different GPUs of one node move their state at the same time (the sim
 backend's record of each checkpoint). That two groups sharing a GPU switch one
-after the other is tests/test_checkpoint_backends.py's
+after the other is tests/integration/test_checkpoint_backends.py's
 test_switches_of_two_groups_on_one_node_never_overlap."""
 
 from __future__ import annotations
