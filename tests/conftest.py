@@ -23,7 +23,8 @@ from temporalio.worker import Worker
 
 import timeshare.aio
 from tests import emulator
-from tests.emulator.rig import Emulator, emulator_in_this_process
+from tests.cuda_backends import running_workers
+from tests.emulator.rig import CudaWorker, Emulator, emulator_in_this_process
 from tests.gateways import start_gateway
 from tests.needs import skip_what_the_machine_lacks
 from timeshare.activities.backends.base import BackendConfig
@@ -194,6 +195,13 @@ def gpu_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]
         pytest.skip("gcc is not installed: the GPU emulator is built from C")
     with emulator_in_this_process(tmp_path_factory.mktemp("emulator")) as emu:
         yield emu
+
+
+@pytest.fixture
+def cuda_workers(gpu_emulator: Emulator) -> Iterator[list[CudaWorker]]:
+    """Worker processes of the emulated CUDA driver, stopped after the test."""
+    with running_workers(gpu_emulator) as started:
+        yield started
 
 
 @pytest.fixture(autouse=True)

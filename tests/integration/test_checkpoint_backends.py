@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,6 @@ from tests.cuda_backends import (
     backend_of,
     driver_backend,
     read_emulated_nvml,
-    running_workers,
     spans,
     start_job,
     switch_input,
@@ -54,12 +52,6 @@ from timeshare.status import nodes_table
 from timeshare.workers.agent.serve import node_info
 
 
-@pytest.fixture
-def workers(gpu_emulator: Emulator) -> Iterator[list[CudaWorker]]:
-    with running_workers(gpu_emulator) as started:
-        yield started
-
-
 @pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -71,11 +63,11 @@ def nvml(gpu_emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_ranks_are_all_locked_first_then_moved_in_parallel_each_reported(
-    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker], kind: str, nvml: None
+    gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker], kind: str, nvml: None
 ) -> None:
     emu, table = gpu_emulator, ProcessTable()
     backend = backend_of(kind, emu, table)
-    job = start_job(emu, tmp_path, workers, table, "a", nbytes=24 * MiB)
+    job = start_job(emu, tmp_path, cuda_workers, table, "a", nbytes=24 * MiB)
     for pid in job.pids:
         for call in ("checkpoint", "restore"):
             emulator.add_fault(emu.state_dir, pid, call, "delay", 400)
@@ -105,7 +97,7 @@ async def test_ranks_are_all_locked_first_then_moved_in_parallel_each_reported(
 
 
 async def test_freeze_and_cuda_lock_and_checkpoint_while_running_then_freeze(
-    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker]
+    gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker]
 ) -> None:
     """The driver's restore thread must run for a lock, checkpoint and
     restore: a stack that froze first would time out every lock."""
@@ -114,7 +106,7 @@ async def test_freeze_and_cuda_lock_and_checkpoint_while_running_then_freeze(
     freeze = FreezeBackend(CONFIG)
     freeze.attach(table)
     stack = StackedBackend([freeze, cuda])
-    job = start_job(emu, tmp_path, workers, table, "a")
+    job = start_job(emu, tmp_path, cuda_workers, table, "a")
 
     assert (await stack.checkpoint("g", "a")).action == "checkpoint"
     for pid in job.pids:
@@ -148,11 +140,11 @@ async def test_freeze_and_cuda_lock_and_checkpoint_while_running_then_freeze(
 
 
 async def test_checkpointing_and_restoring_are_waited_for(
-    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker], kind: str
+    gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker], kind: str
 ) -> None:
     emu, table = gpu_emulator, ProcessTable()
     backend = backend_of(kind, emu, table)
-    job = start_job(emu, tmp_path, workers, table, "a", ranks=1)
+    job = start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1)
     (pid,) = job.pids
     assert emu.act("lock", pid, timeout_ms=5000) == 0
     rule = emulator.add_fault(emu.state_dir, pid, "checkpoint", "hang")
@@ -180,14 +172,14 @@ async def test_checkpointing_and_restoring_are_waited_for(
 
 
 async def test_a_checkpoint_that_leaves_a_rank_running_fails(
-    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker]
+    gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker]
 ) -> None:
     emu, table = gpu_emulator, ProcessTable()
     backend = driver_backend(emu, table)
-    (rank,) = start_job(emu, tmp_path, workers, table, "a", ranks=1).ranks
+    (rank,) = start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1).ranks
     go = tmp_path / "late-rank-go"
     late = start_worker(emu.env, tmp_path, "late", start_when=go)  # not a CUDA process yet
-    workers.append(late)
+    cuda_workers.append(late)
     table.register("g", "a", late.pid)
     rule = emulator.add_fault(emu.state_dir, rank.pid, "checkpoint", "hang")
     checkpoint = asyncio.create_task(backend.checkpoint("g", "a"))
@@ -263,14 +255,14 @@ def test_the_cuda_backends_refuse_to_start_where_they_cannot_work(gpu_emulator: 
 async def test_host_memory_is_held_for_every_checkpoint_under_way_whatever_its_group(
     gpu_emulator: Emulator,
     tmp_path: Path,
-    workers: list[CudaWorker],
+    cuda_workers: list[CudaWorker],
     nvml: None,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     emu, table = gpu_emulator, ProcessTable()
     backend = driver_backend(emu, table)
-    first = start_job(emu, tmp_path, workers, table, "a", ranks=1, nbytes=64 * MiB, group="g1")
-    start_job(emu, tmp_path, workers, table, "b", ranks=1, nbytes=64 * MiB, group="g2")
+    first = start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1, nbytes=64 * MiB, group="g1")
+    start_job(emu, tmp_path, cuda_workers, table, "b", ranks=1, nbytes=64 * MiB, group="g2")
     monkeypatch.setattr(
         "timeshare.activities.backends.checkpoint_memory.host_memory_available", lambda: 100 * MiB
     )
@@ -295,11 +287,11 @@ async def test_host_memory_is_held_for_every_checkpoint_under_way_whatever_its_g
 
 
 async def test_footprints_come_from_nvml_and_are_remembered_while_parked(
-    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker], nvml: None
+    gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker], nvml: None
 ) -> None:
     emu, table = gpu_emulator, ProcessTable()
     backend = driver_backend(emu, table)
-    start_job(emu, tmp_path, workers, table, "a", nbytes=32 * MiB)
+    start_job(emu, tmp_path, cuda_workers, table, "a", nbytes=32 * MiB)
     assert await backend.footprint("g", "a") == {"gpu0": 64 * MiB}
     assert await backend.admission_footprint("g", "a") == {"gpu0": 64 * MiB}
     free = (await backend.free_memory("g") or {})["gpu0"]
@@ -316,14 +308,14 @@ async def test_footprints_come_from_nvml_and_are_remembered_while_parked(
 async def test_memory_nvml_cannot_tell_is_unknown_and_such_a_job_is_moved_never_packed(
     gpu_emulator: Emulator,
     tmp_path: Path,
-    workers: list[CudaWorker],
+    cuda_workers: list[CudaWorker],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     emu, table = gpu_emulator, ProcessTable()
     backend = driver_backend(emu, table, CONFIG.model_copy(update={"co_residency_margin_bytes": 0}))
     agent = SwitchActivities("n", backend, table)
     for job in ("a", "b"):
-        start_job(emu, tmp_path, workers, table, job, ranks=1, nbytes=4 * MiB)
+        start_job(emu, tmp_path, cuda_workers, table, job, ranks=1, nbytes=4 * MiB)
     seen = {"env": emu.env}
     monkeypatch.setattr(
         "timeshare.activities.backends.checkpointing.device_memory",
@@ -349,14 +341,14 @@ async def test_memory_nvml_cannot_tell_is_unknown_and_such_a_job_is_moved_never_
 
 
 async def test_switches_of_two_groups_on_one_node_never_overlap(
-    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker]
+    gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker]
 ) -> None:
     emu, table = gpu_emulator, ProcessTable()
     backend = driver_backend(emu, table)
     agent = SwitchActivities("n", backend, table)
-    one = start_job(emu, tmp_path, workers, table, "a", ranks=1, group="g1")
-    two = start_job(emu, tmp_path, workers, table, "b", ranks=1, group="g2")
-    start_job(emu, tmp_path, workers, table, "c", ranks=1, group="g2")
+    one = start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1, group="g1")
+    two = start_job(emu, tmp_path, cuda_workers, table, "b", ranks=1, group="g2")
+    start_job(emu, tmp_path, cuda_workers, table, "c", ranks=1, group="g2")
     run = ActivityEnvironment().run
     rule = emulator.add_fault(emu.state_dir, one.pids[0], "checkpoint", "hang")
     # g1's switch hangs in its checkpoint; g2's switch must wait for the node.
@@ -383,14 +375,14 @@ async def test_switches_of_two_groups_on_one_node_never_overlap(
 
 
 async def test_a_switch_whose_checkpoint_outlives_the_call_timeout_fails_as_unknown(
-    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker]
+    gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker]
 ) -> None:
     """The workflow marks the node's residency unknown for a failed checkpoint
     (scheduling.base.UNKNOWN_RESIDENT); the agent says why."""
     emu, table = gpu_emulator, ProcessTable()
     backend = driver_backend(emu, table, CONFIG.model_copy(update={"call_timeout_seconds": 1.0}))
     agent = SwitchActivities("n", backend, table)
-    job = start_job(emu, tmp_path, workers, table, "a", ranks=1)
+    job = start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1)
     emulator.add_fault(emu.state_dir, job.pids[0], "checkpoint", "hang")
     with pytest.raises(ApplicationError) as failed:
         await ActivityEnvironment().run(agent.switch, switch_input("g", "b", 1, ["a"]))
@@ -401,13 +393,13 @@ async def test_a_switch_whose_checkpoint_outlives_the_call_timeout_fails_as_unkn
 
 
 async def test_a_rank_with_a_child_without_cuda_is_moved_and_the_child_left_alone(
-    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker], kind: str
+    gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker], kind: str
 ) -> None:
     """The child (a DataLoader's worker) answers CUDA_ERROR_NOT_INITIALIZED,
     as on driver 580 (GPU-FACTS.md): no CUDA there, not a failed switch."""
     emu, table = gpu_emulator, ProcessTable()
     backend = backend_of(kind, emu, table)
-    (rank,) = start_job(emu, tmp_path, workers, table, "a", ranks=1, children=1).ranks
+    (rank,) = start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1, children=1).ranks
     (child,) = rank.children
     assert emu.restore_tid(child)[0] == emulator.CUDA_ERROR_NOT_INITIALIZED
     assert (await backend.checkpoint("g", "a")).pids == [rank.pid]
@@ -455,7 +447,7 @@ BROKEN_UTILITIES = {
 
 @pytest.mark.parametrize("broken", sorted(BROKEN_UTILITIES))
 async def test_a_utility_that_fails_otherwise_than_no_cuda_fails_the_switch_loudly(
-    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker], broken: str
+    gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker], broken: str
 ) -> None:
     """Only "Could not find restore thread for process ID P" means no CUDA:
     read as "nothing to move", any other failure would leave the job's state
@@ -465,7 +457,7 @@ async def test_a_utility_that_fails_otherwise_than_no_cuda_fails_the_switch_loud
     utility = utility_that(tmp_path, emu, "cuda-checkpoint", script)
     backend = CudaCheckpointBackend(CONFIG, utility)
     backend.attach(table)
-    (rank,) = start_job(emu, tmp_path, workers, table, "a", ranks=1).ranks
+    (rank,) = start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1).ranks
     with pytest.raises(BackendError, match=expected) as failed:
         await backend.checkpoint("g", "a")
     assert f"run `{utility} --get-" in str(failed.value)  # what to do next
@@ -473,13 +465,13 @@ async def test_a_utility_that_fails_otherwise_than_no_cuda_fails_the_switch_loud
 
 
 async def test_a_utility_the_agent_cannot_run_fails_the_switch_loudly(
-    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker]
+    gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker]
 ) -> None:
     emu, table = gpu_emulator, ProcessTable()
     utility = utility_that(tmp_path, emu, "cuda-checkpoint", 'real "$@"')
     backend = CudaCheckpointBackend(CONFIG, utility)
     backend.attach(table)
-    start_job(emu, tmp_path, workers, table, "a", ranks=1)
+    start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1)
     Path(utility).chmod(0o644)  # as after a copy that lost its mode
     with pytest.raises(BackendError, match=r"could not run \(Permission denied\)"):
         await backend.checkpoint("g", "a")

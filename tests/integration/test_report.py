@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import HEADLESS_FLAGS
 from tests.conftest import REPO
 from tests.integration.test_cli import assert_one_line_failure, run
 from tests.needs import CHROMIUM
@@ -27,14 +28,7 @@ def test_html_opens_in_headless_chromium(tmp_path: Path) -> None:
     result = subprocess.run(
         [
             str(browser),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
+            *HEADLESS_FLAGS,
             f"--user-data-dir={tmp_path / 'profile'}",
             "--enable-logging=stderr",
             "--v=0",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,6 @@ from tests.cuda_backends import (
     backend_of,
     driver_backend,
     read_emulated_nvml,
-    running_workers,
     start_job,
     switch_input,
 )
@@ -39,12 +37,6 @@ from timeshare.activities.switch import SwitchActivities
 from timeshare.models import JOB_FAILED, NO_DEVICE_ROOM, RESTORE_FAILED
 
 
-@pytest.fixture
-def workers(gpu_emulator: Emulator) -> Iterator[list[CudaWorker]]:
-    with running_workers(gpu_emulator) as started:
-        yield started
-
-
 @pytest.fixture(autouse=True)
 def emulated_nvml(gpu_emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
     read_emulated_nvml(monkeypatch, gpu_emulator)
@@ -52,7 +44,7 @@ def emulated_nvml(gpu_emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> No
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_restore_that_does_not_fit_is_refused_before_the_driver_is_asked(
-    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker], kind: str
+    gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker], kind: str
 ) -> None:
     """Asked to restore into a full device, the driver would fail and leave
     the process unrestorable for good (issue 44): the room is checked first,
@@ -60,10 +52,10 @@ async def test_a_restore_that_does_not_fit_is_refused_before_the_driver_is_asked
     emu, table = gpu_emulator, ProcessTable()
     backend = backend_of(kind, emu, table)
     agent = SwitchActivities("n", backend, table)
-    (rank,) = start_job(emu, tmp_path, workers, table, "a", ranks=1, nbytes=400 * MiB).ranks
+    (rank,) = start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1, nbytes=400 * MiB).ranks
     await backend.checkpoint("g", "a")
     filler = start_worker(emu.env, tmp_path, "filler", nbytes=700 * MiB)  # of the GPU's 1 GiB
-    workers.append(filler)
+    cuda_workers.append(filler)
     with pytest.raises(ApplicationError) as refused:
         await ActivityEnvironment().run(agent.switch, switch_input("g", "a", 1))
     failure = refused.value
@@ -83,15 +75,15 @@ async def test_a_restore_that_does_not_fit_is_refused_before_the_driver_is_asked
 
 
 async def test_restores_under_way_hold_their_room_whatever_their_group(
-    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker]
+    gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker]
 ) -> None:
     emu, table = gpu_emulator, ProcessTable()
     backend = driver_backend(emu, table)
-    one = start_job(emu, tmp_path, workers, table, "a", ranks=1, nbytes=400 * MiB, group="g1")
-    two = start_job(emu, tmp_path, workers, table, "b", ranks=1, nbytes=400 * MiB, group="g2")
+    one = start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1, nbytes=400 * MiB, group="g1")
+    two = start_job(emu, tmp_path, cuda_workers, table, "b", ranks=1, nbytes=400 * MiB, group="g2")
     await backend.checkpoint("g1", "a")
     await backend.checkpoint("g2", "b")
-    workers.append(start_worker(emu.env, tmp_path, "filler", nbytes=300 * MiB))
+    cuda_workers.append(start_worker(emu.env, tmp_path, "filler", nbytes=300 * MiB))
     for pid in one.pids + two.pids:  # both restores under way at once
         emulator.add_fault(emu.state_dir, pid, "restore", "delay", 500)
     outcomes = await asyncio.gather(
@@ -108,14 +100,14 @@ async def test_restores_under_way_hold_their_room_whatever_their_group(
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_restore_the_driver_fails_for_lack_of_memory_fails_the_job_for_good(
-    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker], kind: str
+    gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker], kind: str
 ) -> None:
     """Issue 44: such a process can never be restored on driver 580. The job
     is failed (the scheduler evicts it), never asked to restore again."""
     emu, table = gpu_emulator, ProcessTable()
     backend = backend_of(kind, emu, table)
     agent = SwitchActivities("n", backend, table)
-    (rank,) = start_job(emu, tmp_path, workers, table, "a", ranks=1).ranks
+    (rank,) = start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1).ranks
     await backend.checkpoint("g", "a")
     emulator.add_fault(emu.state_dir, rank.pid, "restore", "error", CUDA_ERROR_OUT_OF_MEMORY)
     with pytest.raises(JobFailed, match=r"ran out of device memory.*issue 44"):
@@ -149,12 +141,12 @@ def hide_from_nvml(monkeypatch: pytest.MonkeyPatch, emu: Emulator, hidden: list[
 async def test_a_process_nvml_does_not_list_is_unknown_never_zero(
     gpu_emulator: Emulator,
     tmp_path: Path,
-    workers: list[CudaWorker],
+    cuda_workers: list[CudaWorker],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     emu, table = gpu_emulator, ProcessTable()
     backend = driver_backend(emu, table)
-    (rank,) = start_job(emu, tmp_path, workers, table, "a", ranks=1, nbytes=64 * MiB).ranks
+    (rank,) = start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1, nbytes=64 * MiB).ranks
     hide_from_nvml(monkeypatch, emu, [rank.pid])
     assert await backend.footprint("g", "a") is None
     (note,) = backend.notes()
@@ -171,14 +163,14 @@ async def test_a_process_nvml_does_not_list_is_unknown_never_zero(
 async def test_a_resident_job_of_unknown_size_is_never_kept_co_resident(
     gpu_emulator: Emulator,
     tmp_path: Path,
-    workers: list[CudaWorker],
+    cuda_workers: list[CudaWorker],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     emu, table = gpu_emulator, ProcessTable()
     backend = driver_backend(emu, table, CONFIG.model_copy(update={"co_residency_margin_bytes": 0}))
     agent = SwitchActivities("n", backend, table)
-    start_job(emu, tmp_path, workers, table, "a", ranks=1, nbytes=4 * MiB)
-    (other,) = start_job(emu, tmp_path, workers, table, "b", ranks=1, nbytes=4 * MiB).ranks
+    start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1, nbytes=4 * MiB)
+    (other,) = start_job(emu, tmp_path, cuda_workers, table, "b", ranks=1, nbytes=4 * MiB).ranks
     hide_from_nvml(monkeypatch, emu, [other.pid])
     # a is known and fits beside b many times over; b's size is unknown: b leaves.
     switched = await ActivityEnvironment().run(agent.switch, switch_input("g", "a", 1, ["b"]))
@@ -201,7 +193,7 @@ def memory_cgroup_to_write() -> Hierarchy | None:
 
 
 async def test_a_checkpoint_respects_the_memory_limit_of_the_jobs_cgroup(
-    gpu_emulator: Emulator, tmp_path: Path, workers: list[CudaWorker]
+    gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker]
 ) -> None:
     """The driver copies device memory into the process's own host memory,
     charged to its container: past the container's limit its OOM killer
@@ -211,7 +203,7 @@ async def test_a_checkpoint_respects_the_memory_limit_of_the_jobs_cgroup(
         pytest.skip("no writable memory cgroup here (needs root)")
     emu, table = gpu_emulator, ProcessTable()
     backend = driver_backend(emu, table)
-    (rank,) = start_job(emu, tmp_path, workers, table, "a", ranks=1, nbytes=96 * MiB).ranks
+    (rank,) = start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1, nbytes=96 * MiB).ranks
     name = f"timeshare-test-{os.getpid()}"
     cgroup = hierarchy.mount / name
     limit = "memory.max" if hierarchy.version == 2 else "memory.limit_in_bytes"

@@ -1,14 +1,5 @@
-"""The PyTorch hooks on a CPU build of torch (no GPU here). torch cannot pin
-memory without CUDA, so the offload hook falls back to ordinary host memory:
-what is checked is that every tensor's storage really moves to a host buffer
-and back, that the buffer is reused at the next eviction, that the tensors
-keep their identity, and that the job continues bit for bit as if nothing
-had happened. The pinned path, the copies on several streams and the device
-memory handed back run on a GPU host (`TIMESHARE_GPU_TESTS=1 pytest -m gpu`,
-torch with CUDA), and at full size in bench/gpu_switch.py's hooks scenario.
-
-Here the tests that start processes; the others are in
-tests/unit/test_torch_hooks.py."""
+"""The PyTorch hooks on a CPU build of torch, in jobs that run as processes
+(what is checked, and where the GPU path runs: tests/unit/test_torch_hooks.py)."""
 
 from __future__ import annotations
 
