@@ -1,5 +1,7 @@
 """Who may do what: job tokens, scoped bearer tokens, TLS and mTLS, the
-group limit, and the gateway's refusal to serve other hosts unprotected."""
+group limit, and the gateway's refusal to serve other hosts unprotected.
+
+A bad tokens file: tests/unit/test_access.py."""
 
 from __future__ import annotations
 
@@ -30,7 +32,53 @@ from timeshare.workers.gateway.group_client import count_running_groups
 from timeshare.workers.gateway.serve import GatewayOptions, serve_gateway
 
 TEAM_TOKEN = "team-a-token-0123456789"
+
+
 OPERATOR_TOKEN = "operator-token-0123456789"
+
+
+@pytest.fixture(scope="module")
+async def guarded_gateway(
+    temporal_address: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[RunningGateway]:
+    tokens = tmp_path_factory.mktemp("tokens") / "tokens.toml"
+    tokens.write_text(
+        f"""
+[[tokens]]
+name = "team-a"
+token = "{TEAM_TOKEN}"
+groups = ["team-a-*"]
+
+[[tokens]]
+name = "ops"
+sha256 = "{sha256_hex(OPERATOR_TOKEN)}"
+groups = ["*"]
+operator = true
+"""
+    )
+    running = await start_gateway(temporal_address, tokens_file=tokens)
+    yield running
+    await running.close()
+
+
+def make_certificates(folder: Path) -> dict[str, Path]:
+    """A throwaway CA, a server certificate for localhost and a client certificate."""
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-subj", "/CN=timeshare-test-ca", "-days", "1")  # fmt: skip
+    extensions = folder / "san.cnf"
+    extensions.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+            f"{name}.csr", "-subj", f"/CN={name}")  # fmt: skip
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{name}.pem", "-days", "1",
+            "-extfile", "san.cnf")  # fmt: skip
+    return {name: folder / name for name in (
+        "ca.pem", "server.pem", "server.key", "client.pem", "client.key")}  # fmt: skip
 
 
 async def test_another_jobs_token_is_permission_denied(
@@ -62,30 +110,6 @@ async def test_another_jobs_token_is_permission_denied(
         assert await api.get_group(group) == before
     finally:
         await api.close()
-
-
-@pytest.fixture(scope="module")
-async def guarded_gateway(
-    temporal_address: str, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[RunningGateway]:
-    tokens = tmp_path_factory.mktemp("tokens") / "tokens.toml"
-    tokens.write_text(
-        f"""
-[[tokens]]
-name = "team-a"
-token = "{TEAM_TOKEN}"
-groups = ["team-a-*"]
-
-[[tokens]]
-name = "ops"
-sha256 = "{sha256_hex(OPERATOR_TOKEN)}"
-groups = ["*"]
-operator = true
-"""
-    )
-    running = await start_gateway(temporal_address, tokens_file=tokens)
-    yield running
-    await running.close()
 
 
 async def test_bearer_tokens_are_scoped_to_groups(
@@ -120,26 +144,6 @@ async def test_bearer_tokens_are_scoped_to_groups(
     finally:
         for client in (nobody, team, ops, stranger):
             await client.close()
-
-
-def make_certificates(folder: Path) -> dict[str, Path]:
-    """A throwaway CA, a server certificate for localhost and a client certificate."""
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
-
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-        "-subj", "/CN=timeshare-test-ca", "-days", "1")  # fmt: skip
-    extensions = folder / "san.cnf"
-    extensions.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    for name in ("server", "client"):
-        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
-            f"{name}.csr", "-subj", f"/CN={name}")  # fmt: skip
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", f"{name}.pem", "-days", "1",
-            "-extfile", "san.cnf")  # fmt: skip
-    return {name: folder / name for name in (
-        "ca.pem", "server.pem", "server.key", "client.pem", "client.key")}  # fmt: skip
 
 
 async def test_mutual_tls_admits_only_certified_clients(
@@ -202,26 +206,6 @@ def test_other_hosts_need_tls_and_caller_checks(tmp_path: Path) -> None:
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--tls-cert" in lines[0], result.stderr
-
-
-@pytest.mark.parametrize(
-    "content, problem",
-    [
-        ("tokens = []", "tokens"),
-        ('[[tokens]]\nname = "x"\ngroups = ["*"]', "exactly one of token and sha256"),
-        ('[[tokens]]\nname = "x"\ntoken = "short"\ngroups = ["*"]', "at least 16"),
-        ('[[tokens]]\nname = "x"\nsha256 = "zz"\ngroups = ["*"]', "64 hex digits"),
-        ("not toml at all [", "not valid TOML"),
-    ],
-)
-def test_a_bad_tokens_file_is_refused_with_the_field(
-    tmp_path: Path, content: str, problem: str
-) -> None:
-    path = tmp_path / "tokens.toml"
-    path.write_text(content)
-    security = GatewaySecurity(listen="127.0.0.1:1", tokens_file=path)
-    with pytest.raises(StartupError, match=problem):
-        security.access()
 
 
 async def test_the_group_limit_refuses_new_groups_only(

@@ -1,5 +1,7 @@
 """The llm-d orchestrator API served by the gateway (--llmd-compat): its
-clients take turns unchanged, and our states map onto theirs."""
+clients take turns unchanged.
+
+The mapping of states: tests/unit/test_llmd_compat.py."""
 
 from __future__ import annotations
 
@@ -23,19 +25,23 @@ from tests.processes import detached, kill
 from timeshare.activities.backends.processes import ProcessTable
 from timeshare.credentials import llmd_job_token
 from timeshare.errors import PermissionDenied
-from timeshare.models import GroupPolicy, GroupStatus, JobStatus
+from timeshare.models import GroupPolicy
 from timeshare.registration import register_process
 from timeshare.v1 import llmd_compat_pb2 as llmd
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
 from timeshare.workers.agent.credentials import JobCredentials, group_lookup
 from timeshare.workers.agent.registration_socket import serve_agent_socket
 from timeshare.workers.gateway.llmd_compat import CompatSettings, peer_address
-from timeshare.workers.gateway.llmd_status import GroupState, JobState, group_status_response
+from timeshare.workers.gateway.llmd_status import GroupState, JobState
 
 METHOD = "/timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService/"
+
+
 # The gateway replicas' shared secret (TIMESHARE_LLMD_SECRET), from which each
 # llm-d job's token is derived.
 LLMD_SECRET = b"shared by the gateway replicas"
+
+
 # The generated stub types its methods for the blocking channel; on an
 # asyncio channel they return awaitables.
 Stub = Any
@@ -155,42 +161,6 @@ async def test_a_degraded_group_reads_unknown_and_faulted(
     assert [s.job_state for s in status.agent_job_states] == [JobState.STATE_FAULTED]
     waiting.cancel()
     await handle.terminate()
-
-
-def status_with(**fields: object) -> GroupStatus:
-    jobs = [JobStatus(job=j, nodes=["n1"], turns=1, waited_seconds=0, held_seconds=0) for j in "ab"]
-    return GroupStatus(group="g", jobs=jobs, **fields)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    ("fields", "group_state", "job_states"),
-    [
-        ({"state": "idle"}, GroupState.STATE_IDLE, [JobState.STATE_SAVED] * 2),
-        ({"state": "idle", "resident": {"n1": "a"}}, GroupState.STATE_IDLE_YIELDED,
-         [JobState.STATE_RUNNING, JobState.STATE_SAVED]),
-        ({"state": "paused", "resident": {"n1": "a"}}, GroupState.STATE_IDLE_YIELDED,
-         [JobState.STATE_RUNNING, JobState.STATE_SAVED]),
-        ({"state": "held", "holder": "a", "resident": {"n1": "a"}}, GroupState.STATE_LOCKED,
-         [JobState.STATE_RUNNING, JobState.STATE_SAVED]),
-        ({"state": "switching", "switching_to": "b", "resident": {"n1": "a"}},
-         GroupState.STATE_SWITCHING, [JobState.STATE_TRANSITIONING] * 2),
-        ({"state": "degraded", "switching_to": "b", "resident": {"n1": "a"},
-          "degraded_cause": "node n1: agent down"},
-         GroupState.STATE_UNKNOWN, [JobState.STATE_FAULTED] * 2),
-    ],
-)  # fmt: skip
-def test_every_state_maps(
-    fields: dict[str, object], group_state: int, job_states: list[int]
-) -> None:
-    response = group_status_response(status_with(**fields))
-    assert response.group.group_state == group_state
-    assert [s.job_state for s in response.agent_job_states] == job_states
-    expected_active = (
-        fields.get("holder")
-        or fields.get("switching_to")
-        or ("a" if fields.get("resident") else "")
-    )
-    assert response.group.active_job == expected_active
 
 
 async def test_only_allowed_networks_and_groups_are_served(

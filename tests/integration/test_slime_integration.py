@@ -1,10 +1,10 @@
 """The Slime phase callback against a real scheduler and gateway (sim nodes),
-driven by the call sites of llm-d's Slime fork (tests/slime_scripts.py, from
-tests/upstream/slime.json): each phase runs holding its role's groups, two
-jobs running train.py's and train_async.py's phase orders against each other
-never deadlock, whatever the groups are named, and the callback is a no-op
-without its environment. Slime is not on PyPI and needs GPUs (Megatron,
-SGLang): the fork's source is read instead (tests.upstream.extract)."""
+driven by the call sites of llm-d's Slime fork (tests/slime_scripts.py): each
+phase runs holding its role's groups, and two jobs running train.py's and
+train_async.py's phase orders against each other never deadlock, whatever the
+groups are named.
+
+The callback without a scheduler: tests/unit/test_slime_integration.py."""
 
 from __future__ import annotations
 
@@ -16,46 +16,16 @@ import pytest
 
 import timeshare
 from tests.conftest import SimNodes
-from tests.slime_scripts import SCRIPTS, SITES, SlimeArgs
-from tests.upstream.extract import load
+from tests.slime_scripts import SCRIPTS, SlimeArgs
+from tests.unit.test_slime_integration import ARGUMENTS
 from timeshare.integrations.slime import SAMPLER, TRAINER, RoleTurns, TimeshareCallback
 
 ROUNDS = 50
+
+
 # A deadlock shows as an acquire that is not granted in this long (each
 # grant takes well under a second here).
 ACQUIRE_TIMEOUT = 30.0
-# The fork's call sites the callback was written for: (event, phase, role).
-CHECKED_SITES = {
-    "train.py": [
-        ("begin", "init", "both"), ("end", "init", "both"),
-        *[("begin", "eval", "sampler"), ("end", "eval", "sampler")] * 2,
-        ("begin", "generate", "sampler"), ("end", "generate", "sampler"),
-        ("begin", "offload", "sampler"), ("end", "offload", "sampler"),
-        ("begin", "create", "trainer"), ("end", "create", "trainer"),
-        ("begin", "train", "trainer"), ("end", "train", "trainer"),
-        ("begin", "onload", "sampler"), ("end", "onload", "sampler"),
-        ("begin", "weight_sync", "both"), ("end", "weight_sync", "both"),
-        ("begin", "onload", "sampler"), ("end", "onload", "sampler"),
-        ("begin", "eval", "sampler"), ("end", "eval", "sampler"), ("close",),
-    ],
-    "train_async.py": [
-        ("begin", "init", "both"), ("end", "init", "both"),
-        ("begin", "generate", "sampler"), ("end", "generate", "sampler"),
-        ("begin", "create", "trainer"), ("end", "create", "trainer"),
-        ("begin", "train", "trainer"), ("begin", "generate", "sampler"),
-        ("end", "train", "trainer"), ("end", "generate", "sampler"),
-        ("begin", "weight_sync", "both"), ("end", "weight_sync", "both"),
-        ("begin", "eval", "sampler"), ("end", "eval", "sampler"), ("close",),
-    ],
-}  # fmt: skip
-# Arguments that between them reach every call site of both scripts.
-ARGUMENTS = [
-    SlimeArgs(),
-    SlimeArgs(offload_rollout=True, eval_interval=2),
-    SlimeArgs(release_train=True, eval_interval=1),
-    SlimeArgs(num_rollout=0, eval_interval=1),
-    SlimeArgs(num_rollout=4, update_weights_interval=2, eval_interval=1),
-]
 
 
 class Watching:
@@ -99,28 +69,32 @@ async def pools(sim_nodes: SimNodes, unique: str) -> dict[str, str]:
     return nodes
 
 
-def test_the_fork_calls_the_callback_where_it_was_checked() -> None:
-    facts = load("slime")
-    for script, sites in SITES.items():
-        assert [tuple(site) for site in sites] == CHECKED_SITES[script], (
-            f"llm-d's Slime fork changed its {script} phases ({facts['pinned']}): check "
-            "timeshare.integrations.slime against them, then CHECKED_SITES"
-        )
-    assert set(facts["PhaseCallback"]) == {"on_phase_begin", "on_phase_end", "close"}
-    assert facts["PhaseCallback"]["on_phase_begin"] == ["self", "phase", "role", "context"]
-    assert facts["loader_calls"] == [0]  # the fork makes the callback with no arguments
-    TimeshareCallback()  # ... which ours allows
+def run_jobs(
+    gateway: str, jobs: dict[str, tuple[str, str, str]], nodes: dict[str, str], rounds: int
+) -> None:
+    """Run each job (name -> script, trainer group, sampler group) for
+    ``rounds`` rollouts, all at once; fail on a deadlock (an acquire not
+    granted in time) or any other error."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(jobs))
+    args = SlimeArgs(num_rollout=rounds)
 
+    def job(name: str, script: str, trainer: str, sampler: str) -> None:
+        try:
+            with timeshare.connect(gateway) as client:
+                turns = role_turns(client, name, trainer, sampler, nodes)
+                start.wait()
+                SCRIPTS[script](Watching(turns), args)
+        except BaseException as error:  # reported by the test thread
+            errors.append(error)
 
-def test_the_replays_reach_every_call_site() -> None:
-    class Nothing:
-        def on_phase_begin(self, *args: Any) -> None: ...
-        def on_phase_end(self, *args: Any) -> None: ...
-        def close(self) -> None: ...
-
-    for script, replay in SCRIPTS.items():
-        used = set().union(*(replay(Nothing(), args).used for args in ARGUMENTS))
-        assert used == set(range(len(SITES[script]))), (script, used)
+    threads = [threading.Thread(target=job, args=(name, *spec)) for name, spec in jobs.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(rounds * 2 * ACQUIRE_TIMEOUT)
+    assert not any(thread.is_alive() for thread in threads), "the jobs deadlocked"
+    assert not errors, f"the jobs deadlocked or failed: {errors}"
 
 
 @pytest.mark.parametrize("script", list(SCRIPTS))
@@ -164,34 +138,6 @@ async def test_an_eval_inside_a_pending_generate_keeps_the_sampler_pool(
             turns.close()
 
     await asyncio.to_thread(scenario)
-
-
-def run_jobs(
-    gateway: str, jobs: dict[str, tuple[str, str, str]], nodes: dict[str, str], rounds: int
-) -> None:
-    """Run each job (name -> script, trainer group, sampler group) for
-    ``rounds`` rollouts, all at once; fail on a deadlock (an acquire not
-    granted in time) or any other error."""
-    errors: list[BaseException] = []
-    start = threading.Barrier(len(jobs))
-    args = SlimeArgs(num_rollout=rounds)
-
-    def job(name: str, script: str, trainer: str, sampler: str) -> None:
-        try:
-            with timeshare.connect(gateway) as client:
-                turns = role_turns(client, name, trainer, sampler, nodes)
-                start.wait()
-                SCRIPTS[script](Watching(turns), args)
-        except BaseException as error:  # reported by the test thread
-            errors.append(error)
-
-    threads = [threading.Thread(target=job, args=(name, *spec)) for name, spec in jobs.items()]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(rounds * 2 * ACQUIRE_TIMEOUT)
-    assert not any(thread.is_alive() for thread in threads), "the jobs deadlocked"
-    assert not errors, f"the jobs deadlocked or failed: {errors}"
 
 
 async def test_two_train_async_jobs_never_deadlock_over_fifty_rollouts(
@@ -254,18 +200,3 @@ async def test_llmd_environment_names_one_shared_pool(
             assert client.get_group(group).jobs == []
 
     await asyncio.to_thread(scenario)
-
-
-def test_without_its_environment_the_callback_does_nothing(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    for variable in ("TIMESHARE_JOB", "TIMESLICE_JOB_ID", "TIMESHARE_TRAINER_GROUP",
-                     "TIMESLICE_TRAINER_GROUP", "TIMESHARE_SAMPLER_GROUP",
-                     "TIMESLICE_SAMPLER_GROUP"):  # fmt: skip
-        monkeypatch.delenv(variable, raising=False)
-    # Nowhere to connect: any call that tried would fail.
-    monkeypatch.setenv("TIMESHARE_ADDRESS", "127.0.0.1:1")
-    callback = TimeshareCallback()
-    assert callback.turns is None
-    for script, replay in SCRIPTS.items():
-        assert replay(callback, SlimeArgs()).calls, script

@@ -1,6 +1,8 @@
 """What the Temporal UI shows of a group: its static summary and details,
 and its current details, one field per line, read from the dev server's own
-UI (2.54) in headless Chromium."""
+UI (2.54) in headless Chromium.
+
+The same text without a browser: tests/unit/test_ui_details.py."""
 
 from __future__ import annotations
 
@@ -19,9 +21,8 @@ from tests.browser import HeadlessPage
 from tests.conftest import SimNodes, TemporalServer
 from timeshare.models import GroupPolicy
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, group_workflow_id
-from timeshare.scheduling.reporting import GroupSummary
 from timeshare.workflows.registry import REGISTRY_DETAILS
-from timeshare.workflows.ui_text import REGISTRY_SUMMARY, current_details, group_details
+from timeshare.workflows.ui_text import REGISTRY_SUMMARY
 
 # The UI renders each piece of markdown in an iframe of its own (/render?content=...).
 FRAME_TEXT = (
@@ -29,6 +30,8 @@ FRAME_TEXT = (
     " return f && f.contentDocument && f.contentDocument.body"
     " ? f.contentDocument.body.innerText : ''; }})()"
 )
+
+
 RENDER_SECONDS = 20.0
 
 
@@ -73,6 +76,25 @@ async def until_details_say(client: Client, workflow_id: str, line: str) -> str:
     raise AssertionError(f"the current details never said {line!r}: {details!r}")
 
 
+def read_the_page(url: str, waited_for: str, folder: Path) -> dict[str, str]:
+    """Each metadata frame's text, once the current details name
+    ``waited_for``; a screenshot of the page in ``folder``."""
+    page = HeadlessPage(folder / "profile", width=1280, height=1100)
+    try:
+        page.open(url)
+        page.wait_for(
+            f"{FRAME_TEXT.format('current-details')}.includes({waited_for!r})",
+            RENDER_SECONDS,
+            "the current details",
+        )
+        shown = {part: page.evaluate(FRAME_TEXT.format(part)) for part in ("summary", "details")}
+        shown["current-details"] = page.evaluate(FRAME_TEXT.format("current-details"))
+        page.screenshot(folder / "group-in-temporal-ui.png")
+        return shown
+    finally:
+        page.close()
+
+
 async def test_a_group_says_what_it_is(
     client: Client, api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str
 ) -> None:
@@ -105,49 +127,6 @@ async def test_a_group_says_what_it_is(
     registry = await client.get_workflow_handle(NODE_REGISTRY_WORKFLOW_ID).describe()
     assert await registry.static_summary() == REGISTRY_SUMMARY
     assert await registry.static_details() == REGISTRY_DETAILS
-
-
-def test_a_degraded_group_names_its_cause_on_a_line_of_its_own() -> None:
-    summary = GroupSummary(
-        group="g",
-        state="degraded",
-        holder="a",
-        holder_phase="train",
-        yield_epoch=3,
-        epoch=3,
-        switches=5,
-        degraded_cause="switch failing: node n1: *boom*\n| again (attempt 2)",
-        queue=("b", "c"),
-        ordering="fifo",
-        phase_priority=(("rollout", -1), ("train", 2)),
-        resident=(("n1", "a"), ("n2", "c")),
-    )
-    assert current_details(summary).splitlines()[2:] == [
-        "- **holder**: a (train), asked to yield",
-        "- **queue**: b, c",
-        "- **state**: degraded, epoch 3, 5 switches",
-        # Markup in a cause is shown as written, and a line break as a space.
-        r"- **degraded**: switch failing: node n1: \*boom\* \| again (attempt 2)",
-        "- **ordering**: fifo",
-        "- **phase priority**: rollout -1, train +2",
-        "- **node n1**: a",
-        "- **node n2**: c",
-    ]
-
-
-def test_static_details_follow_the_policy() -> None:
-    default = group_details("g", GroupPolicy()).splitlines()
-    assert "- **GPUs**: all of each node's" in default
-    assert "- **long turns**: no limit: a job holds the turn until it yields" in default
-    assert not any(line.startswith("- **phase priority**") for line in default)
-    chosen = group_details(
-        "g",
-        GroupPolicy(ordering="fifo", gpus=[1, 0], co_residency="off", phase_priority={"train": 1}),
-    ).splitlines()
-    assert "- **GPUs**: 0, 1 of each node" in chosen
-    assert "- **co-residency**: off: every switch checkpoints the job that ran" in chosen
-    assert "- **phase priority**: train +1" in chosen
-    assert any(line.startswith("- **ordering**: fifo") for line in chosen)
 
 
 @pytest.mark.browser
@@ -185,22 +164,3 @@ async def test_the_ui_shows_each_field_on_a_line_of_its_own(
         f"see it: timeshare status {group}; the current details below"
         in shown["details"].splitlines()
     )
-
-
-def read_the_page(url: str, waited_for: str, folder: Path) -> dict[str, str]:
-    """Each metadata frame's text, once the current details name
-    ``waited_for``; a screenshot of the page in ``folder``."""
-    page = HeadlessPage(folder / "profile", width=1280, height=1100)
-    try:
-        page.open(url)
-        page.wait_for(
-            f"{FRAME_TEXT.format('current-details')}.includes({waited_for!r})",
-            RENDER_SECONDS,
-            "the current details",
-        )
-        shown = {part: page.evaluate(FRAME_TEXT.format(part)) for part in ("summary", "details")}
-        shown["current-details"] = page.evaluate(FRAME_TEXT.format("current-details"))
-        page.screenshot(folder / "group-in-temporal-ui.png")
-        return shown
-    finally:
-        page.close()
