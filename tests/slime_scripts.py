@@ -32,6 +32,16 @@ class SlimeArgs:
     update_weights_interval: int = 1
 
 
+# Arguments that between them reach every call site of both scripts.
+ARGUMENTS = [
+    SlimeArgs(),
+    SlimeArgs(offload_rollout=True, eval_interval=2),
+    SlimeArgs(release_train=True, eval_interval=1),
+    SlimeArgs(num_rollout=0, eval_interval=1),
+    SlimeArgs(num_rollout=4, update_weights_interval=2, eval_interval=1),
+]
+
+
 def periodic(rollout_id: int, interval: int | None) -> bool:
     """slime.utils.misc.should_run_periodic_action, for a run of one epoch."""
     return interval is not None and (rollout_id + 1) % interval == 0

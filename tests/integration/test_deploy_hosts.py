@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.credentials import known_jobs, token_env
-from tests.unit.test_deploy import (
+from tests.deploy_files import (
     DEPLOY,
     SLURM,
     UNITS,

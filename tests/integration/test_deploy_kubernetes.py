@@ -27,8 +27,7 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tests.credentials import known_jobs
-from tests.integration.test_access import make_certificates
-from tests.unit.test_deploy import (
+from tests.deploy_files import (
     KUBE,
     Obj,
     load,
@@ -37,6 +36,7 @@ from tests.unit.test_deploy import (
     pod_spec,
     validate_strictly,
 )
+from tests.integration.test_access import make_certificates
 from timeshare.activities.backends.processes import ProcessTable
 from timeshare.cli import gateway_security, temporal_settings
 from timeshare.workers.agent.registration_socket import serve_agent_socket

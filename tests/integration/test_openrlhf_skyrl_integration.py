@@ -25,14 +25,10 @@ import timeshare
 from tests.conftest import REPO, SimNodes
 from tests.job_threads import run_jobs_together
 from tests.rl_standins import Engine, ModelGroup, Recorder
-from tests.unit.test_openrlhf_skyrl_integration import (  # noqa: F401
-    OPENRLHF,
-    SKYRL,
+from tests.unit.test_openrlhf_skyrl_integration import (
     STEPS,
-    batch_vllm_engine_call,
     openrlhf_step,
     skyrl_job,
-    skyrl_step,
 )
 from timeshare.integrations import openrlhf
 from timeshare.integrations.release_points import setup_turn, use_turns

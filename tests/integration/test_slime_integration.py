@@ -16,8 +16,7 @@ import pytest
 
 import timeshare
 from tests.conftest import SimNodes
-from tests.slime_scripts import SCRIPTS, SlimeArgs
-from tests.unit.test_slime_integration import ARGUMENTS
+from tests.slime_scripts import ARGUMENTS, SCRIPTS, SlimeArgs
 from timeshare.integrations.slime import SAMPLER, TRAINER, RoleTurns, TimeshareCallback
 
 ROUNDS = 50

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.slime_scripts import SCRIPTS, SITES, SlimeArgs
+from tests.slime_scripts import ARGUMENTS, SCRIPTS, SITES, SlimeArgs
 from tests.upstream.extract import load
 from timeshare.integrations.slime import TimeshareCallback
 
@@ -40,16 +40,6 @@ CHECKED_SITES = {
         ("begin", "eval", "sampler"), ("end", "eval", "sampler"), ("close",),
     ],
 }  # fmt: skip
-
-
-# Arguments that between them reach every call site of both scripts.
-ARGUMENTS = [
-    SlimeArgs(),
-    SlimeArgs(offload_rollout=True, eval_interval=2),
-    SlimeArgs(release_train=True, eval_interval=1),
-    SlimeArgs(num_rollout=0, eval_interval=1),
-    SlimeArgs(num_rollout=4, update_weights_interval=2, eval_interval=1),
-]
 
 
 def test_the_fork_calls_the_callback_where_it_was_checked() -> None:
