@@ -192,8 +192,12 @@ class GroupWorkflow:
         try:
             await node_calls.release(self._core.state, job, node)
         finally:
-            self._releasing.discard((job, node))
-            self._core.handle(ev.ReleaseEnded(job=job, node=node), self._now())
+            # A run torn down (evicted from the worker's cache) closes this
+            # coroutine outside the workflow, where no workflow API answers and
+            # nothing is left to record.
+            if workflow.in_workflow():
+                self._releasing.discard((job, node))
+                self._core.handle(ev.ReleaseEnded(job=job, node=node), self._now())
 
     async def _switch(self, plan: SwitchPlan) -> None:
         """Carry out a planned switch: attempts, and what the core decides
