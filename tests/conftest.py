@@ -222,21 +222,42 @@ def unique() -> str:
 # processes (pytest-xdist, a file to a process) end together rather than one
 # of them finishing a long file alone.
 LONG_FILES = [
-    "test_faults.py", "test_chaos.py", "test_scale_bench.py", "test_packaging.py",
-    "test_multigroup.py", "test_gpu_check.py", "test_multinode.py", "test_end_to_end.py",
-    "test_trl_grpo.py", "test_emulator_end_to_end.py", "test_policy_bench.py", "test_grpo_toy.py",
-    "test_slime_integration.py", "test_conformance.py", "test_self_healing.py",
-    "test_turn_watch.py", "test_access.py",
-    "test_checkpoint_backends.py", "test_lockqueue.py", "test_rpc_fuzz.py", "test_tenants.py",
-    "test_replay.py", "test_placement_live.py", "test_agent_restart.py", "test_replicas.py",
-    "test_observability.py", "test_deploy_kubernetes.py", "test_deploy_hosts.py", "test_bundle.py",
-]  # fmt: skip
+    "integration/test_faults.py",
+    "integration/test_chaos.py",
+    "integration/test_scale_bench.py",
+    "integration/test_packaging.py",
+    "integration/test_multigroup.py",
+    "integration/test_gpu_check.py",
+    "integration/test_multinode.py",
+    "integration/test_end_to_end.py",
+    "integration/test_trl_grpo.py",
+    "integration/test_emulator_end_to_end.py",
+    "integration/test_policy_bench.py",
+    "integration/test_grpo_toy.py",
+    "integration/test_slime_integration.py",
+    "integration/test_conformance.py",
+    "integration/test_self_healing.py",
+    "integration/test_turn_watch.py",
+    "integration/test_access.py",
+    "integration/test_checkpoint_backends.py",
+    "integration/test_rpc_fuzz.py",
+    "integration/test_tenants.py",
+    "integration/test_replay.py",
+    "integration/test_placement_live.py",
+    "integration/test_agent_restart.py",
+    "integration/test_replicas.py",
+    "integration/test_observability.py",
+    "integration/test_deploy_kubernetes.py",
+    "integration/test_deploy_hosts.py",
+    "integration/test_bundle.py",
+]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_what_the_machine_lacks(items)
     rank = {name: index for index, name in enumerate(LONG_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))
+    tests = Path(__file__).parent
+    items.sort(key=lambda item: rank.get(item.path.relative_to(tests).as_posix(), len(LONG_FILES)))
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
