@@ -238,6 +238,7 @@ LONG_FILES = [
     "integration/test_conformance.py",
     "integration/test_self_healing.py",
     "integration/test_turn_watch.py",
+    "integration/test_exit_watch.py",
     "integration/test_access.py",
     "integration/test_checkpoint_backends.py",
     "integration/test_rpc_fuzz.py",

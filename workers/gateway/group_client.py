@@ -43,8 +43,11 @@ GroupHandle = WorkflowHandle[GroupWorkflow, None]
 RUN_ENDED_FAILURE = "AcceptedUpdateCompletedWorkflow"
 WITHDRAW_SECONDS = 30.0
 # A join refused while the group's workflow task is retried (after a Temporal
-# restart) is sent again for this long before the caller is told.
-JOIN_RETRY_SECONDS = 10.0
+# restart, or a new group's first task timed out on a scheduler catching up
+# after a pause) is sent again for this long before the caller is told: most
+# of the time a short message is given (errors.MESSAGE_SECONDS), so that a
+# group that stays stuck is still named as such rather than timed out.
+JOIN_RETRY_SECONDS = 25.0
 JOIN_RETRY_PAUSE_SECONDS = 0.5
 RUNNING_GROUPS = "WorkflowType = 'GroupWorkflow' AND ExecutionStatus = 'Running'"
 GROUP_ID_PREFIX = group_workflow_id("")
