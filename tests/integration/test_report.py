@@ -7,6 +7,7 @@ tests/unit/test_report.py."""
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,27 @@ from tests.browser import HEADLESS_FLAGS
 from tests.conftest import REPO
 from tests.integration.test_cli import assert_one_line_failure, run
 from tests.needs import CHROMIUM
-from tests.report_history import JOBS, NODES, recorded_history
+from tests.report_history import JOBS, NODES, T, recorded_history
+from timeshare.history import GroupHistory
 from timeshare.report import write_report
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_png_is_a_valid_image(tmp_path: Path) -> None:
+    out = write_report(recorded_history(), tmp_path / "pair.png")
+    data = out.read_bytes()
+    assert data.startswith(PNG_SIGNATURE)
+    length, chunk, width, height = struct.unpack(">I4sII", data[8:24])
+    assert (length, chunk) == (13, b"IHDR")
+    assert width > 600 and height > 200
+    image = pytest.importorskip("matplotlib.image").imread(out)
+    assert image.shape[:2] == (height, width)
+
+
+def test_an_empty_history_still_renders_as_png(tmp_path: Path) -> None:
+    empty = GroupHistory(group="idle", captured_at=T)
+    assert write_report(empty, tmp_path / "idle.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
 @pytest.mark.browser

@@ -3,11 +3,12 @@ valid PNG, a self-contained well-formed HTML page that Chromium opens without
 errors, and `timeshare report` at the edges.
 
 Here the tests that start no process; the others are in
-tests/integration/test_report.py."""
+tests/integration/test_report.py. PNG reports are drawn there: matplotlib
+lists the system's fonts with `fc-list` the first time it draws on a machine,
+so a PNG test here would pass only where an earlier run left its font cache."""
 
 from __future__ import annotations
 
-import struct
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
@@ -18,9 +19,6 @@ from tests.report_history import GIB, JOBS, NODES, T, recorded_history
 from timeshare.history import GroupHistory
 from timeshare.report import summarise, write_report
 from timeshare.report_data import FAILED, RESIDENT, SWITCHING, TURN, UNKNOWN, build_timeline
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
 
 VOID_TAGS = {"meta", "br", "img", "hr", "link", "input"}
 
@@ -92,17 +90,6 @@ def test_utilisation_buckets_average_to_the_total() -> None:
     assert mean == pytest.approx(timeline.summary.utilisation)
 
 
-def test_png_is_a_valid_image(tmp_path: Path) -> None:
-    out = write_report(recorded_history(), tmp_path / "pair.png")
-    data = out.read_bytes()
-    assert data.startswith(PNG_SIGNATURE)
-    length, chunk, width, height = struct.unpack(">I4sII", data[8:24])
-    assert (length, chunk) == (13, b"IHDR")
-    assert width > 600 and height > 200
-    image = pytest.importorskip("matplotlib.image").imread(out)
-    assert image.shape[:2] == (height, width)
-
-
 def test_html_is_well_formed_and_self_contained(tmp_path: Path) -> None:
     out = write_report(recorded_history(), tmp_path / "pair.html")
     text = out.read_text(encoding="utf-8")
@@ -129,7 +116,6 @@ def test_an_empty_history_still_renders(tmp_path: Path) -> None:
     empty = GroupHistory(group="idle", captured_at=T)
     assert summarise(empty).utilisation == 0
     assert "No turns" in write_report(empty, tmp_path / "idle.html").read_text()
-    assert write_report(empty, tmp_path / "idle.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
 def test_other_extensions_are_refused(tmp_path: Path) -> None:
