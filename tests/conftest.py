@@ -22,9 +22,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 import timeshare.aio
-from tests import emulator
 from tests.cuda_backends import running_workers
-from tests.emulator.rig import CudaWorker, Emulator, emulator_in_this_process
 from tests.gateways import start_gateway
 from tests.needs import skip_what_the_machine_lacks
 from timeshare.activities.backends.base import BackendConfig
@@ -32,6 +30,8 @@ from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.backends.sim import SimBackend
 from timeshare.activities.backends.sim_memory import sim_state_path
 from timeshare.activities.switch import SwitchActivities
+from timeshare.gpu_check import emulator
+from timeshare.gpu_check.emulator.rig import CudaWorker, Emulator, emulator_in_this_process
 from timeshare.names import SCHEDULER_TASK_QUEUE, node_task_queue
 from timeshare.testing import free_port, timeshare_command
 from timeshare.workers.agent.serve import drop_claim

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from tests import emulator
-from tests.emulator.rig import CudaWorker, Emulator, nvml_device_memory, start_worker
 from timeshare.activities.backends.base import BackendConfig
 from timeshare.activities.backends.checkpointing import ProcessCheckpointBackend
 from timeshare.activities.backends.cuda_checkpoint import CudaCheckpointBackend
 from timeshare.activities.backends.cuda_driver import CudaDriverBackend
 from timeshare.activities.backends.processes import ProcessTable
+from timeshare.gpu_check import emulator
+from timeshare.gpu_check.emulator.rig import CudaWorker, Emulator, nvml_device_memory, start_worker
 from timeshare.models import NodeMove, SwitchInput
 
 MiB = 2**20

@@ -1,29 +1,5 @@
-"""Processes for tests of process backends: not children of the test process,
-which plays the agent here and must not manage its own process tree."""
+"""Processes for tests of process backends (timeshare.testing.processes)."""
 
-from __future__ import annotations
+from timeshare.testing.processes import detached, kill
 
-import contextlib
-import os
-import shlex
-import signal
-import subprocess
-
-
-def detached(*command: str, env: dict[str, str] | None = None) -> int:
-    """Start a process that is not this test's child (the agent here is this
-    process, and it refuses its own process tree); return its pid. ``env``:
-    variables added to its environment (a job token, say)."""
-    settings = [f"{name}={value}" for name, value in (env or {}).items()]
-    quoted = " ".join(
-        shlex.quote(part) for part in (["env", *settings] if env else []) + list(command)
-    )
-    shell = subprocess.run(
-        ["sh", "-c", f"{quoted} >/dev/null 2>&1 & echo $!"], capture_output=True, text=True
-    )
-    return int(shell.stdout)
-
-
-def kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+__all__ = ["detached", "kill"]

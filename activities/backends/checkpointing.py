@@ -21,7 +21,7 @@ Rules:
   parallel: each rank has its own GPU and link. [API] states no rule against
   calls on different pids at once; the research behind that (and its one
   exception, NCCL communicators and `--launch-job` peers) is in
-  tests/emulator/libcuda.c's header.
+  timeshare/gpu_check/emulator/libcuda.c's header.
 - CHECKPOINTING and RESTORING ([API] CUprocessState, CUDA 13) are in progress:
   they are waited for. FAILED is terminal: such a job is never unlocked or
   retried as if it were fine (JobFailed), the scheduler evicts it.

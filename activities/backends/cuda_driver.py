@@ -6,7 +6,7 @@ action.
 Each call runs to its end in a thread of the backend's own pool, one per
 rank at once, so ranks move in parallel. The driver states no rule against
 concurrent calls on different pids ([API], CUDA Driver API "CUDA
-Checkpointing"); tests/emulator/libcuda.c's header holds the research and its
+Checkpointing"); timeshare/gpu_check/emulator/libcuda.c's header holds the research and its
 exceptions (NCCL communicators, `--launch-job` peers, which the nccl hook
 tears down first). A lock is bounded by the driver's own timeoutMs; no call is
 abandoned while it runs (see checkpointing.py).

@@ -36,7 +36,7 @@ SLOW = pytest.mark.skipif(
     reason="it packs 80 MiB of wheels with LZMA (minutes): TIMESHARE_SLOW_TESTS=1",
 )
 MIB = 1024 * 1024
-BUDGET = 60 * MIB  # issue 38: CPython 3.12 on manylinux x86_64
+BUDGET = 60 * MIB  # CPython 3.12 on manylinux x86_64
 # The Python that makes and installs the bundles: the one running the tests,
 # outside any virtual environment (install.sh makes its own).
 BASE_PYTHON = str(Path(getattr(sys, "_base_executable", sys.executable)))
@@ -336,3 +336,50 @@ def test_the_bundle_for_cpython_312_manylinux_fits_60_mib(tmp_path: Path) -> Non
     wheels = [path.name for path in (out / "wheels").iterdir()]
     assert any(name.startswith("cuda_bindings-13.") and "cp312" in name for name in wheels)
     assert not [name for name in wheels if "cp311" in name or "cp313" in name], wheels
+
+
+def python_312() -> str | None:
+    """A CPython 3.12 on this machine, the Python of the GPU hosts' recipe: on
+    PATH, or one that pyenv installed (its shim answers only where selected)."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates = [shutil.which("python3.12"), *sorted(pyenv.glob("versions/3.12*/bin/python3.12"))]
+    for candidate in filter(None, candidates):
+        done = subprocess.run([str(candidate), "-c", "import sys; print(sys.executable)"],
+                              capture_output=True, text=True, env=outside())  # fmt: skip
+        if done.returncode == 0:
+            return done.stdout.strip()
+    return None
+
+
+def test_the_gpu_hosts_recipe_proves_a_host_from_the_bundle_alone(tmp_path: Path) -> None:
+    """docs/operations.md's recipe for a new GPU host, on the emulator: a
+    bundle for CPython 3.12 on manylinux, installed offline by install.sh,
+    then `timeshare gpu-check` from that venv alone, outside any checkout."""
+    python = python_312()
+    if python is None:
+        pytest.skip("no python3.12 on PATH: the recipe's Python")
+    out = tmp_path / "cp312"
+    made = bundle_command("--out", str(out), "--python-version", "3.12", "--platform",
+                          "manylinux_2_28_x86_64", "--compression", "as-published")  # fmt: skip
+    assert made.returncode == 0, made.stdout[-2000:] + made.stderr
+    venv = tmp_path / "venv"
+    done = subprocess.run(
+        ["bash", str(out / "install.sh"), "--venv", str(venv), "--python", python],
+        capture_output=True, text=True, env=outside(), timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = outside()
+    # PATH without the project's venv: everything must come from the bundle's install.
+    env["PATH"] = ":".join(p for p in env["PATH"].split(":") if ".venv" not in p)
+    checked = subprocess.run(
+        [str(venv / "bin" / "timeshare"), "gpu-check", "--emulator", "--gib=0.05",
+         "--iterations=3", f"--out={tmp_path / 'report'}"],
+        capture_output=True, text=True, env=env, cwd=elsewhere, timeout=480,
+    )  # fmt: skip
+    lines = checked.stdout.splitlines()
+    assert checked.returncode == 0, checked.stdout[-4000:] + checked.stderr[-2000:]
+    scenarios = [line.split()[0] for line in lines if line.startswith("scenario=")]
+    assert len(scenarios) >= 5 and "scenario=blog" in scenarios, lines
+    assert lines[-1].startswith("gpu_check=ok "), lines[-1]

@@ -18,7 +18,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from tests import emulator
+from tests.conftest import REPO
 from tests.cuda_backends import (
     CONFIG,
     KINDS,
@@ -30,15 +30,6 @@ from tests.cuda_backends import (
     start_job,
     switch_input,
 )
-from tests.emulator import CHECKPOINTED, CHECKPOINTING, LOCKED, RUNNING
-from tests.emulator.rig import (
-    REPO,
-    CudaWorker,
-    Emulator,
-    nvml_device_memory,
-    process_state,
-    start_worker,
-)
 from tests.polling import async_check, wait_until, wait_until_async
 from timeshare.activities.backends.base import BackendError
 from timeshare.activities.backends.cuda_checkpoint import CudaCheckpointBackend
@@ -47,6 +38,15 @@ from timeshare.activities.backends.freeze import FreezeBackend
 from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.backends.stacked import StackedBackend
 from timeshare.activities.switch import SwitchActivities
+from timeshare.gpu_check import emulator
+from timeshare.gpu_check.emulator import CHECKPOINTED, CHECKPOINTING, LOCKED, RUNNING
+from timeshare.gpu_check.emulator.rig import (
+    CudaWorker,
+    Emulator,
+    nvml_device_memory,
+    process_state,
+    start_worker,
+)
 from timeshare.models import CHECKPOINT_FAILED, NodeInfo, NodeRecord
 from timeshare.status import nodes_table
 from timeshare.workers.agent.serve import node_info

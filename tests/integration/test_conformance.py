@@ -1,9 +1,10 @@
 """One set of scenarios run against every backend: cuda, cuda-checkpoint,
 freeze+cuda, app+cuda, freeze and sim. In CI the CUDA processes run on the GPU
-emulator (tests/emulator) through the real cuda-bindings; with
+emulator (timeshare/gpu_check/emulator) through the real cuda-bindings; with
 TIMESHARE_GPU_TESTS=1 on a GPU host (`pytest -m gpu tests/integration/test_conformance.py`)
 the scenarios that need no fault injection run against the real driver too
-(the `-gpu` variants, marked `gpu`). Those judge only through what a GPU host
+(the `-gpu` variants, marked `gpu`; the same checks `timeshare gpu-check`
+runs, from timeshare.gpu_check.conformance). Those judge only through what a GPU host
 has: the backend's own record (BackendConfig.record_path) and actions, the
 driver's answer for a process's state, and NVML; never the emulator's call log.
 
@@ -13,48 +14,34 @@ touch CUDA (as a DataLoader's workers). This test process plays the node agent."
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 from _pytest.mark import ParameterSet
 
-from tests import emulator
-from tests.emulator import CHECKPOINTED, CHECKPOINTING, FAILED, LOCKED, RUNNING
-from tests.emulator.rig import (
-    CudaWorker,
-    Emulator,
-    loaded_in_this_process,
-    process_state,
-    start_worker,
-)
 from tests.polling import wait_until, wait_until_async
-from tests.processes import detached, kill
-from timeshare.activities.backends.app import AppBackend
 from timeshare.activities.backends.base import (
     Backend,
-    BackendConfig,
     BackendError,
     JobFailed,
     StateUnknown,
 )
-from timeshare.activities.backends.cuda_checkpoint import CudaCheckpointBackend
-from timeshare.activities.backends.cuda_driver import CudaDriverBackend
-from timeshare.activities.backends.freeze import FreezeBackend
-from timeshare.activities.backends.gpus import device_memory_by_pid
 from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.backends.sim import SimBackend
-from timeshare.activities.backends.stacked import StackedBackend
+from timeshare.gpu_check import conformance, emulator
+from timeshare.gpu_check.conformance import GROUP, stopped
+from timeshare.gpu_check.emulator import CHECKPOINTED, CHECKPOINTING, FAILED, LOCKED, RUNNING
+from timeshare.gpu_check.emulator.rig import (
+    Emulator,
+    loaded_in_this_process,
+    process_state,
+)
 
 KINDS = ["cuda", "cuda-checkpoint", "freeze+cuda", "app+cuda", "freeze", "sim"]
-CUDA = {"cuda", "cuda-checkpoint", "freeze+cuda", "app+cuda"}
-FREEZES = {"freeze+cuda", "freeze"}
-GROUP = "g"
 # The calls that act on a process (a probe for its restore thread does not).
 ACTING = {
     "cuCheckpointProcessGetState",
@@ -67,90 +54,22 @@ CALL_TIMEOUT = 2.0
 
 
 @dataclass
-class Job:
-    name: str
-    ranks: list[CudaWorker] = field(default_factory=list)
+class Rig(conformance.Rig):
+    """The conformance rig, with what only the emulator has: its call log and faults."""
 
-    @property
-    def rank_pids(self) -> list[int]:
-        return [rank.pid for rank in self.ranks]
-
-    @property
-    def children(self) -> list[int]:
-        return sorted(child for rank in self.ranks for child in rank.children)
-
-
-@dataclass
-class Rig:
-    kind: str
-    backend: Backend
-    table: ProcessTable
-    directory: Path
-    emu: Emulator | None
-    env: dict[str, str]
-    workers: list[CudaWorker] = field(default_factory=list)
-
-    @property
-    def cuda(self) -> bool:
-        return self.kind in CUDA
-
-    @property
-    def freezes(self) -> bool:
-        return self.kind in FREEZES
+    emu: Emulator | None = None
 
     def needs_faults(self) -> Emulator:
         if self.emu is None:
             pytest.skip("fault injection needs the GPU emulator")
         return self.emu
 
-    async def start_job(self, name: str, ranks: int = 2, children: int = 1) -> Job:
-        if self.kind == "sim":
-            await self.backend.restore(GROUP, name)  # the simulated job comes in
-            return Job(name)
-        job = Job(name)
-        for index in range(ranks):
-            worker = await asyncio.to_thread(
-                start_worker, self.env, self.directory, f"{name}-{index}",
-                children=children if index == 0 else 0,
-            )  # fmt: skip
-            self.workers.append(worker)
-            job.ranks.append(worker)
-            self.table.register(GROUP, name, worker.pid)
-        # In pid order, as the backends list them.
-        job.ranks.sort(key=lambda rank: rank.pid)
-        return job
-
-    def state(self, pid: int) -> int | None:
-        assert self.emu is not None or self.kind != "sim"
-        driver = self.emu.driver if self.emu is not None else real_driver()
-        result, state = driver.cuCheckpointProcessGetState(pid)
-        return None if int(result) else int(state)
-
-    def states(self, job: Job) -> list[int | None]:
-        return [self.state(pid) for pid in job.rank_pids]
-
-    def acted_on(self, pids: list[int]) -> list[str]:
-        """What the backend's own record says it did to these processes (a
-        CUDA backend records each rank it moved)."""
-        return [
-            f"{event['event']} {event['pid']}"
-            for event in self.record()
-            if event.get("pid") in pids
-        ]
-
-    def record(self) -> list[dict[str, Any]]:
-        path = self.directory / "record.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line]
-
     def device_memory(self) -> dict[int, int | None]:
-        """NVML's device bytes per process: read in a child on the emulator
-        (this test process must never load an NVML library other tests would
-        find), here against a real driver."""
+        """Read in a child on the emulator: this test process must never load
+        an NVML library other tests would find."""
         if self.emu is not None:
             return emulator.nvml_process_memory(self.emu.env)
-        return device_memory_by_pid()
+        return super().device_memory()
 
     def driver_calls_on(self, pids: list[int]) -> list[str]:
         """Driver calls that acted on these processes, by the emulator's log
@@ -171,38 +90,11 @@ class Rig:
             emulator.clear_faults(self.emu.state_dir)
 
 
-def stopped(pid: int) -> bool:
-    return process_state(pid) in ("T", "t")
-
-
 def real_driver() -> ModuleType:
     from cuda.bindings import driver
 
     module: ModuleType = driver
     return module
-
-
-def make_backend(kind: str, config: BackendConfig, emu: Emulator | None) -> Backend:
-    driver = emu.driver if emu is not None else real_driver()
-
-    def cuda() -> Backend:
-        return CudaDriverBackend(config, driver)
-
-    made: dict[str, Backend] = {}
-    if kind == "cuda":
-        made[kind] = cuda()
-    elif kind == "cuda-checkpoint":
-        utility = str(emu.lib_dir / emulator.UTILITY) if emu is not None else "cuda-checkpoint"
-        made[kind] = CudaCheckpointBackend(config, utility)
-    elif kind == "freeze+cuda":
-        made[kind] = StackedBackend([FreezeBackend(config), cuda()])
-    elif kind == "app+cuda":
-        made[kind] = StackedBackend([AppBackend(config), cuda()])
-    elif kind == "freeze":
-        made[kind] = FreezeBackend(config)
-    else:
-        made[kind] = SimBackend(config)
-    return made[kind]
 
 
 def drivers(gpu_kinds: Sequence[str]) -> list[ParameterSet]:
@@ -238,23 +130,19 @@ def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
     else:
         emu = request.getfixturevalue("gpu_emulator")
         env = emu.env
-    config = BackendConfig(
-        node="n", lock_timeout_seconds=1.0,
-        # A real driver moves a rank's CUDA context (hundreds of MiB) per call.
-        call_timeout_seconds=CALL_TIMEOUT if emu is not None else 60.0,
-        sim_state_bytes=2**20, sim_bandwidth_bytes_per_second=1e10,
-        record_path=str(tmp_path / "record.jsonl"),
-    )  # fmt: skip
+    # A real driver moves a rank's CUDA context (hundreds of MiB) per call.
+    config = conformance.backend_config(tmp_path, CALL_TIMEOUT if emu is not None else 60.0)
     table = ProcessTable()
-    backend = make_backend(kind, config, emu)
+    driver = emu.driver if emu is not None else real_driver()
+    utility = str(emu.lib_dir / emulator.UTILITY) if emu is not None else "cuda-checkpoint"
+    backend = conformance.make_backend(kind, config, driver, utility)
     backend.attach(table)
-    made = Rig(kind, backend, table, tmp_path, emu, env)
+    made = Rig(kind, backend, table, tmp_path, driver, env, emu=emu)
     try:
         yield made
     finally:
         made.clear_faults()
-        for worker in made.workers:
-            worker.kill()
+        made.stop()
 
 
 # -- lock, checkpoint, restore, unlock; each twice -------------------------------
@@ -262,46 +150,7 @@ def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
 
 @pytest.mark.parametrize("rig", EVERYWHERE, indirect=True)
 async def test_round_trip_and_every_action_idempotent(rig: Rig) -> None:
-    job = await rig.start_job("a")
-    backend = rig.backend
-    assert await backend.resident_jobs(GROUP) == ["a"]
-
-    done = await backend.checkpoint(GROUP, "a")
-    assert done.action == "checkpoint"
-    assert (await backend.checkpoint(GROUP, "a")).action == "noop"
-    assert await backend.resident_jobs(GROUP) == []
-    if rig.cuda:
-        assert rig.states(job) == [CHECKPOINTED, CHECKPOINTED]
-        cuda_ranks = sorted(r.pid for r in done.ranks if r.action == "checkpoint")
-        assert cuda_ranks == job.rank_pids  # every rank reported, and nothing else
-        memory = rig.device_memory()
-        assert not set(job.rank_pids) & {pid for pid, count in memory.items() if count}
-        # The backend's record: each rank's checkpoint, with the bytes NVML showed.
-        recorded = sorted(e["pid"] for e in rig.record() if e["event"] == "checkpoint")
-        assert recorded == job.rank_pids
-    if rig.freezes:
-        assert all(stopped(pid) for pid in job.rank_pids + job.children)
-
-    restored = await backend.restore(GROUP, "a")
-    assert restored.action == "restore"
-    assert (await backend.restore(GROUP, "a")).action == "noop"
-    assert await backend.resident_jobs(GROUP) == ["a"]
-    if rig.cuda:
-        assert rig.states(job) == [RUNNING, RUNNING]
-    for rank in job.ranks:
-        await asyncio.to_thread(rank.advancing)
-
-    assert (await backend.lock(GROUP, "a")).action == "lock"
-    assert (await backend.lock(GROUP, "a")).action == "noop"
-    if rig.cuda:
-        assert rig.states(job) == [LOCKED, LOCKED]
-        assert await backend.resident_jobs(GROUP) == ["a"]  # locked: still on the device
-    unlocked = await backend.restore(GROUP, "a")
-    assert (unlocked.action, unlocked.bytes) == ("unlock", 0)
-    if rig.cuda:
-        assert rig.states(job) == [RUNNING, RUNNING]
-    for rank in job.ranks:
-        await asyncio.to_thread(rank.advancing)
+    await conformance.round_trip_and_every_action_idempotent(rig)
 
 
 # -- processes without CUDA -------------------------------------------------------
@@ -311,46 +160,10 @@ async def test_round_trip_and_every_action_idempotent(rig: Rig) -> None:
 async def test_processes_without_cuda_are_never_acted_on_by_the_driver(rig: Rig) -> None:
     if rig.kind == "sim":
         pytest.skip("the sim backend has no processes")
-    job = await rig.start_job("a", children=2)
-    backend = rig.backend
-    for action in (backend.checkpoint, backend.restore, backend.lock, backend.restore):
-        done = await action(GROUP, "a")
-        assert done.action != "noop"
-        if rig.cuda and not rig.freezes:
-            assert done.pids == job.rank_pids
-        if action == backend.checkpoint and not rig.freezes:
-            # Left alone: the data loaders run on while the ranks are checkpointed.
-            await _runs_on(job.ranks[0])
-        if action == backend.checkpoint and rig.freezes:
-            assert all(stopped(pid) for pid in job.children)
-    assert rig.acted_on(job.children) == []
-    if rig.cuda:
-        assert rig.acted_on(job.rank_pids)  # the ranks themselves were acted on
+    without_cuda = await conformance.processes_without_cuda_are_never_acted_on(rig)
     if rig.emu is not None:
         # On the emulator the driver's own log witnesses it too (GetState included).
-        assert rig.driver_calls_on(job.children) == []
-    assert not any(stopped(pid) for pid in job.children)
-
-    # A job with no CUDA process at all: nothing for the driver to move.
-    sleeper = detached("sleep", "60")
-    try:
-        rig.table.register(GROUP, "plain", sleeper)
-        done = await backend.checkpoint(GROUP, "plain")
-        assert done.action == ("checkpoint" if rig.freezes else "noop")
-        assert stopped(sleeper) == rig.freezes
-        await backend.restore(GROUP, "plain")
-        assert rig.acted_on([sleeper]) == []
-        if rig.emu is not None:
-            assert rig.driver_calls_on([sleeper]) == []
-    finally:
-        kill(sleeper)
-
-
-async def _runs_on(rank: CudaWorker) -> None:
-    before = rank.child_count(0)
-    await asyncio.to_thread(
-        wait_until, lambda: rank.child_count(0) > before, "a non-CUDA child to run on"
-    )
+        assert rig.driver_calls_on(without_cuda) == []
 
 
 # -- a rank failing midway --------------------------------------------------------

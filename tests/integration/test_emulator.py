@@ -1,4 +1,4 @@
-"""The GPU emulator (tests/emulator) seen through the real cuda-bindings and the real
+"""The GPU emulator (timeshare/gpu_check/emulator) seen through the real cuda-bindings and the real
 pynvml: the checkpoint state machine across processes, the restore thread a frozen
 process cannot run, NVML's per-process memory, fault injection, the call log and the
 cuda-checkpoint utility."""
@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests import emulator
-from tests.emulator import (
+from timeshare.gpu_check import emulator
+from timeshare.gpu_check.emulator import (
     CHECKPOINTED,
     CHECKPOINTING,
     CUDA_ERROR_ILLEGAL_STATE,
@@ -36,7 +36,7 @@ from tests.emulator import (
     RUNNING,
     wait_for,
 )
-from tests.emulator.rig import Emulator
+from timeshare.gpu_check.emulator.rig import Emulator
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -87,7 +87,7 @@ def start_worker(emu: Emulator, tmp_path: Path) -> Iterator[Callable[..., Worker
         counter = tmp_path / f"counter-{len(workers)}"
         errors = (tmp_path / f"worker-{len(workers)}.err").open("w")
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.emulator.cuda_worker", str(nbytes), str(counter),
+            [sys.executable, "-m", emulator.CUDA_WORKER, str(nbytes), str(counter),
              "--device", str(device), "--interval", "0.02"],
             env={**os.environ, **emu.env}, cwd=REPO, stdout=subprocess.PIPE, stderr=errors,
             text=True,

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import timeshare
-from tests import emulator
-from tests.emulator import CHECKPOINTED
-from tests.emulator.rig import REPO, Emulator
+from tests.conftest import REPO
 from tests.polling import wait_until
+from timeshare.gpu_check import emulator
+from timeshare.gpu_check.emulator import CHECKPOINTED
+from timeshare.gpu_check.emulator.rig import Emulator
 from timeshare.models import GroupPolicy
 from timeshare.testing import LocalStack
 
@@ -81,7 +82,7 @@ def test_two_cuda_jobs_hand_over_ten_times_through_a_real_agent(
                 command = [
                     sys.executable,
                     "-m",
-                    "tests.emulator.rl_job",
+                    "timeshare.gpu_check.emulator_rl_job",
                     stack.address,
                     GROUP,
                     job,

@@ -30,8 +30,9 @@ from pathlib import Path
 caches = {}
 for name in %(caches)r:
     value = os.environ.get(name)
+    folder = Path(value) if value else None
     caches[name] = {"path": value,
-                    "empty": value is None or not Path(value).exists() or not any(Path(value).iterdir())}
+                    "empty": folder is None or not folder.exists() or not any(folder.iterdir())}
 with open(%(log)r, "a") as log:
     log.write(json.dumps({"argv": sys.argv[1:], "caches": caches,
                           "kept": {name: os.environ.get(name) for name in %(kept)r}}) + "\\n")

@@ -6,7 +6,7 @@ its own tensors), every grant finds each rank's data intact, NVML shows the
 waiting job's memory dropped (or stayed), and the agent's own record reports
 each rank's bytes and seconds. Judged on what a GPU host has: the harness's
 checks, NVML and the agent's record. No speed is judged here (that is
-bench.gpu_check's, in the same run as its reference). On the emulator the
+timeshare.gpu_check.main's, in the same run as its reference). On the emulator the
 same harness runs in tests/integration/test_gpu_check.py."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_the_gpu_switch_scenarios_run_on_a_gpu() -> None:
     if shutil.which("cuda-checkpoint"):
         only.append("cuda-checkpoint")
     result = subprocess.run(
-        [sys.executable, "-m", "bench", "gpu_switch", "--gib=1", "--handovers=2",
+        [sys.executable, "-m", "timeshare.gpu_check.switch", "--gib=1", "--handovers=2",
          f"--only={','.join(only)}"],
         capture_output=True, text=True, cwd=REPO, timeout=280,
     )  # fmt: skip

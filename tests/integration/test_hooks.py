@@ -20,9 +20,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from tests import emulator
 from tests.credentials import known_jobs, token_env, token_of
-from tests.emulator.rig import Emulator, nvml_device_memory, start_worker
 from tests.fakes.engine import FakeEngine, running_engine
 from tests.polling import async_check, wait_until_async
 from tests.processes import detached, kill
@@ -35,6 +33,8 @@ from timeshare.activities.backends.sim import SimBackend
 from timeshare.activities.backends.stacked import StackedBackend
 from timeshare.activities.switch import SwitchActivities
 from timeshare.errors import FailedPrecondition
+from timeshare.gpu_check import emulator
+from timeshare.gpu_check.emulator.rig import Emulator, nvml_device_memory, start_worker
 from timeshare.hooks import WorkloadHooks, serve_hooks
 from timeshare.hooks.protocol import EvictMode
 from timeshare.models import HOOK_FAILED, RESTORE_FAILED, NodeMove, SwitchInput

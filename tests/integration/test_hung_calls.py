@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tests import emulator
 from tests.cuda_backends import CONFIG, start_job
-from tests.emulator.rig import CudaWorker, Emulator
 from tests.polling import async_check, wait_until_async
 from timeshare.activities.backends.base import StateUnknown
 from timeshare.activities.backends.cuda_driver import CudaDriverBackend
 from timeshare.activities.backends.cuda_states import CudaState
 from timeshare.activities.backends.processes import ProcessTable
+from timeshare.gpu_check import emulator
+from timeshare.gpu_check.emulator.rig import CudaWorker, Emulator
 
 THREADS = 4  # from 2 hung calls on, none starts
 

@@ -20,9 +20,8 @@ import pytest
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
-from tests.conftest import SimNodes
+from tests.conftest import REPO, SimNodes
 from tests.credentials import known_jobs
-from tests.emulator.rig import REPO, CudaWorker, Emulator, nvml_device_memory, start_worker
 from tests.groups import acquire, eventually, group_on_one_node, heartbeat, join, release
 from tests.polling import async_check, wait_until_async
 from tests.processes import detached, kill
@@ -32,6 +31,7 @@ from timeshare.activities.backends.freeze import FreezeBackend
 from timeshare.activities.backends.processes import ProcessTable, RegistrationRefused, stopped
 from timeshare.activities.backends.stacked import StackedBackend
 from timeshare.activities.switch import SwitchActivities, release_summary
+from timeshare.gpu_check.emulator.rig import CudaWorker, Emulator, nvml_device_memory, start_worker
 from timeshare.models import EvictInput, GroupPolicy, JobInput
 from timeshare.names import node_task_queue
 from timeshare.workers.agent.registration_socket import forgotten, serve_agent_socket

@@ -15,7 +15,6 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from tests import emulator
 from tests.cuda_backends import (
     CONFIG,
     KINDS,
@@ -26,14 +25,15 @@ from tests.cuda_backends import (
     start_job,
     switch_input,
 )
-from tests.emulator import CHECKPOINTED, CUDA_ERROR_OUT_OF_MEMORY, RUNNING
-from tests.emulator.rig import CudaWorker, Emulator, nvml_device_memory, start_worker
 from tests.polling import wait_until
 from timeshare.activities.backends.base import BackendError, JobFailed, NoDeviceRoom
 from timeshare.activities.backends.cgroups import Hierarchy, cgroup_memory_room, hierarchies
 from timeshare.activities.backends.gpus import DeviceMemory
 from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.switch import SwitchActivities
+from timeshare.gpu_check import emulator
+from timeshare.gpu_check.emulator import CHECKPOINTED, CUDA_ERROR_OUT_OF_MEMORY, RUNNING
+from timeshare.gpu_check.emulator.rig import CudaWorker, Emulator, nvml_device_memory, start_worker
 from timeshare.models import JOB_FAILED, NO_DEVICE_ROOM, RESTORE_FAILED
 
 

@@ -20,16 +20,16 @@ from temporalio.worker import Worker
 
 import timeshare
 import timeshare.aio
-from tests import emulator
 from tests.conftest import SimNodes
-from tests.emulator import CHECKPOINTED, RUNNING
-from tests.emulator.rig import CudaWorker, Emulator, nvml_device_memory, start_worker
 from tests.groups import acquire, release
 from tests.polling import wait_until_async
 from timeshare.activities.backends.base import BackendConfig
 from timeshare.activities.backends.cuda_driver import CudaDriverBackend
 from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.switch import SwitchActivities
+from timeshare.gpu_check import emulator
+from timeshare.gpu_check.emulator import CHECKPOINTED, RUNNING
+from timeshare.gpu_check.emulator.rig import CudaWorker, Emulator, nvml_device_memory, start_worker
 from timeshare.models import GroupPolicy, JoinInput
 from timeshare.names import group_workflow_id, node_task_queue
 from timeshare.workers.scheduler.data_converter import DATA_CONVERTER

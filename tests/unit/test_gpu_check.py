@@ -1,4 +1,4 @@
-"""bench.gpu_check's judging, on figures given to it: each figure against its
+"""timeshare.gpu_check.main's judging, on figures given to it: each figure against its
 limit on a GPU and never on the emulator, the suite's report counted from its
 JUnit file, and the overlap of ranks. The command itself on the GPU
 emulator: tests/integration/test_gpu_check.py."""
@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_switch import SCENARIOS, Outcome
-from bench.parts.gpu_check_steps import Context, judged, junit_counts
-from bench.parts.gpu_figures import RankMove, overlap
+from timeshare.gpu_check.arguments import SWITCH_SCENARIOS
+from timeshare.gpu_check.figures import RankMove, overlap
+from timeshare.gpu_check.steps import Context, conformance_counts, judged
+from timeshare.gpu_check.switch import SCENARIOS, Outcome
 
 
 def context(emulated: bool, out: Path) -> Context:
-    return Context(out=out, env={}, emulated=emulated, gib=4.0, handovers=6,
+    return Context(out=out, env={}, emulated=emulated, gib=4.0, handovers=6, iterations=6,
                    deadline=time.monotonic() + 60, scenario_seconds=60)  # fmt: skip
 
 
@@ -36,7 +37,7 @@ def move(pid: int, start: float, seconds: float) -> RankMove:
 def test_each_figure_is_judged_against_its_limit_on_a_gpu_and_never_on_the_emulator(
     tmp_path: Path,
 ) -> None:
-    from bench.parts.gpu_check_steps import StepResult
+    from timeshare.gpu_check.steps import StepResult
 
     probe = StepResult(name="probe", status="ok",
                        data={"parallel": {"checkpoint": 1.7, "restore": 4.0}})  # fmt: skip
@@ -68,14 +69,16 @@ def test_each_figure_is_judged_against_its_limit_on_a_gpu_and_never_on_the_emula
     assert not judged(emulated, gap, probe, 0).failed(emulated=True)
 
 
-def test_the_suites_report_is_counted_from_its_junit_file(tmp_path: Path) -> None:
-    report = tmp_path / "junit.xml"
-    report.write_text(
-        '<testsuites><testsuite tests="13" failures="1" errors="1" skipped="2">'
-        "</testsuite></testsuites>"
+def test_the_conformance_checks_are_counted_from_their_last_line(tmp_path: Path) -> None:
+    log = tmp_path / "conformance.log"
+    log.write_text(
+        "check=round_trip backend=cuda status=ok\n"
+        "conformance passed=9 failed=2 skipped=1\n"
+        "some trailing noise\n"
     )
-    assert junit_counts(report) == {"passed": 9, "failed": 2, "skipped": 2}
-    assert junit_counts(tmp_path / "missing.xml") == {"passed": 0, "failed": 0, "skipped": 0}
+    assert conformance_counts(log) == {"passed": 9, "failed": 2, "skipped": 1}
+    nothing = {"passed": 0, "failed": 0, "skipped": 0}
+    assert conformance_counts(tmp_path / "missing.log") == nothing
 
 
 def test_overlap_is_one_for_ranks_at_once_and_zero_one_after_another() -> None:
@@ -83,3 +86,9 @@ def test_overlap_is_one_for_ranks_at_once_and_zero_one_after_another() -> None:
     assert overlap([move(1, 0.0, 1.0), move(2, 1.0, 1.0)]) == 0.0
     assert overlap([move(1, 0.0, 1.0), move(2, 0.5, 1.0)]) == pytest.approx(0.5)
     assert overlap([move(1, 0.0, 1.0)]) is None
+
+
+def test_the_checks_options_name_every_switch_scenario_in_order() -> None:
+    # The options are read without the check's modules (every `timeshare` command
+    # builds them); they must still name the scenarios the check runs.
+    assert list(SWITCH_SCENARIOS) == [scenario.name for scenario in SCENARIOS]

@@ -5,7 +5,7 @@ and back, that the buffer is reused at the next eviction, that the tensors
 keep their identity, and that the job continues bit for bit as if nothing
 had happened. The pinned path, the copies on several streams and the device
 memory handed back run on a GPU host (`TIMESHARE_GPU_TESTS=1 pytest -m gpu`,
-torch with CUDA), and at full size in bench/gpu_switch.py's hooks scenario.
+torch with CUDA), and at full size in timeshare/gpu_check/switch.py's hooks scenario.
 
 Here the tests that start no process; the others are in
 tests/integration/test_torch_hooks.py."""

@@ -1,6 +1,7 @@
 """The `timeshare` command: one parser, its subcommands in three modules (the
 client commands a light install runs, the server commands that need
-`timeshare[server]`, and `bundle`, which needs only pip), and the
+`timeshare[server]`, `bundle`, which needs only pip, and `gpu-check`, which
+needs `timeshare[gpu-check]`), and the
 flag-to-settings mapping of the server processes in server_settings."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import NoReturn
 from timeshare.cli.arguments import OneLineParser
 from timeshare.cli.bundle_command import add_bundle_command
 from timeshare.cli.client_commands import add_client_commands
+from timeshare.cli.gpu_check_command import add_gpu_check_command
 from timeshare.cli.server_commands import add_server_commands
 from timeshare.cli.server_settings import gateway_security, temporal_settings
 
@@ -32,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_commands(commands)
     add_client_commands(commands)
     add_bundle_command(commands)
+    add_gpu_check_command(commands)
     return parser
 
 

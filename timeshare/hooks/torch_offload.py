@@ -16,7 +16,7 @@ slices over several CUDA streams per device, then waited for once. The host
 memory the buffers hold stays with the job while it lives. A CPU-only build of
 torch cannot pin: it copies into ordinary, equally reused, host buffers.
 
-Each eviction and admission is timed (``moves``): bench.gpu_switch reports
+Each eviction and admission is timed (``moves``): timeshare.gpu_check.switch reports
 its rate next to a pinned copy measured in the same process.
 
 Named torch_offload so that it never shadows the ``torch`` package."""

@@ -65,6 +65,8 @@ LIBCUDA = "libcuda.so.1"
 LIBNVML = "libnvidia-ml.so.1"
 UTILITY = "cuda-checkpoint"
 STAMP = ".emulator-build"
+# The CUDA process the emulator's checks run (python -m CUDA_WORKER).
+CUDA_WORKER = "timeshare.gpu_check.emulator.cuda_worker"
 
 # CUprocessState (cuda.h, CUDA 13.x)
 RUNNING, LOCKED, CHECKPOINTED, FAILED, CHECKPOINTING, RESTORING = range(6)

@@ -1,10 +1,10 @@
 """Device state moved by the CUDA backends for two-rank RL-shaped jobs: GB/s per rank.
 
 The GPU switch scenarios: real device state moved by the CUDA backends, for
-jobs shaped like real RL jobs. bench.gpu_check runs them on a new GPU host,
+jobs shaped like real RL jobs. timeshare.gpu_check.main runs them on a new GPU host,
 each under its own time limit, next to the driver probe.
 
-Each job has two CUDA ranks (bench.parts.cuda_rank), each holding a seeded pattern
+Each job has two CUDA ranks (timeshare.gpu_check.cuda_rank), each holding a seeded pattern
 in device memory (written and checked at device speed) and each with a
 DataLoader-style child that never touches CUDA. Two such jobs take turns in
 one group through the embedded stack, in these scenarios:
@@ -16,21 +16,21 @@ one group through the embedded stack, in these scenarios:
 - co-residency: both jobs fit on the GPU, so a switch is a lock and an unlock,
   and NVML shows the waiting job's memory never leaves the device;
 - hooks (needs torch with CUDA): `app+cuda`, a PyTorch job whose offload hook
-  moves its data to pinned host memory first (bench.parts.gpu_holder).
+  moves its data to pinned host memory first (timeshare.gpu_check.torch_holder).
 
 After every grant each rank's data is read back and checked (CRC32), and NVML
 says whether the waiting job's device memory dropped (or, co-resident,
 stayed). Reports checkpoint and restore GB/s per rank and how far the ranks
-of a job moved at once, from the agent's record (bench.parts.gpu_figures); for
+of a job moved at once, from the agent's record (timeshare.gpu_check.figures); for
 hooks, the hook's own GB/s next to a pinned copy of the same bytes.
 
 Prints one `scenario=...` line as each scenario finishes; --results appends
-a JSON line when each starts and when it finishes (bench.gpu_check reads it).
+a JSON line when each starts and when it finishes (timeshare.gpu_check.main reads it).
 
     python -m bench gpu_switch                      # on a GPU host
     python -m bench gpu_switch --only freeze+cuda,cuda-checkpoint
     python -m bench gpu_switch --emulator --gib 0.02   # no GPU: the GPU EMULATOR
-                                                       # (tests/emulator); checks the
+                                                       # (timeshare/gpu_check/emulator); checks the
                                                        # harness only, no GPU figure
 """
 
@@ -53,10 +53,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 import timeshare
-from bench.parts.gpu_figures import figure, overlaps, p50, rank_moves, ratio
-from bench.parts.stats import p50_p90_p99
 from timeshare.activities.backends.gpus import device_memory_by_pid
 from timeshare.credentials import JOB_TOKEN_ENV
+from timeshare.gpu_check.figures import figure, overlaps, p50, rank_moves, ratio
 from timeshare.models import CoResidency, GroupPolicy
 from timeshare.status import table
 from timeshare.testing import LocalStack
@@ -70,6 +69,8 @@ EMULATOR_SCRATCH = "TIMESHARE_GPU_SWITCH_EMULATOR_SCRATCH"
 # its rates and ratios are figures at all (never GPU figures).
 EMULATOR_COPY_RATE = 2 * 10**9
 RANKS = 2
+CUDA_RANK = "timeshare.gpu_check.cuda_rank"
+TORCH_HOLDER = "timeshare.gpu_check.torch_holder"
 
 
 class Scenario(BaseModel):
@@ -95,8 +96,8 @@ NAMES = [scenario.name for scenario in SCENARIOS]
 
 
 class Rank:
-    """A process holding known data on the device (bench.parts.cuda_rank or
-    bench.parts.gpu_holder)."""
+    """A process holding known data on the device (timeshare.gpu_check.cuda_rank or
+    timeshare.gpu_check.torch_holder)."""
 
     def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:
         self.process = subprocess.Popen(
@@ -141,12 +142,12 @@ def start_job(group: str, job: str, gib: float, seed: int, scenario: Scenario,
     env = {"TIMESHARE_AGENT_SOCKET": str(socket), JOB_TOKEN_ENV: token}
     identity = [f"--group={group}", f"--job={job}"]
     if scenario.torch_hooks:
-        command = [sys.executable, "-m", "bench.parts.gpu_holder", *identity, f"--gib={gib}",
+        command = [sys.executable, "-m", TORCH_HOLDER, *identity, f"--gib={gib}",
                    f"--seed={seed}", "--hooks"]  # fmt: skip
         return [Rank(command, env)]
     per_rank = int(gib * 2**30) // RANKS
     return [
-        Rank([sys.executable, "-m", "bench.parts.cuda_rank", *identity, f"--bytes={per_rank}",
+        Rank([sys.executable, "-m", CUDA_RANK, *identity, f"--bytes={per_rank}",
               f"--seed={seed * RANKS + rank}"], env)
         for rank in range(RANKS)
     ]  # fmt: skip
@@ -164,7 +165,7 @@ class Outcome(BaseModel):
     checkpoint_gbps: list[float] = Field(default_factory=list)
     restore_gbps: list[float] = Field(default_factory=list)
     ranks_reported: int = 0
-    # Per phase, how far a job's ranks moved at once (bench.parts.gpu_figures.overlap).
+    # Per phase, how far a job's ranks moved at once (timeshare.gpu_check.figures.overlap).
     overlap: list[float] = Field(default_factory=list)
     # Hooks: the offload hook's own GB/s, and a pinned copy of the same bytes.
     hook_gbps: dict[str, list[float]] = Field(default_factory=dict)
@@ -262,7 +263,7 @@ def take_turns(scenario: Scenario, handles: list[timeshare.Job], jobs: list[list
 def scenario_line(outcome: Outcome, emulated: bool) -> str:
     s = outcome.scenario
     prefix = "emulated_" if emulated else ""
-    switch = p50_p90_p99(outcome.switch_seconds)[0] if outcome.switch_seconds else None
+    switch = p50(outcome.switch_seconds)
     fields = [
         f"scenario={s.name}", f"backend={s.backend}", f"ok={str(outcome.ok).lower()}",
         f"handovers={len(outcome.switch_seconds)}", f"verified={outcome.verified}/{outcome.checks}",
@@ -299,7 +300,7 @@ def emulator_environment(root: Path, gib: float) -> dict[str, str]:
     """The variables that put a process (and its children) on the GPU
     emulator (built from C with gcc), its state under ``root``; its GPU holds
     two jobs of ``gib`` and the co-residency margin, and more (8 GiB at least)."""
-    from tests import emulator
+    from timeshare.gpu_check import emulator
 
     lib_dir = emulator.build(emulator.default_build_dir())
     memory = max(8 << 30, int((2 * gib + 4) * 2**30))
@@ -317,7 +318,7 @@ def on_the_emulator(gib: float) -> None:
     env = emulator_environment(root, gib)
     env[EMULATED] = "1"
     env[EMULATOR_SCRATCH] = str(root)
-    os.execve(sys.executable, [sys.executable, "-m", "bench", "gpu_switch", *sys.argv[1:]],
+    os.execve(sys.executable, [sys.executable, "-m", "timeshare.gpu_check.switch", *sys.argv[1:]],
               {**os.environ, **env})  # fmt: skip
 
 

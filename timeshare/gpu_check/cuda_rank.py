@@ -2,8 +2,8 @@
 through cuda-bindings (on a GPU, or on the GPU emulator), has a child process
 that never touches CUDA (a DataLoader worker), registers with the node agent
 (with --group and --job), and answers commands on stdin: "checksum" (a CRC32
-of the data read back from the device), "quit". For bench.gpu_switch and
-bench.gpu_probe.
+of the data read back from the device), "quit". For timeshare.gpu_check.switch and
+timeshare.gpu_check.probe.
 
 The data is filled on the device, not copied from Python: each 16 MiB chunk
 holds one seeded 32-bit word (cuMemsetD32), so 4 GiB per job is written in
@@ -11,7 +11,7 @@ well under a second. The expected CRC32 is computed once from the pattern; a
 check reads the device back in 256 MiB copies and compares. A chunk lost,
 zeroed or swapped with another changes the CRC.
 
-    python -m bench.parts.cuda_rank --bytes N --seed S [--group G --job J]
+    python -m timeshare.gpu_check.cuda_rank --bytes N --seed S [--group G --job J]
 """
 
 from __future__ import annotations

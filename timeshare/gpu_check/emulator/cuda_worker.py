@@ -1,7 +1,7 @@
 """A CUDA process for the emulator's tests, driven through the real cuda-bindings.
 
-    python -m tests.emulator.cuda_worker BYTES COUNTER_FILE [--device N] [--children N]
-                                          [--ready FILE] [--register SOCKET GROUP JOB]
+    python -m timeshare.gpu_check.emulator.cuda_worker BYTES COUNTER_FILE
+        [--device N] [--children N] [--ready FILE] [--register SOCKET GROUP JOB]
 
 It initialises CUDA, retains the device's primary context, allocates BYTES of device
 memory, prints ``ready <pid>`` and then loops: one small CUDA call (a one-byte

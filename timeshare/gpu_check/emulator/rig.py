@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from tests import emulator
-from tests.emulator import wait_for
-from tests.processes import detached
 from timeshare.activities.backends.gpus import DeviceMemory
+from timeshare.gpu_check import emulator
+from timeshare.gpu_check.emulator import wait_for
+from timeshare.testing.processes import detached
 
-REPO = Path(__file__).resolve().parents[2]
 ARGUMENTS = {
     "lock": "CUcheckpointLockArgs",
     "checkpoint": "CUcheckpointCheckpointArgs",
@@ -76,7 +75,7 @@ _loaded_here: list[Path] = []
 def loaded_in_this_process() -> bool:
     """Whether this process's driver is the emulator a test fixture loaded (a
     test meant for the real driver would run on the emulator unawares). A
-    process started on the emulator's LD_LIBRARY_PATH on purpose (bench.gpu_check
+    process started on the emulator's LD_LIBRARY_PATH on purpose (timeshare.gpu_check.main
     --emulator) does not count."""
     return bool(_loaded_here)
 
@@ -165,8 +164,8 @@ def start_worker(
     if start_when:
         options += ["--wait-for", str(start_when)]
     command = " ".join(
-        [f"cd {REPO} &&", *(f"{k}='{v}'" for k, v in env.items()), "exec",
-         sys.executable, "-m", "tests.emulator.cuda_worker", str(nbytes), str(counter), *options]
+        [*(f"{k}='{v}'" for k, v in env.items()), "exec",
+         sys.executable, "-m", emulator.CUDA_WORKER, str(nbytes), str(counter), *options]
     )  # fmt: skip
     detached("sh", "-c", command)
     info = wait_for(

@@ -1,4 +1,4 @@
-"""python -m tests.emulator build DIR: compile the GPU emulator into DIR."""
+"""python -m timeshare.gpu_check.emulator build DIR: compile the GPU emulator into DIR."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from tests.emulator import LIBCUDA, LIBNVML, UTILITY, EmulatorError, build
+from timeshare.gpu_check.emulator import LIBCUDA, LIBNVML, UTILITY, EmulatorError, build
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.emulator")
+    parser = argparse.ArgumentParser(prog="python -m timeshare.gpu_check.emulator")
     commands = parser.add_subparsers(dest="command", required=True)
     build_command = commands.add_parser("build", help="compile the emulator into DIR")
     build_command.add_argument("dir", type=Path)

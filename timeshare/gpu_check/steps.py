@@ -1,4 +1,4 @@
-"""The steps of bench.gpu_check, each a process under its own time limit, and
+"""The steps of timeshare.gpu_check.main, each a process under its own time limit, and
 how each is judged: the driver probe, the conformance suite, and the
 gpu_switch scenarios (one gpu_switch process for all; one whose scenario
 outlives its limit is killed, and the rest run in a new one)."""
@@ -6,36 +6,31 @@ outlives its limit is killed, and the rest run in a new one)."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from bench.gpu_switch import RANKS, Outcome
-from bench.parts.gpu_figures import DRIVER_RATIO_LIMIT, HOOKS_CEILING_LIMIT, figure, p50, ratio
+from timeshare.gpu_check.blog import BlogOutcome, outcome_figures
+from timeshare.gpu_check.figures import DRIVER_RATIO_LIMIT, HOOKS_CEILING_LIMIT, figure, p50, ratio
+from timeshare.gpu_check.switch import RANKS, Outcome
 from timeshare.testing.stack import processes_below
 
-REPO = Path(__file__).resolve().parents[2]
 Status = Literal["ok", "failed", "timed_out", "not_measured", "not_run"]
 PROBE_SECONDS = 150.0
+BLOG_SECONDS = 150.0
 CONFORMANCE_SECONDS = 240.0
 # From a gpu_switch process's start (its stack) or a scenario's end to the next start.
 STACK_SECONDS = 150.0
 # A step is not started with less time left than this.
 LEAST_SECONDS = 20.0
-CONFORMANCE_TESTS = [
-    "tests/integration/test_conformance.py",
-    "tests/integration/test_torch_hooks.py",
-]
 # Scenarios that move every rank through the driver (judged by driver_ratio).
 TRANSPARENT = ("cuda", "freeze+cuda", "cuda-checkpoint")
 
@@ -58,8 +53,8 @@ class StepResult(BaseModel):
         )
 
     def line(self) -> str:
-        parts = [f"scenario={self.name}", f"status={self.status}", f"seconds={self.seconds:.1f}"]
-        parts += [f"{key}={value}" for key, value in self.fields.items()]
+        parts = [f"scenario={self.name}", *(f"{key}={value}" for key, value in self.fields.items())]
+        parts += [f"status={self.status}", f"seconds={self.seconds:.1f}"]
         if self.reason:
             parts.append(f"reason={json.dumps(self.reason)}")
         return " ".join(parts)
@@ -72,6 +67,7 @@ class Context:
     emulated: bool
     gib: float
     handovers: int
+    iterations: int
     deadline: float
     scenario_seconds: float
 
@@ -101,7 +97,7 @@ class Context:
 def started(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with log.open("ab") as output:
         return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env,
-                                cwd=REPO, start_new_session=True)  # fmt: skip
+                                cwd=log.parent, start_new_session=True)  # fmt: skip
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -132,7 +128,7 @@ def run_probe(context: Context) -> StepResult:
     if limit is None:
         return context.not_run("probe")
     log = context.out / "probe.log"
-    command = [sys.executable, "-m", "bench", "gpu_probe", f"--out={context.out}",
+    command = [sys.executable, "-m", "timeshare.gpu_check.probe", f"--out={context.out}",
                f"--bytes={context.rank_bytes}", f"--ranks={RANKS}"]  # fmt: skip
     command += ["--emulated", "--repeats=2"] if context.emulated else ["--repeats=3"]
     begun = time.monotonic()
@@ -164,42 +160,80 @@ def run_conformance(context: Context) -> StepResult:
     limit = context.limit(CONFORMANCE_SECONDS)
     if limit is None:
         return context.not_run("conformance")
-    if importlib.util.find_spec("pytest") is None:
-        return StepResult(name="conformance", status="failed",
-                          reason="pytest is not installed: pip install -e '.[dev]'")  # fmt: skip
-    log, junit = context.out / "conformance.log", context.out / "conformance.xml"
-    junit.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
-               "-m", "gpu", f"--junitxml={junit}", *CONFORMANCE_TESTS]  # fmt: skip
-    env = {**context.env, "TIMESHARE_GPU_TESTS": "1"}
+    log = context.out / "conformance.log"
+    command = [sys.executable, "-m", "timeshare.gpu_check.conformance",
+               f"--out={context.out / 'conformance'}"]  # fmt: skip
     begun = time.monotonic()
-    status = finished(started(command, log, env), limit)
+    status = finished(started(command, log, context.env), limit)
     result = StepResult(name="conformance", status="ok", seconds=time.monotonic() - begun,
                         log=str(log))  # fmt: skip
-    counts = junit_counts(junit)
+    counts = conformance_counts(log)
     result.fields.update({key: str(value) for key, value in counts.items()})
     result.fields["report"] = str(log)
     if status is None:
-        result.status, result.reason = "timed_out", f"the suite ran past {limit:.0f} s"
+        result.status, result.reason = "timed_out", f"the checks ran past {limit:.0f} s"
     elif status != 0 or counts["failed"] or not counts["passed"]:
+        failures = [line for line in log.read_text().splitlines() if "status=failed" in line]
         result.status = "failed"
-        result.reason = (
-            f"pytest exited {status}: {counts['failed']} failed, {counts['passed']} passed"
+        result.reason = "; ".join(failures[:3]) or (
+            f"the checks exited {status}: {counts['failed']} failed, {counts['passed']} passed"
         )
     return result
 
 
-def junit_counts(path: Path) -> dict[str, int]:
+def conformance_counts(log: Path) -> dict[str, int]:
+    """The figures of the checks' last line, `conformance passed=N failed=M skipped=K`."""
     counts = {"passed": 0, "failed": 0, "skipped": 0}
-    if not path.exists():
-        return counts
-    for suite in ElementTree.parse(path).getroot().iter("testsuite"):
-        tests, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
-        failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
-        counts["failed"] += failed
-        counts["skipped"] += skipped
-        counts["passed"] += tests - failed - skipped
+    lines = log.read_text().splitlines() if log.exists() else []
+    for line in reversed(lines):
+        if line.startswith("conformance "):
+            for part in line.split()[1:]:
+                key, _, value = part.partition("=")
+                if key in counts and value.isdigit():
+                    counts[key] = int(value)
+            break
     return counts
+
+
+# -- the blog's scenario -----------------------------------------------------------
+
+
+def run_blog(context: Context) -> list[StepResult]:
+    """Two RL-shaped jobs alone, then sharing the GPU with each backend: a
+    result per backend (timeshare.gpu_check.blog)."""
+    limit = context.limit(BLOG_SECONDS)
+    if limit is None:
+        return [context.not_run("blog")]
+    log, results = context.out / "blog.log", context.out / "blog.jsonl"
+    results.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "timeshare.gpu_check.blog", f"--gib={context.gib}",
+               f"--iterations={context.iterations}",
+               f"--results={results}", *(["--emulated"] if context.emulated else [])]  # fmt: skip
+    begun = time.monotonic()
+    status = finished(started(command, log, context.env), limit)
+    seconds = time.monotonic() - begun
+    lines = results.read_text().splitlines() if results.exists() else []
+    outcomes = [BlogOutcome.model_validate_json(line) for line in lines]
+    steps = [
+        StepResult(
+            name="blog",
+            status=outcome.status,
+            seconds=seconds,
+            fields=outcome_figures(outcome),
+            reason=outcome.not_measured or "; ".join(outcome.reasons) or None,
+            log=str(log),
+        )
+        for outcome in outcomes
+    ]
+    failure: tuple[Status, str] | None = None
+    if status is None:
+        failure = ("timed_out", f"the blog's scenario ran past {limit:.0f} s")
+    elif not steps:
+        failure = ("failed", f"the blog's scenario exited {status}, no result")
+    if failure is not None:
+        steps.append(StepResult(name="blog", status=failure[0], seconds=seconds, log=str(log),
+                                reason=failure[1]))  # fmt: skip
+    return [context.report(step) for step in steps]
 
 
 # -- the gpu_switch scenarios ---------------------------------------------------------
@@ -235,7 +269,7 @@ def one_switch_process(context: Context, names: list[str], probe: StepResult | N
     the process ends."""
     log, results_path = context.out / "gpu_switch.log", context.out / "gpu_switch.jsonl"
     offset = results_path.stat().st_size if results_path.exists() else 0
-    command = [sys.executable, "-m", "bench", "gpu_switch", f"--only={','.join(names)}",
+    command = [sys.executable, "-m", "timeshare.gpu_check.switch", f"--only={','.join(names)}",
                f"--gib={context.gib}", f"--handovers={context.handovers}",
                f"--results={results_path}"]  # fmt: skip
     process = started(command, log, context.env)

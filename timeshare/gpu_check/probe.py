@@ -13,7 +13,7 @@ that a probe stopped by its time limit leaves what it read).
 - the `cuda-checkpoint` utility (when on PATH): the same round trip;
 - raw rates: the ranks' checkpoint and restore timed directly on the driver,
   one rank alone and all ranks at once, bytes as NVML shows them (what the
-  agent's record counts), so that bench.gpu_check can set each backend's
+  agent's record counts), so that timeshare.gpu_check.main can set each backend's
   per-rank rate against the driver's on the same bytes (driver_ratio);
 - a restore when the device is full: a checkpointed process restored while
   another holds the device, then again once it is free (NVIDIA/cuda-checkpoint
@@ -45,13 +45,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from bench.gpu_switch import Rank
 from timeshare.activities.backends.gpus import (
     NoGpus,
     device_memory,
     device_memory_by_pid,
     gpu_inventory,
 )
+from timeshare.gpu_check.switch import CUDA_RANK, Rank
 
 # What the H200 answered (GPU-FACTS.md), where a probe here can differ.
 FACTS = {
@@ -412,7 +412,7 @@ def main() -> None:
     probe.environment()
     ranks: list[Rank] = []
     try:
-        ranks = [Rank([sys.executable, "-m", "bench.parts.cuda_rank", f"--bytes={args.bytes}",
+        ranks = [Rank([sys.executable, "-m", CUDA_RANK, f"--bytes={args.bytes}",
                        f"--seed={100 + index}"]) for index in range(args.ranks)]  # fmt: skip
         for rank in ranks:
             rank.hello["bytes"] = args.bytes

@@ -3,7 +3,7 @@ a coordinator (this process, which takes turns and never touches CUDA) and two
 CUDA ranks it starts, the first with a child that never touches CUDA (a
 DataLoader worker). Each rank registers with the node agent itself.
 
-    python -m tests.emulator.rl_job ADDRESS GROUP JOB NODE SOCKET WORKDIR TURNS
+    python -m timeshare.gpu_check.emulator_rl_job ADDRESS GROUP JOB NODE SOCKET WORKDIR TURNS
 
 The ranks run on whatever driver their environment names (the emulator's, in
 tests). During each turn the coordinator waits until every rank has made CUDA
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 import timeshare
-from tests.emulator.rig import CudaWorker, start_worker
 from timeshare.credentials import JOB_TOKEN_ENV
+from timeshare.gpu_check.emulator.rig import CudaWorker, start_worker
 
 WORK_SECONDS = 30.0
 

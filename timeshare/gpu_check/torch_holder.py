@@ -6,7 +6,7 @@ hook's timed evictions and admissions since the last ask), "quit". With
 so that the agent's app layer moves the data to host memory itself, and
 first measures the pinned copy ceiling on the same bytes: a pinned host
 buffer filled from the device and copied back (torch, median of three), the
-figure the hook's rate is judged against. For bench.gpu_switch."""
+figure the hook's rate is judged against. For timeshare.gpu_check.switch."""
 
 from __future__ import annotations
 
