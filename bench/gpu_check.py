@@ -1,7 +1,9 @@
-"""The GPU check of a new GPU host (an alias of `timeshare gpu-check`)."""
+"""Proves a new GPU host in one command: an alias of `timeshare gpu-check`."""
 
 from __future__ import annotations
 
-from timeshare.gpu_check.main import main
+from timeshare.gpu_check import main as gpu_check
 
-__all__ = ["main"]
+
+def main() -> None:
+    gpu_check.main()
