@@ -25,6 +25,7 @@ import timeshare.aio
 from tests.cuda_backends import running_workers
 from tests.gateways import start_gateway
 from tests.needs import skip_what_the_machine_lacks
+from tests.service_loop import ServiceLoop
 from timeshare.activities.backends.base import BackendConfig
 from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.backends.sim import SimBackend
@@ -123,23 +124,45 @@ async def client(temporal_address: str) -> Client:
 
 
 @pytest.fixture(scope="session")
-async def scheduler(client: Client) -> AsyncIterator[Worker]:
-    worker = Worker(
-        client,
-        task_queue=SCHEDULER_TASK_QUEUE,
-        workflows=[GroupWorkflow, NodeRegistryWorkflow],
-        workflow_runner=workflow_runner(),
-    )
-    async with worker:
-        yield worker
+def service_loop() -> Iterator[ServiceLoop]:
+    """Where the scheduler, the session's gateway and the sim agents run: not
+    pytest's loop, which a synchronous test blocks (tests/service_loop.py)."""
+    running = ServiceLoop()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def service_client(temporal_address: str, service_loop: ServiceLoop) -> Client:
+    """A Temporal client of the service loop, for the workers running there."""
+    return service_loop.run(connect_temporal(temporal_address, "default"))
+
+
+@pytest.fixture(scope="session")
+def scheduler(service_client: Client, service_loop: ServiceLoop) -> Iterator[Worker]:
+    async def started() -> Worker:
+        worker = Worker(
+            service_client,
+            task_queue=SCHEDULER_TASK_QUEUE,
+            workflows=[GroupWorkflow, NodeRegistryWorkflow],
+            workflow_runner=workflow_runner(),
+        )
+        await worker.__aenter__()
+        return worker
+
+    worker = service_loop.run(started())
+    yield worker
+    service_loop.run(worker.__aexit__(None, None, None))
 
 
 class SimNodes:
     """In-process node agents with sim backends, one per node name. Like a
     real agent, one drops a job's GPU claim there once it has released it."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, service_loop: ServiceLoop) -> None:
+        # The service loop's client: the agents run there.
         self.client = client
+        self.service_loop = service_loop
         self.backends: dict[str, SimBackend] = {}
         self.workers: dict[str, Worker] = {}
 
@@ -150,6 +173,18 @@ class SimNodes:
         processes: ProcessTable | None = None,
         capacity_bytes: int | None = None,
         gpus: int = 1,
+    ) -> SimBackend:
+        return await self.service_loop.call(
+            self._start(node, state_bytes, processes, capacity_bytes, gpus)
+        )
+
+    async def _start(
+        self,
+        node: str,
+        state_bytes: int,
+        processes: ProcessTable | None,
+        capacity_bytes: int | None,
+        gpus: int,
     ) -> SimBackend:
         config = BackendConfig(
             node=node,
@@ -173,7 +208,7 @@ class SimNodes:
 
     async def stop_node(self, node: str) -> None:
         """The node's agent goes away (its GPU keeps what it held)."""
-        await self.workers.pop(node).__aexit__(None, None, None)
+        await self.service_loop.call(self.workers.pop(node).__aexit__(None, None, None))
 
     async def stop(self) -> None:
         for node in list(self.workers):
@@ -181,8 +216,10 @@ class SimNodes:
 
 
 @pytest.fixture
-async def sim_nodes(client: Client, scheduler: Worker) -> AsyncIterator[SimNodes]:
-    nodes = SimNodes(client)
+async def sim_nodes(
+    service_client: Client, service_loop: ServiceLoop, scheduler: Worker
+) -> AsyncIterator[SimNodes]:
+    nodes = SimNodes(service_client, service_loop)
     yield nodes
     await nodes.stop()
 
@@ -217,48 +254,39 @@ def unique() -> str:
     return uuid.uuid4().hex[:8]
 
 
-# Test files that run for ten seconds or more (whole stacks, benchmarks, real
-# trainers), roughly slowest first: run first, so that `make test`'s test
-# processes (pytest-xdist, a file to a process) end together rather than one
-# of them finishing a long file alone.
-LONG_FILES = [
-    "integration/test_faults.py",
-    "integration/test_chaos.py",
-    "integration/test_scale_bench.py",
-    "integration/test_packaging.py",
-    "integration/test_multigroup.py",
-    "integration/test_gpu_check.py",
-    "integration/test_multinode.py",
-    "integration/test_end_to_end.py",
-    "integration/test_trl_grpo.py",
-    "integration/test_emulator_end_to_end.py",
-    "integration/test_policy_bench.py",
-    "integration/test_grpo_toy.py",
-    "integration/test_slime_integration.py",
-    "integration/test_conformance.py",
-    "integration/test_self_healing.py",
-    "integration/test_turn_watch.py",
-    "integration/test_exit_watch.py",
-    "integration/test_access.py",
-    "integration/test_checkpoint_backends.py",
-    "integration/test_rpc_fuzz.py",
-    "integration/test_tenants.py",
-    "integration/test_replay.py",
-    "integration/test_placement_live.py",
-    "integration/test_agent_restart.py",
-    "integration/test_replicas.py",
-    "integration/test_observability.py",
-    "integration/test_deploy_kubernetes.py",
-    "integration/test_deploy_hosts.py",
-    "integration/test_bundle.py",
-]
+# Each test file's seconds in the last run on this machine (pytest's cache,
+# written by the process that reports results): the longest files are run first,
+# so that `make test`'s test processes (pytest-xdist, a file to a process) end
+# together rather than one of them finishing a long file alone. Without a record
+# (a new clone) the files run in collection order; a file new since then runs first.
+FILE_SECONDS = "timeshare/file_seconds"
+_file_seconds: dict[str, float] = {}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_what_the_machine_lacks(items)
-    rank = {name: index for index, name in enumerate(LONG_FILES)}
+    cache = getattr(config, "cache", None)
+    measured: dict[str, float] = cache.get(FILE_SECONDS, {}) if cache is not None else {}
+    if not measured:
+        return
+    longest = max(measured.values())
     tests = Path(__file__).parent
-    items.sort(key=lambda item: rank.get(item.path.relative_to(tests).as_posix(), len(LONG_FILES)))
+    items.sort(key=lambda item: -measured.get(item.path.relative_to(tests).as_posix(), longest + 1))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    name = report.nodeid.split("::", 1)[0].removeprefix("tests/")
+    _file_seconds[name] = _file_seconds.get(name, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status.append(int(exitstatus))
+    cache = getattr(session.config, "cache", None)
+    # The process that saw every file's reports: the only one under pytest-xdist.
+    if cache is not None and not hasattr(session.config, "workerinput") and _file_seconds:
+        recorded: dict[str, float] = cache.get(FILE_SECONDS, {})
+        recorded.update({name: round(seconds, 1) for name, seconds in _file_seconds.items()})
+        cache.set(FILE_SECONDS, recorded)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -273,13 +301,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 # The Temporal SDK's native threads can abort a normal interpreter shutdown
-# (see shared/TEMPORAL-NOTES.md); end the test process explicitly instead,
+# (exit status 134, "PyGILState_Release ... finalizing", one run in three of a
+# small script with a client and two workers); end the test process explicitly instead,
 # keeping pytest's exit status.
 _exit_status: list[int] = []
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _exit_status.append(int(exitstatus))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -290,10 +315,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-async def gateway(temporal_address: str, scheduler: Worker) -> AsyncIterator[str]:
-    running = await start_gateway(temporal_address)
+def gateway(temporal_address: str, scheduler: Worker, service_loop: ServiceLoop) -> Iterator[str]:
+    running = service_loop.run(start_gateway(temporal_address))
     yield running.address
-    await running.close()
+    service_loop.run(running.close())
 
 
 @pytest.fixture

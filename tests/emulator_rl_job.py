@@ -3,7 +3,7 @@ a coordinator (this process, which takes turns and never touches CUDA) and two
 CUDA ranks it starts, the first with a child that never touches CUDA (a
 DataLoader worker). Each rank registers with the node agent itself.
 
-    python -m timeshare.gpu_check.emulator_rl_job ADDRESS GROUP JOB NODE SOCKET WORKDIR TURNS
+    python -m tests.emulator_rl_job ADDRESS GROUP JOB NODE SOCKET WORKDIR TURNS
 
 The ranks run on whatever driver their environment names (the emulator's, in
 tests). During each turn the coordinator waits until every rank has made CUDA

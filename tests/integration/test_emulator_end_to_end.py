@@ -82,7 +82,7 @@ def test_two_cuda_jobs_hand_over_ten_times_through_a_real_agent(
                 command = [
                     sys.executable,
                     "-m",
-                    "timeshare.gpu_check.emulator_rl_job",
+                    "tests.emulator_rl_job",
                     stack.address,
                     GROUP,
                     job,

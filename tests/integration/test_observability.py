@@ -25,6 +25,7 @@ from temporalio.worker import Worker
 import timeshare.aio
 from tests.conftest import REPO, SimNodes, wait_for_line
 from tests.gateways import RunningGateway, start_gateway
+from tests.service_loop import ServiceLoop
 from timeshare.models import GroupPolicy
 from timeshare.names import group_workflow_id
 from timeshare.testing import free_port, timeshare_command
@@ -65,16 +66,17 @@ class TracedStack:
 
 @pytest.fixture(scope="module")
 async def traced(
-    observed: Observed, temporal_address: str, scheduler: Worker
+    observed: Observed, temporal_address: str, scheduler: Worker, service_loop: ServiceLoop
 ) -> AsyncIterator[TracedStack]:
-    """A gateway and node agents whose Temporal clients carry the tracing interceptor."""
+    """A gateway and node agents whose Temporal clients carry the tracing
+    interceptor, on the service loop as the session's are."""
     telemetry = Telemetry.with_global_providers()
-    client = await connect_temporal(temporal_address, telemetry=telemetry)
-    gateway = await start_gateway(temporal_address, telemetry=telemetry)
-    nodes = SimNodes(client)
+    client = await service_loop.call(connect_temporal(temporal_address, telemetry=telemetry))
+    gateway = await service_loop.call(start_gateway(temporal_address, telemetry=telemetry))
+    nodes = SimNodes(client, service_loop)
     yield TracedStack(gateway, nodes, client)
     await nodes.stop()
-    await gateway.close()
+    await service_loop.call(gateway.close())
 
 
 async def take_turns(address: str, group: str, node: str) -> None:

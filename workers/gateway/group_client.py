@@ -42,12 +42,14 @@ GroupHandle = WorkflowHandle[GroupWorkflow, None]
 # its place in the carried-over state, so it is simply sent again.
 RUN_ENDED_FAILURE = "AcceptedUpdateCompletedWorkflow"
 WITHDRAW_SECONDS = 30.0
-# A join refused while the group's workflow task is retried (after a Temporal
-# restart, or a new group's first task timed out on a scheduler catching up
-# after a pause) is sent again for this long before the caller is told: most
-# of the time a short message is given (errors.MESSAGE_SECONDS), so that a
-# group that stays stuck is still named as such rather than timed out.
-JOIN_RETRY_SECONDS = 25.0
+# A join refused while the group's workflow task is retried is sent again for
+# this long before the caller is told. In production that is a Temporal
+# restart, or a new group's first workflow task that timed out on a busy
+# scheduler: Temporal retries it after its task timeout (10 s by default), so
+# 15 s covers one timeout and the retry. It stays below the time a caller is
+# given a short message (errors.MESSAGE_SECONDS), so that a group that stays
+# stuck is named as such rather than timed out.
+JOIN_RETRY_SECONDS = 15.0
 JOIN_RETRY_PAUSE_SECONDS = 0.5
 RUNNING_GROUPS = "WorkflowType = 'GroupWorkflow' AND ExecutionStatus = 'Running'"
 GROUP_ID_PREFIX = group_workflow_id("")
