@@ -1,18 +1,22 @@
 """The layout a reader relies on: the scheduling core and placement import
-nothing of Temporal and no node or process code, and no hand-written source
-file is over 600 lines. Read from the sources (imports, line counts), so a
-new import or a grown file fails here before review."""
+nothing of Temporal and no node or process code, no hand-written source
+file is over 600 lines, git holds no symbolic link, and pyproject.toml
+installs every package of the tree. Read from the sources (imports, line
+counts, git's index), so a new import, a grown file or a link fails here
+before review."""
 
 from __future__ import annotations
 
 import ast
+import struct
+import tomllib
 from pathlib import Path
 
 from tests.conftest import REPO
 
 CORE = ["timeshare/scheduling", "timeshare/placement"]
-# Where the symlinked packages live in the tree.
-LINKED = {"timeshare.workflows": "workflows", "timeshare.activities": "activities",
+# Where the packages pyproject.toml maps into timeshare live in the tree.
+MAPPED = {"timeshare.workflows": "workflows", "timeshare.activities": "activities",
           "timeshare.workers": "workers"}  # fmt: skip
 NODE_AND_PROCESS_CODE = ("timeshare.activities", "timeshare.workers", "timeshare.workflows")
 LONGEST_LINES = 600
@@ -23,7 +27,7 @@ GENERATED = ("timeshare/v1/",)
 def module_file(module: str) -> Path | None:
     """The source file of a timeshare module (a package's __init__), if there is one."""
     parts = module.split(".")
-    for dotted, folder in LINKED.items():
+    for dotted, folder in MAPPED.items():
         if module == dotted or module.startswith(dotted + "."):
             parts = [folder, *module.removeprefix(dotted).strip(".").split(".")]
             parts = [part for part in parts if part]
@@ -109,3 +113,48 @@ def test_no_hand_written_source_file_is_over_600_lines() -> None:
         if (lines := len(path.read_text().splitlines())) > LONGEST_LINES
     }
     assert long == {}
+
+
+def git_index_modes() -> dict[str, int]:
+    """Each path in git's index with its mode, read from the index file (a
+    unit test starts no `git`): format versions 2 and 3."""
+    git = REPO / ".git"
+    if git.is_file():  # a worktree: "gitdir: PATH"
+        git = Path(git.read_text().split(":", 1)[1].strip())
+    data = (git / "index").read_bytes()
+    signature, version, count = struct.unpack(">4sII", data[:12])
+    assert signature == b"DIRC" and version in (2, 3), version
+    modes: dict[str, int] = {}
+    offset = 12
+    for _ in range(count):
+        start = offset
+        mode = struct.unpack(">I", data[offset + 24 : offset + 28])[0]
+        flags = struct.unpack(">H", data[offset + 60 : offset + 62])[0]
+        offset += 62 + (2 if flags & 0x4000 else 0)
+        end = data.index(b"\0", offset)
+        modes[data[offset:end].decode()] = mode
+        offset = start + ((end - start) // 8 + 1) * 8
+    return modes
+
+
+def test_git_holds_no_symbolic_link() -> None:
+    """A link breaks a checkout on Windows and an sdist; the mapped folders
+    install through pyproject.toml instead."""
+    modes = git_index_modes()
+    assert modes["workflows/group.py"] == 0o100644
+    links = sorted(path for path, mode in modes.items() if mode >> 12 == 0o12)
+    assert links == []
+
+
+def test_pyproject_installs_every_package_of_the_tree() -> None:
+    """Its package list is written out (packages.find cannot see into a mapped
+    folder): a new package left out of it would be missing from every install."""
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == MAPPED
+    in_tree = set()
+    for dotted, folder in {"timeshare": "timeshare", **MAPPED}.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(REPO / folder).parts
+            in_tree.add(".".join([dotted, *parts]))
+    assert "timeshare.workers.agent" in in_tree
+    assert sorted(setuptools["packages"]) == sorted(in_tree)
