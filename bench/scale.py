@@ -30,13 +30,12 @@ per pair (a trivial update plus an update awaiting a remote activity), both
 from step 4's one window. On this shared VM the CPU one unit of work costs
 moves by ±20 % from minute to minute, more than what is compared, so the two
 are measured at the same moment. worker_cpu_ratio_back_to_back is the ratio
-as measured before 2026-12-03: the scheduler in step 3's window over step
-1's floor (updates sent back to back to one workflow, minutes apart). Both
-count hand-overs alone: each group's first grant comes before the window,
-its last yield after it (worker_cpu_ratio_with_edges counts them, as the
-benchmark did before 2026-12-03). At 50 groups (or the first size) it also
-prints what the server did per hand-over, from Temporal's own request
-counters (bench.parts.temporal_operations).
+measured the other way: the scheduler in step 3's window over step 1's floor
+(updates sent back to back to one workflow, minutes apart). Both count
+hand-overs alone: each group's first grant comes before the window, its last
+yield after it (worker_cpu_ratio_with_edges counts them too). At 50 groups
+(or the first size) it also prints what the server did per hand-over, from
+Temporal's own request counters (bench.parts.temporal_operations).
 """
 
 from __future__ import annotations
@@ -388,7 +387,7 @@ def report(
         print(f"scheduler CPU per hand-over at {reference.groups} groups: "
               f"{reference.cpu_ms_per_handover(stack.scheduler_parts):.1f} ms in the window; "
               f"{reference.cpu_ms_per_handover_with_edges(stack.scheduler_parts):.1f} ms counting "
-              "each group's first grant and last yield too, as before 2026-12-03 "
+              "each group's first grant and last yield too "
               f"(ratio {with_edges:.2f})")  # fmt: skip
     layer_figures = ""
     if handovers is not None and paced is not None:

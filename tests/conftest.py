@@ -273,7 +273,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 # The Temporal SDK's native threads can abort a normal interpreter shutdown
-# (see shared/TEMPORAL-NOTES.md); end the test process explicitly instead,
+# (docs/facts.md, "Process exit"); end the test process explicitly instead,
 # keeping pytest's exit status.
 _exit_status: list[int] = []
 

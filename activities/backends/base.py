@@ -97,7 +97,7 @@ class NoDeviceRoom(BackendError):
     """The job's parked state does not fit in the device memory free now, so
     it was not restored: it stays parked and can be restored once the room is
     free. Never retried blindly: a restore the driver fails for lack of memory
-    cannot be retried on driver 580 (NVIDIA/cuda-checkpoint issue 44)."""
+    cannot be retried on driver 580 (NVIDIA/cuda-checkpoint#44)."""
 
     def __init__(self, group: str, job: str, message: str) -> None:
         super().__init__(message)

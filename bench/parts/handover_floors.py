@@ -4,7 +4,7 @@ GroupWorkflow. Each layer runs on a task queue of its own (its worker is a
 bench.parts.floor_worker process), so that side by side each worker's CPU is its
 own layer's.
 
-- ``shape``: the switch protocol (DESIGN.md) and nothing else: the waiter's
+- ``shape``: the switch protocol (docs/user-guide.md) and nothing else: the waiter's
   acquire is an update that stays open until its grant; the holder's yield
   returns at once; the main loop then runs one activity on another task
   queue (the switch) and grants the next waiter, whose acquire completes in

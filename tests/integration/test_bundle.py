@@ -36,7 +36,7 @@ SLOW = pytest.mark.skipif(
     reason="it packs 80 MiB of wheels with LZMA (minutes): TIMESHARE_SLOW_TESTS=1",
 )
 MIB = 1024 * 1024
-BUDGET = 60 * MIB  # issue 38: CPython 3.12 on manylinux x86_64
+BUDGET = 60 * MIB  # CPython 3.12 on manylinux x86_64
 # The Python that makes and installs the bundles: the one running the tests,
 # outside any virtual environment (install.sh makes its own).
 BASE_PYTHON = str(Path(getattr(sys, "_base_executable", sys.executable)))

@@ -15,7 +15,7 @@ from pathlib import Path
 from timeshare.workers.common.children import spawn, stop_process
 from timeshare.workers.common.service import StartupError, ready
 
-# Custom search attributes the scheduler keeps current (see DESIGN.md).
+# Custom search attributes the scheduler keeps current (docs/observability.md).
 SEARCH_ATTRIBUTES = {
     "TimeshareHolder": "Keyword",
     "TimeshareQueueDepth": "Int",
