@@ -49,12 +49,13 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from pathlib import Path
 
 from temporalio.client import Client
 
+from bench.parts.floor_layers import LAYERS, PAIR
 from bench.parts.floors import FloorCpu, PacedFloor, PacedFloorCpu, measure_floor_cpu
-from bench.parts.handover_floors import LAYERS
 from bench.parts.idle_history import IdleHistory, measure_idle_history
 from bench.parts.procstat import load_average
 from bench.parts.profiling import Profiler, read_profile
@@ -262,12 +263,12 @@ async def load_beside_floor(
 ) -> tuple[LoadResult, PacedFloorCpu, PacedFloorCpu | None]:
     """The reference load again, with the floor workflow paced the same way
     beside it in the same window: worker_cpu_ratio compares the two. With
-    ``--floor-handovers`` a hand-over floor (a layer of bench.parts.handover_floors,
+    ``--floor-handovers`` a hand-over floor (a layer of bench.parts.floor_layers,
     ``shape`` unless named) runs in that window too, paced as the groups are."""
     async with contextlib.AsyncExitStack() as floors:
         floor = await floors.enter_async_context(PacedFloor(
             temporal, stack.temporal, reference.groups, args.period, workdir, args.seed,
-            inline=args.floor_inline, publishes=args.floor_publishes,
+            inline=args.floor_inline, layer=replace(PAIR, publishes=args.floor_publishes),
         ))  # fmt: skip
         handovers = None
         if args.floor_handovers:
@@ -468,7 +469,7 @@ def main() -> None:
     parser.add_argument(
         "--floor-handovers", nargs="?", const="shape", choices=list(LAYERS), metavar="LAYER",
         help="also pace a hand-over floor in the same window: the layer of "
-        "bench.parts.handover_floors named (default shape: a hand-over's shape with nothing else, "
+        "bench.parts.floor_layers named (default shape: a hand-over's shape with nothing else, "
         "what any scheduler of this protocol pays; group: GroupWorkflow driven directly)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
