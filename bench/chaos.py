@@ -11,7 +11,7 @@ wait for. Definitions of what is counted: `bench.parts.chaos_check`.
                           [--replicas N]
     python -m bench chaos --scripted [--runs N | --quick]
 
-With ``--scripted``: each fault of bench.parts.chaos_scripted in turn, one
+With ``--scripted``: each scripted fault of bench.parts.chaos_faults in turn, one
 at a chosen moment in a stack of its own (5 runs each, ``--quick`` one),
 and the time from it to the next grant.
 
@@ -41,9 +41,8 @@ from pathlib import Path
 
 from bench.parts import chaos_check as check
 from bench.parts import chaos_stuck
-from bench.parts.chaos_faults import KINDS, Fault, inject
+from bench.parts.chaos_faults import KINDS, SCRIPTED, Fault, inject, run_scripted
 from bench.parts.chaos_pool import JobPool, JobSettings
-from bench.parts.chaos_scripted import SCRIPTED, run_scripted
 from bench.parts.stats import percentile
 from timeshare.errors import TimeshareError
 from timeshare.status import table

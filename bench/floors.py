@@ -1,42 +1,33 @@
 """Temporal's own floors: hop by hop in fresh processes, and a hand-over's worker CPU by layer.
 
-Two measurements of what Temporal itself costs, with none or only part of
-timeshare's code in the path (the floors' workflows: bench.parts.floor_layers):
-
     python -m bench floors hops            # 4 runs of 30 updates
-    python -m bench floors hops --runs 8
     python -m bench floors layers          # 25 workflows each, 3 rounds of 30 s
     python -m bench floors layers --quick  # one round of 20 s
-    python -m bench floors layers --floor-defaults   # the pair on the SDK's thread pool
 
-``hops``: how long an update awaiting one activity takes (the pair's second
-update), and, from its history, the two dispatches inside it: the
-activity's (scheduled to started) and the workflow task's after the activity
-(completed to the next task started). Each run is a new process with its own
-workers and connection to one embedded server, so the spread between runs is
-the server's and the SDK's.
+``hops``: how long the pair's update awaiting one activity takes, and, from
+its history, the two dispatches inside it: the activity's (scheduled to
+started) and the workflow task's after it (completed to the next task
+started). Each run is a new process with its own workers and connection to
+one embedded server, so the spread between runs is the server's and the
+SDK's, with none of timeshare's code in the path.
 
-``layers``: what a hand-over costs the workflow worker, layer by layer,
-measured side by side in one window on one Temporal dev server: the pair
-floor `worker_cpu_ratio` divides by (a trivial update plus an update
-awaiting a remote activity), then the hand-over-shaped layers, up to
-timeshare's own GroupWorkflow. Each runs in a worker process of its own,
-activations inline as the scheduler runs them, as many workflows each, paced
-as bench.scale paces its groups (a hand-over per workflow every period, the
-next job asking half a period before). Each round's figures are CPU
-milliseconds per hand-over (per pair for the floor) and each layer's ratio
-to the floor of the same round; the last line gives the medians over the
-rounds: ``pair_floor_cpu_ms`` (with ``pair_floor_inline``, 0 under
-``--floor-defaults``) and, per layer, ``<layer>_ratio``, and
-``group_over_shape`` (what timeshare adds to the protocol's bare shape).
+``layers``: what a hand-over costs the workflow worker, layer by layer
+(bench.parts.floor_layers), side by side in one window on one server: the
+pair floor `worker_cpu_ratio` divides by, then the hand-over-shaped layers
+up to timeshare's own GroupWorkflow, each in a worker process of its own
+(activations inline as the scheduler's; ``--floor-defaults``: the pair's on
+the SDK's thread pool), as many workflows each, paced as bench.scale paces
+its groups. Each round gives CPU milliseconds per hand-over (per pair for
+the floor) and each layer's ratio to the floor; the last line the medians
+over the rounds: ``pair_floor_cpu_ms`` (``pair_floor_inline``), per layer
+``<layer>_ratio``, and ``group_over_shape`` (what timeshare adds to the
+protocol's bare shape).
 
-``worker`` is a floor's workflow worker, started by the others in a process
-of its own, as the scheduler's runs: unsandboxed (the SDK's own floor) or
-``--sandboxed`` as the scheduler's; activations on the SDK's thread pool or
-``--inline`` on the event loop, as the scheduler runs them; on the SDK's
-client and worker settings (the floors') or, for the group layer, the
-scheduler's (``--settings scheduler``: timeshare's data converter, no
-compression, one external-storage visit at a time).
+``worker`` is a layer's workflow worker, which the others start in a process
+of their own as the scheduler's runs: optionally in the scheduler's sandbox,
+with activations inline, on the scheduler's client and worker settings
+(``--settings scheduler``: timeshare's data converter, no compression, one
+external-storage visit at a time) rather than the SDK's.
 """
 
 from __future__ import annotations

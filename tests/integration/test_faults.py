@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.parts.chaos_scripted import SCRIPTED, run_scripted
+from bench.parts.chaos_faults import SCRIPTED, run_scripted
 
 
 @pytest.mark.parametrize("fault", list(SCRIPTED))
