@@ -283,7 +283,7 @@ class Layer:
 
     @property
     def task_queue(self) -> str:
-        return f"bench.floor.{self.name}"
+        return f"floor-{self.name}"
 
     @property
     def node(self) -> str:

@@ -1,12 +1,14 @@
 """What the docs and the code cite, a reader can follow from this repository:
 no issue number of this project (a reader has no tracker to look it up in),
 an upstream issue or pull request named with its repository
-(NVIDIA/cuda-checkpoint#44), and no file outside the repository: the facts
-the code relies on are in docs/facts.md."""
+(NVIDIA/cuda-checkpoint#44), no file outside the repository (the facts the
+code relies on are in docs/facts.md), and no module that is not there."""
 
 from __future__ import annotations
 
+import ast
 import re
+from functools import cache
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -14,6 +16,12 @@ from tests.conftest import REPO
 SCANNED = ["docs", "timeshare", "workflows", "activities", "workers", "bench", "tests",
            "examples", "deploy", "proto", "README.md", "Makefile"]  # fmt: skip
 TEXT = {".py", ".md", ".c", ".h", ".sh", ".yaml", ".yml", ".toml", ".txt", ".proto", ".cfg"}
+# Where the packages pyproject.toml maps into timeshare live in the tree.
+MAPPED = {"timeshare.workflows": "workflows", "timeshare.activities": "activities",
+          "timeshare.workers": "workers"}  # fmt: skip
+# A dotted name of the project's, as prose and comments name modules
+# (bench.parts.floors, timeshare.workers.gateway.turn_watch).
+DOTTED = re.compile(r"(?<![\w.-])((?:timeshare|bench)(?:\.[a-z_][a-z0-9_]*)+)\b(?![\w-])")
 # Recorded data, not prose.
 DATA = ("tests/histories/",)
 # Moving into the package with the GPU check, which states the same facts there.
@@ -32,22 +40,26 @@ RULES = {
 }
 
 
-def scanned_files() -> list[Path]:
-    found: list[Path] = []
+@cache
+def scanned_files() -> dict[Path, str]:
+    """Each file scanned, with its text."""
+    found: dict[Path, str] = {}
     for name in SCANNED:
         top = REPO / name
         paths = [top] if top.is_file() else sorted(top.rglob("*"))
         for path in paths:
             relative = path.relative_to(REPO).as_posix()
+            parts = relative.split("/")
+            hidden = any(part.startswith(".") or part == "__pycache__" for part in parts)
             if (
                 path.is_file()
                 and (path.suffix in TEXT or path.name == "Makefile")
-                and not any(part.startswith(".") or part == "__pycache__" for part in path.parts)
+                and not hidden
                 and not relative.startswith(DATA)
                 and relative not in MOVING
                 and path != Path(__file__)
             ):
-                found.append(path)
+                found[path] = path.read_text(errors="replace")
     return found
 
 
@@ -65,8 +77,8 @@ def test_docs_and_code_cite_only_what_a_reader_can_follow() -> None:
     assert REPO / "docs" / "facts.md" in files and REPO / "workflows" / "group.py" in files
     found = {
         path.relative_to(REPO).as_posix(): lines
-        for path in files
-        if (lines := offences(path.read_text(errors="replace")))
+        for path, text in files.items()
+        if (lines := offences(text))
     }
     assert found == {}
 
@@ -91,3 +103,65 @@ def test_the_rules_catch_what_they_forbid_and_pass_what_they_allow() -> None:
         "the facts in docs/facts.md",
     ]
     assert [text for text in allowed if offences(text)] == []
+
+
+def module_source(module: str) -> Path | None:
+    parts = module.split(".")
+    for dotted, folder in MAPPED.items():
+        if module == dotted or module.startswith(dotted + "."):
+            parts = [folder, *module.removeprefix(dotted).strip(".").split(".")]
+            parts = [part for part in parts if part]
+    base = REPO.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@cache
+def top_level_names(source: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {target.id for target in targets if isinstance(target, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+def stale(name: str) -> bool:
+    """A dotted name whose longest module prefix has no such next part: a
+    module or name that moved or went. Under ``timeshare`` itself only past
+    a package (``timeshare.scheduler`` is a task queue, ``timeshare.io`` a
+    label domain)."""
+    parts = name.split(".")
+    known = len(parts)
+    while known > 1 and module_source(".".join(parts[:known])) is None:
+        known -= 1
+    if known == len(parts) or (known == 1 and parts[0] == "timeshare"):
+        return False
+    source = module_source(".".join(parts[:known]))
+    return source is None or parts[known] not in top_level_names(source)
+
+
+def test_no_module_named_is_gone() -> None:
+    found = {
+        f"{path.relative_to(REPO).as_posix()}:{number}": name
+        for path, text in scanned_files().items()
+        for number, line in enumerate(text.splitlines(), 1)
+        for name in DOTTED.findall(line)
+        if stale(name)
+    }
+    assert found == {}
+
+
+def test_a_name_that_went_is_stale_and_one_that_is_there_is_not() -> None:
+    assert stale("bench.stack") and stale("bench.parts.handover_floors")
+    assert stale("timeshare.workers.gateway.no_such_module")
+    assert stale("timeshare.integrations.turns.turns_from_env")
+    assert not stale("timeshare.integrations.environment.turns_from_env")
+    assert not stale("timeshare.workers.gateway.turn_watch")
+    assert not stale("bench.parts.floors") and not stale("timeshare.scheduler")
