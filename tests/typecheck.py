@@ -15,28 +15,21 @@ timeshare.workers.gateway import convert``, where nothing else imports it."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from mypy import build
 from mypy.errors import CompileError
 from mypy.main import process_options
 from mypy.modulefinder import BuildSource
 
-REPO = Path(__file__).resolve().parent.parent
-# Folder in the tree -> the package it installs as (pyproject.toml's package-dir).
-MAPPED = {"workflows": "timeshare.workflows", "activities": "timeshare.activities",
-          "workers": "timeshare.workers"}  # fmt: skip
+from tests.tree import MAPPED, REPO, modules_in
 
 
 def mapped_sources() -> list[BuildSource]:
-    sources = []
-    for folder, package in MAPPED.items():
-        for path in sorted((REPO / folder).rglob("*.py")):
-            parts = path.relative_to(REPO / folder).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            sources.append(BuildSource(str(path.relative_to(REPO)), ".".join([package, *parts])))
-    return sources
+    return [
+        BuildSource(str(path.relative_to(REPO)), name)
+        for package, folder in MAPPED.items()
+        for name, path in modules_in(package, folder).items()
+    ]
 
 
 def main(argv: list[str]) -> int:

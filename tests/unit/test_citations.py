@@ -12,13 +12,11 @@ from functools import cache
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.tree import module_source
 
 SCANNED = ["docs", "timeshare", "workflows", "activities", "workers", "bench", "tests",
            "examples", "deploy", "proto", "README.md", "Makefile"]  # fmt: skip
 TEXT = {".py", ".md", ".c", ".h", ".sh", ".yaml", ".yml", ".toml", ".txt", ".proto", ".cfg"}
-# Where the packages pyproject.toml maps into timeshare live in the tree.
-MAPPED = {"timeshare.workflows": "workflows", "timeshare.activities": "activities",
-          "timeshare.workers": "workers"}  # fmt: skip
 # A dotted name of the project's, as prose and comments name modules
 # (bench.parts.floors, timeshare.workers.gateway.turn_watch).
 DOTTED = re.compile(r"(?<![\w.-])((?:timeshare|bench)(?:\.[a-z_][a-z0-9_]*)+)\b(?![\w-])")
@@ -103,19 +101,6 @@ def test_the_rules_catch_what_they_forbid_and_pass_what_they_allow() -> None:
         "the facts in docs/facts.md",
     ]
     assert [text for text in allowed if offences(text)] == []
-
-
-def module_source(module: str) -> Path | None:
-    parts = module.split(".")
-    for dotted, folder in MAPPED.items():
-        if module == dotted or module.startswith(dotted + "."):
-            parts = [folder, *module.removeprefix(dotted).strip(".").split(".")]
-            parts = [part for part in parts if part]
-    base = REPO.joinpath(*parts)
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 @cache

