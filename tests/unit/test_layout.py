@@ -99,26 +99,46 @@ def test_no_hand_written_source_file_is_over_600_lines() -> None:
     assert long == {}
 
 
-def git_index_modes() -> dict[str, int]:
+def git_index_modes(index: Path | None = None) -> dict[str, int]:
     """Each path in git's index with its mode, read from the index file (a
-    unit test starts no `git`): format versions 2 and 3."""
-    git = REPO / ".git"
-    if git.is_file():  # a worktree: "gitdir: PATH"
-        git = Path(git.read_text().split(":", 1)[1].strip())
-    data = (git / "index").read_bytes()
+    unit test starts no `git`): format versions 2, 3 and 4."""
+    if index is None:
+        git = REPO / ".git"
+        if git.is_file():  # a worktree: "gitdir: PATH"
+            git = Path(git.read_text().split(":", 1)[1].strip())
+        index = git / "index"
+    data = index.read_bytes()
     signature, version, count = struct.unpack(">4sII", data[:12])
-    assert signature == b"DIRC" and version in (2, 3), version
+    assert signature == b"DIRC" and version in (2, 3, 4), version
     modes: dict[str, int] = {}
-    offset = 12
+    offset, path = 12, b""
     for _ in range(count):
         start = offset
         mode = struct.unpack(">I", data[offset + 24 : offset + 28])[0]
         flags = struct.unpack(">H", data[offset + 60 : offset + 62])[0]
         offset += 62 + (2 if flags & 0x4000 else 0)
-        end = data.index(b"\0", offset)
-        modes[data[offset:end].decode()] = mode
-        offset = start + ((end - start) // 8 + 1) * 8
+        if version == 4:  # the path: so many bytes off the last one's end, then these
+            strip, offset = varint(data, offset)
+            end = data.index(b"\0", offset)
+            path = path[: len(path) - strip] + data[offset:end]
+            offset = end + 1
+        else:  # the path, then NULs to a multiple of 8 bytes
+            end = data.index(b"\0", offset)
+            path = data[offset:end]
+            offset = start + ((end - start) // 8 + 1) * 8
+        modes[path.decode()] = mode
     return modes
+
+
+def varint(data: bytes, offset: int) -> tuple[int, int]:
+    """Git's offset varint (varint.c) at ``offset``: its value, and the offset after it."""
+    byte = data[offset]
+    value = byte & 0x7F
+    while byte & 0x80:
+        offset += 1
+        byte = data[offset]
+        value = ((value + 1) << 7) | (byte & 0x7F)
+    return value, offset + 1
 
 
 def test_git_holds_no_symbolic_link() -> None:
