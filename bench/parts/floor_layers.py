@@ -83,7 +83,7 @@ async def floor_noop() -> None:
 async def floor_switch(input: SwitchInput) -> SwitchOutput:
     """The switch of the typed layers and of the group's node: nothing moves,
     and the answer has the shape of the sim backend's for a zero-byte switch
-    (timeshare/activities/sim.py: a checkpoint per job evicted, a restore of
+    (activities/backends/sim.py: a checkpoint per job evicted, a restore of
     the one admitted), so that the workflow decodes and records as much."""
     move = input.move
     actions = [BackendAction(job=job, action="checkpoint") for job in move.evict]

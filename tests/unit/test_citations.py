@@ -2,7 +2,7 @@
 no issue number of this project (a reader has no tracker to look it up in),
 an upstream issue or pull request named with its repository
 (NVIDIA/cuda-checkpoint#44), no file outside the repository (the facts the
-code relies on are in docs/facts.md), and no module that is not there."""
+code relies on are in docs/facts.md), and no module or file that is not there."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 
 from tests.conftest import REPO
-from tests.tree import module_source
+from tests.tree import MAPPED, module_source
 
 SCANNED = ["docs", "timeshare", "workflows", "activities", "workers", "bench", "tests",
            "examples", "deploy", "proto", "README.md", "Makefile"]  # fmt: skip
@@ -20,6 +20,15 @@ TEXT = {".py", ".md", ".c", ".h", ".sh", ".yaml", ".yml", ".toml", ".txt", ".pro
 # A dotted name of the project's, as prose and comments name modules
 # (bench.parts.floors, timeshare.workers.gateway.turn_watch).
 DOTTED = re.compile(r"(?<![\w.-])((?:timeshare|bench)(?:\.[a-z_][a-z0-9_]*)+)\b(?![\w-])")
+# A file of the tree named by its path (workers/gateway/turn_watch.py).
+PATH = re.compile(
+    r"(?<![\w/.-])((?:timeshare|workflows|activities|workers|bench|tests|docs|examples|deploy)"
+    r"/[\w/.-]*\w\.(?:py|md|c|h|yaml|yml|json|sh|proto|toml))\b"
+)
+# Paths that stand for any file of their kind.
+PLACEHOLDERS = {"tests/upstream/FRAMEWORK.json", "tests/integration/test_x.py"}
+# Written by tools, not by hand.
+GENERATED = ("timeshare/v1/",)
 # Recorded data, not prose.
 DATA = ("tests/histories/",)
 # Moving into the package with the GPU check, which states the same facts there.
@@ -132,21 +141,37 @@ def stale(name: str) -> bool:
     return source is None or parts[known] not in top_level_names(source)
 
 
-def test_no_module_named_is_gone() -> None:
+def gone(path: str) -> bool:
+    """A path of the tree, as installed (timeshare/workflows/...) or as in
+    the tree, that names no file; a .proto by its path under proto/."""
+    for dotted, folder in MAPPED.items():
+        installed = dotted.replace(".", "/") + "/"
+        if path.startswith(installed):
+            path = folder + "/" + path.removeprefix(installed)
+    return not (REPO / path).exists() and not (REPO / "proto" / path).exists()
+
+
+def test_no_module_or_file_named_is_gone() -> None:
     found = {
         f"{path.relative_to(REPO).as_posix()}:{number}": name
         for path, text in scanned_files().items()
+        if not path.relative_to(REPO).as_posix().startswith(GENERATED)
         for number, line in enumerate(text.splitlines(), 1)
-        for name in DOTTED.findall(line)
-        if stale(name)
+        for name in [
+            *(name for name in DOTTED.findall(line) if stale(name)),
+            *(name for name in PATH.findall(line) if name not in PLACEHOLDERS and gone(name)),
+        ]
     }
     assert found == {}
 
 
-def test_a_name_that_went_is_stale_and_one_that_is_there_is_not() -> None:
+def test_a_name_or_path_that_went_is_stale_and_one_that_is_there_is_not() -> None:
     assert stale("bench.stack") and stale("bench.parts.handover_floors")
     assert stale("timeshare.workers.gateway.no_such_module")
     assert stale("timeshare.integrations.turns.turns_from_env")
     assert not stale("timeshare.integrations.environment.turns_from_env")
     assert not stale("timeshare.workers.gateway.turn_watch")
     assert not stale("bench.parts.floors") and not stale("timeshare.scheduler")
+    assert gone("timeshare/activities/sim.py") and gone("bench/floor_hops.py")
+    assert not gone("timeshare/activities/backends/sim.py") and not gone("bench/floors.py")
+    assert not gone("timeshare/v1/timeshare.proto")
