@@ -152,8 +152,8 @@ def gone(path: str) -> bool:
 
 
 def test_no_module_or_file_named_is_gone() -> None:
-    found = {
-        f"{path.relative_to(REPO).as_posix()}:{number}": name
+    found = [
+        f"{path.relative_to(REPO).as_posix()}:{number}: {name}"
         for path, text in scanned_files().items()
         if not path.relative_to(REPO).as_posix().startswith(GENERATED)
         for number, line in enumerate(text.splitlines(), 1)
@@ -161,8 +161,8 @@ def test_no_module_or_file_named_is_gone() -> None:
             *(name for name in DOTTED.findall(line) if stale(name)),
             *(name for name in PATH.findall(line) if name not in PLACEHOLDERS and gone(name)),
         ]
-    }
-    assert found == {}
+    ]
+    assert found == []
 
 
 def test_a_name_or_path_that_went_is_stale_and_one_that_is_there_is_not() -> None:
