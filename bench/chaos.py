@@ -1,4 +1,4 @@
-"""Random SIGKILLs of every part of a running stack: turns lost, double grants, overlaps.
+"""Faults against a running stack, random or scripted: requests lost, double grants, overlaps.
 
 Chaos: groups of jobs take turns on three simulated nodes while a seeded
 random schedule SIGKILLs and restarts the scheduler worker, the gateway, the
@@ -9,6 +9,11 @@ wait for. Definitions of what is counted: `bench.parts.chaos_check`.
     python -m bench chaos --minutes N [--seed S] [--groups G] [--jobs-per-group J]
                           [--kinds scheduler,gateway,agent,job,temporal] [--workdir DIR]
                           [--replicas N]
+    python -m bench chaos --scripted [--runs N | --quick]
+
+With ``--scripted``: each scripted fault of bench.parts.chaos_faults in turn, one
+at a chosen moment in a stack of its own (5 runs each, ``--quick`` one),
+and the time from it to the next grant.
 
 With ``--replicas N``: N scheduler workers and N gateways against the one
 Temporal; a scheduler or gateway fault kills one replica while the others
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -35,7 +41,7 @@ from pathlib import Path
 
 from bench.parts import chaos_check as check
 from bench.parts import chaos_stuck
-from bench.parts.chaos_faults import KINDS, Fault, inject
+from bench.parts.chaos_faults import KINDS, SCRIPTED, Fault, inject, run_scripted
 from bench.parts.chaos_pool import JobPool, JobSettings
 from bench.parts.stats import percentile
 from timeshare.errors import TimeshareError
@@ -241,9 +247,38 @@ def explain_stuck(
     return chaos_stuck.save_histories(stack.temporal, names, workdir) + chaos_stuck.explain(logs)
 
 
+def scripted(runs: int) -> bool:
+    """Each scripted fault ``runs`` times; True if nothing was lost or overlapped."""
+    rows, lost, overlapping = [], 0, 0
+    for name in SCRIPTED:
+        results = []
+        for run in range(runs):
+            with tempfile.TemporaryDirectory() as scratch:
+                result = run_scripted(name, Path(scratch))
+            print(
+                f"{name} #{run + 1}: next grant after {result.seconds_to_next_grant:.2f} s, "
+                f"lost {result.lost_requests}, overlaps {result.overlaps}",
+                flush=True,
+            )
+            results.append(result)
+        median = statistics.median(r.seconds_to_next_grant for r in results)
+        lost += sum(r.lost_requests + len(r.failed_jobs) for r in results)
+        overlapping += sum(r.overlaps for r in results)
+        rows.append([name, str(runs), f"{median:.2f}",
+                     str(sum(r.lost_requests for r in results)),
+                     str(sum(r.overlaps for r in results))])  # fmt: skip
+    print()
+    print(table(["fault", "runs", "median s to next grant", "requests lost", "overlaps"], rows))
+    print(f"faults={len(SCRIPTED)} runs={runs} lost_requests={lost} overlaps={overlapping}")
+    return lost == overlapping == 0
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Random SIGKILLs against a running stack.")
-    parser.add_argument("--minutes", type=float, required=True, help="how long faults go on")
+    parser = argparse.ArgumentParser(description="Faults against a running stack.")
+    parser.add_argument("--minutes", type=float, help="how long random faults go on")
+    parser.add_argument("--scripted", action="store_true", help="each scripted fault in turn")
+    parser.add_argument("--runs", type=int, default=5, help="--scripted: runs of each fault")
+    parser.add_argument("--quick", action="store_true", help="--scripted: one run of each")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--groups", type=int, default=3)
     parser.add_argument("--jobs-per-group", type=int, default=3)
@@ -255,6 +290,10 @@ def main() -> None:
         "--replicas", type=int, default=1, help="scheduler workers and gateways, each"
     )
     args = parser.parse_args()
+    if args.scripted == (args.minutes is not None):
+        parser.error("give either --minutes (random faults) or --scripted")
+    if args.scripted:
+        sys.exit(0 if scripted(1 if args.quick else args.runs) else 1)
     if args.replicas < 1:
         parser.error("--replicas: at least 1")
     if unknown := set(args.kinds.split(",")) - set(KINDS):

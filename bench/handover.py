@@ -23,7 +23,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 import timeshare
-from bench.parts.floors import measure_floors
+from bench.parts.floors import time_floors
 from bench.parts.handover_segments import SEGMENTS, Event, all_segments
 from bench.parts.stats import p50_p90_p99
 from timeshare.names import group_workflow_id
@@ -154,7 +154,8 @@ def main() -> None:
 
             async def floors_and_history() -> tuple[dict[str, list[float]], list[Event]]:
                 temporal = await connect_temporal(stack.temporal, "default")
-                return await measure_floors(temporal, iterations), await group_events(temporal)
+                timings, _ = await time_floors(temporal, iterations)
+                return timings, await group_events(temporal)
 
             floor, events = asyncio.run(floors_and_history())
         finally:

@@ -30,13 +30,12 @@ per pair (a trivial update plus an update awaiting a remote activity), both
 from step 4's one window. On this shared VM the CPU one unit of work costs
 moves by ±20 % from minute to minute, more than what is compared, so the two
 are measured at the same moment. worker_cpu_ratio_back_to_back is the ratio
-as measured before 2026-12-03: the scheduler in step 3's window over step
-1's floor (updates sent back to back to one workflow, minutes apart). Both
-count hand-overs alone: each group's first grant comes before the window,
-its last yield after it (worker_cpu_ratio_with_edges counts them, as the
-benchmark did before 2026-12-03). At 50 groups (or the first size) it also
-prints what the server did per hand-over, from Temporal's own request
-counters (bench.parts.temporal_operations).
+measured the other way: the scheduler in step 3's window over step 1's floor
+(updates sent back to back to one workflow, minutes apart). Both count
+hand-overs alone: each group's first grant comes before the window, its last
+yield after it (worker_cpu_ratio_with_edges counts them too). At 50 groups
+(or the first size) it also prints what the server did per hand-over, from
+Temporal's own request counters (bench.parts.temporal_operations).
 """
 
 from __future__ import annotations
@@ -50,12 +49,13 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from pathlib import Path
 
 from temporalio.client import Client
 
+from bench.parts.floor_layers import LAYERS, PAIR
 from bench.parts.floors import FloorCpu, PacedFloor, PacedFloorCpu, measure_floor_cpu
-from bench.parts.handover_floors import LAYERS
 from bench.parts.idle_history import IdleHistory, measure_idle_history
 from bench.parts.procstat import load_average
 from bench.parts.profiling import Profiler, read_profile
@@ -263,12 +263,12 @@ async def load_beside_floor(
 ) -> tuple[LoadResult, PacedFloorCpu, PacedFloorCpu | None]:
     """The reference load again, with the floor workflow paced the same way
     beside it in the same window: worker_cpu_ratio compares the two. With
-    ``--floor-handovers`` a hand-over floor (a layer of bench.parts.handover_floors,
+    ``--floor-handovers`` a hand-over floor (a layer of bench.parts.floor_layers,
     ``shape`` unless named) runs in that window too, paced as the groups are."""
     async with contextlib.AsyncExitStack() as floors:
         floor = await floors.enter_async_context(PacedFloor(
             temporal, stack.temporal, reference.groups, args.period, workdir, args.seed,
-            inline=args.floor_inline, publishes=args.floor_publishes,
+            inline=args.floor_inline, layer=replace(PAIR, publishes=args.floor_publishes),
         ))  # fmt: skip
         handovers = None
         if args.floor_handovers:
@@ -388,7 +388,7 @@ def report(
         print(f"scheduler CPU per hand-over at {reference.groups} groups: "
               f"{reference.cpu_ms_per_handover(stack.scheduler_parts):.1f} ms in the window; "
               f"{reference.cpu_ms_per_handover_with_edges(stack.scheduler_parts):.1f} ms counting "
-              "each group's first grant and last yield too, as before 2026-12-03 "
+              "each group's first grant and last yield too "
               f"(ratio {with_edges:.2f})")  # fmt: skip
     layer_figures = ""
     if handovers is not None and paced is not None:
@@ -469,7 +469,7 @@ def main() -> None:
     parser.add_argument(
         "--floor-handovers", nargs="?", const="shape", choices=list(LAYERS), metavar="LAYER",
         help="also pace a hand-over floor in the same window: the layer of "
-        "bench.parts.handover_floors named (default shape: a hand-over's shape with nothing else, "
+        "bench.parts.floor_layers named (default shape: a hand-over's shape with nothing else, "
         "what any scheduler of this protocol pays; group: GroupWorkflow driven directly)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)

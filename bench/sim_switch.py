@@ -6,7 +6,7 @@ directory of your choice, nothing else running. It tells the sim's own
 bookkeeping (its state file, its record) from the scheduler's and
 Temporal's part of a hand-over.
 
-    python -m bench sim_switch --dir /dev/shm   # tmpfs, as bench.stack keeps it
+    python -m bench sim_switch --dir /dev/shm   # tmpfs, as timeshare.testing.stack keeps it
     python -m bench sim_switch --dir /tmp       # the disk
 """
 

@@ -301,8 +301,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 # The Temporal SDK's native threads can abort a normal interpreter shutdown
-# (exit status 134, "PyGILState_Release ... finalizing", one run in three of a
-# small script with a client and two workers); end the test process explicitly instead,
+# (docs/facts.md, "Process exit"); end the test process explicitly instead,
 # keeping pytest's exit status.
 _exit_status: list[int] = []
 

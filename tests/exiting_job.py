@@ -20,8 +20,8 @@ from tests.rl_standins import Recorder, RemoteInferenceClient
 
 def trl() -> None:
     # What GRPOTrainer's constructor does before TRL's: the same turns, the same exits.
+    from timeshare.integrations.environment import turns_from_env
     from timeshare.integrations.trl import SETUP
-    from timeshare.integrations.turns import turns_from_env
 
     turns_from_env().acquire(SETUP)
 

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 import timeshare
-from timeshare.integrations.turns import turns_from_env
+from timeshare.integrations.environment import turns_from_env
 
 
 def seen_from_outside(group: str, address: str) -> dict[str, Any]:

@@ -326,7 +326,7 @@ HOOK_FAILED = "HookFailed"
 # the job's parked state does not fit in the device memory free on the node,
 # so nothing was restored; it stays parked and restorable. Not retried: a
 # restore the driver fails for lack of memory can never be retried on driver
-# 580 (NVIDIA/cuda-checkpoint issue 44), so the room is checked first.
+# 580 (NVIDIA/cuda-checkpoint#44), so the room is checked first.
 NO_DEVICE_ROOM = "NoDeviceRoom"
 
 ActionName = Literal["checkpoint", "restore", "lock", "unlock", "noop"]

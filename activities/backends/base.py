@@ -1,6 +1,6 @@
-"""The interface every snapshot backend implements, and how one is chosen.
+"""The interface every snapshot backend implements (timeshare.activities.backends.loading
+chooses one by name).
 
-Backends are discovered through the entry-point group ``timeshare.backends``.
 A job is named by its group and its name: two groups may both have a "job-a".
 Every action is idempotent: a backend reads the job's state first, so a
 retried checkpoint of a checkpointed job (or restore of a resident one) does
@@ -19,7 +19,6 @@ stopped; a restore goes the other way round.
 from __future__ import annotations
 
 import abc
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, Field
@@ -30,8 +29,6 @@ from timeshare.models import BackendAction, DeviceBytes
 
 if TYPE_CHECKING:
     from timeshare.activities.backends.hook_registry import HookRegistry
-
-BACKEND_ENTRY_POINT_GROUP = "timeshare.backends"
 
 
 class BackendConfig(BaseModel):
@@ -100,7 +97,7 @@ class NoDeviceRoom(BackendError):
     """The job's parked state does not fit in the device memory free now, so
     it was not restored: it stays parked and can be restored once the room is
     free. Never retried blindly: a restore the driver fails for lack of memory
-    cannot be retried on driver 580 (NVIDIA/cuda-checkpoint issue 44)."""
+    cannot be retried on driver 580 (NVIDIA/cuda-checkpoint#44)."""
 
     def __init__(self, group: str, job: str, message: str) -> None:
         super().__init__(message)
@@ -246,23 +243,3 @@ class Backend(abc.ABC):
 
 class BackendNotFound(LookupError):
     pass
-
-
-def available_backends() -> list[str]:
-    return sorted(ep.name for ep in entry_points(group=BACKEND_ENTRY_POINT_GROUP))
-
-
-def load_backend(name: str, config: BackendConfig) -> Backend:
-    """One backend, or several stacked with "+" ("freeze+cuda": freeze, then checkpoint)."""
-    if "+" in name:
-        from timeshare.activities.backends.stacked import StackedBackend
-
-        return StackedBackend([load_backend(part, config) for part in name.split("+")])
-    matches = [ep for ep in entry_points(group=BACKEND_ENTRY_POINT_GROUP) if ep.name == name]
-    if not matches:
-        known = ", ".join(available_backends()) or "none installed"
-        raise BackendNotFound(f"unknown backend {name!r} (available: {known})")
-    backend_class = matches[0].load()
-    if not (isinstance(backend_class, type) and issubclass(backend_class, Backend)):
-        raise BackendNotFound(f"entry point {name!r} does not name a Backend class")
-    return backend_class.create(config)

@@ -13,11 +13,11 @@ anything moves: host memory for a checkpoint, device memory for a restore.
   its container).
 - Device memory for a restore is held against every restore under way on the
   node and checked against what NVML shows free: a restore the driver fails
-  for lack of device memory cannot be retried on driver 580 (NVIDIA/
-  cuda-checkpoint issue 44: later restores fail with
+  for lack of device memory cannot be retried on driver 580
+  (NVIDIA/cuda-checkpoint#44: later restores fail with
   CUDA_ERROR_OPERATING_SYSTEM, the process can only be killed), so it is
   never left to the driver to find out. No margin is added: NVML's per-process
-  figure includes the process's context (GPU-FACTS.md: 2566 MiB shown for a
+  figure includes the process's context (docs/facts.md: 2566 MiB shown for a
   process holding 2 GiB, the same before its checkpoint and after its restore).
 """
 
@@ -71,7 +71,7 @@ def unrestorable_message(group: str, job: str, pids: list[int], node: str) -> st
     return (
         f"job {group}/{job}: the restore of processes {pids} on node {node} ran out of device "
         "memory; on driver 580 a process whose restore failed so can never be restored "
-        "(NVIDIA/cuda-checkpoint issue 44: every later restore fails with "
+        "(NVIDIA/cuda-checkpoint#44: every later restore fails with "
         "CUDA_ERROR_OPERATING_SYSTEM); the job is evicted and must be restarted: kill those "
         "processes to free their host memory"
     )
@@ -151,8 +151,8 @@ class MemoryHeld:
                 f"job {group}/{job} cannot come back on node {self.node}: no room on the "
                 f"device{size}: {'; '.join(short)}. Nothing was restored; it stays parked and "
                 "can be restored once that room is free (a restore the driver fails for lack "
-                "of memory could never be retried on driver 580: NVIDIA/cuda-checkpoint "
-                "issue 44)",
+                "of memory could never be retried on driver 580: "
+                "NVIDIA/cuda-checkpoint#44)",
             )
         self._device[key] = need
         try:

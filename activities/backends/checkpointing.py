@@ -36,7 +36,7 @@ Rules:
   device memory for a restore before the driver is asked (checkpoint_memory.py);
   a restore that does not fit is refused (NoDeviceRoom) and the job stays
   parked, restorable. One the driver still fails for lack of memory can never
-  be restored on driver 580 (NVIDIA/cuda-checkpoint issue 44): the job is
+  be restored on driver 580 (NVIDIA/cuda-checkpoint#44): the job is
   failed (JobFailed) and never asked to restore again.
 - A job's footprint is read from NVML while it is on the device and is the
   one NVML showed at its checkpoint while parked. Memory NVML cannot tell
@@ -116,7 +116,7 @@ class ProcessCheckpointBackend(Backend):
         # once that process has exited, until the job is released.
         self._failed: dict[JobKey, set[int]] = {}
         # Processes whose restore ran out of device memory, and per job those
-        # of them that can never be restored (issue 44): terminal likewise.
+        # of them that can never be restored (NVIDIA/cuda-checkpoint#44): terminal likewise.
         self._out_of_memory: set[int] = set()
         self._lost: dict[JobKey, set[int]] = {}
         # When each process's latest call began (wall clock), for the record.
@@ -444,8 +444,8 @@ class ProcessCheckpointBackend(Backend):
 
     async def _restore_all(self, group: str, job: str, pids: list[int]) -> list[RankAction]:
         """Restore every rank at once. One the driver failed for lack of
-        device memory can never be restored on driver 580 (NVIDIA/
-        cuda-checkpoint issue 44): the job is failed, never asked again."""
+        device memory can never be restored on driver 580
+        (NVIDIA/cuda-checkpoint#44): the job is failed, never asked again."""
         try:
             return await self._each(group, job, "restore", pids, None)
         except BackendError:

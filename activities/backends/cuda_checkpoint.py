@@ -4,7 +4,7 @@
 (no cuda-bindings in the agent's environment).
 
 Only the utility's own "no restore thread" answer, as read on driver 580
-(GPU-FACTS.md), means a process holds no CUDA context; any other failure of a
+(docs/facts.md), means a process holds no CUDA context; any other failure of a
 probe or a state read is an error that names it, never "nothing to move".
 
 One utility process per call, and one per rank at once, so ranks move in
@@ -33,7 +33,7 @@ HELP_SECONDS = 30.0
 NEEDED_FLAGS = ("--action", "--get-state", "--get-restore-tid")
 # The one answer that means "this process holds no CUDA context": what the
 # 580.159.04 utility printed (stderr, exit 1) for a process without CUDA
-# (GPU-FACTS.md), followed by the pid. Anything else that fails (a refusal,
+# (docs/facts.md), followed by the pid. Anything else that fails (a refusal,
 # "Insufficient driver", "Error initializing CUDA", a utility that cannot load
 # or run, output never seen) is an error: read as "no CUDA", it would turn a
 # switch into a silent no-op that leaves the job's state on the device.
@@ -105,7 +105,7 @@ class CudaCheckpointBackend(ProcessCheckpointBackend):
         code, out, err = await self._run("--action", action, "--pid", str(pid), *timeout)
         if code != 0:
             # The driver's own words for CUDA_ERROR_OUT_OF_MEMORY, as the
-            # utility printed them in NVIDIA/cuda-checkpoint issue 44.
+            # utility printed them in NVIDIA/cuda-checkpoint#44.
             failed = OutOfDeviceMemory if action == "restore" and '"out of memory"' in err else None
             raise (failed or BackendError)(
                 f"{action} of process {pid} failed (cuda-checkpoint): {err or out}"

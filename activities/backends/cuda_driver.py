@@ -156,7 +156,7 @@ class CudaDriverBackend(ProcessCheckpointBackend):
     def _not_cuda(self, result: Any) -> bool:
         """The driver's answer for a pid that holds no CUDA context. Driver
         580.159.04 answered CUDA_ERROR_NOT_INITIALIZED for a process that
-        never touched CUDA, to a caller that had called cuInit (GPU-FACTS.md);
+        never touched CUDA, to a caller that had called cuInit (docs/facts.md);
         [CRIU] and ai-dynamo's cuda-checkpoint-helper expect
         CUDA_ERROR_INVALID_VALUE, which older drivers may give. This agent's
         own cuInit succeeded before it started (create_with), so here neither

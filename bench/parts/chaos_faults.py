@@ -1,14 +1,34 @@
-"""The faults of the chaos run: a SIGKILL of one process, chosen by a seeded
-random schedule, and its restart (a killed job is replaced)."""
+"""The faults of the chaos runs: a SIGKILL (or a stop) of one process and
+its restart.
+
+- Random (``python -m bench chaos --minutes N``): the kind and the moment
+  drawn by a seeded schedule, the part down for a drawn while; a killed job
+  is replaced.
+- Scripted (``--scripted``): one fault at a chosen moment (mid-switch, while
+  jobs wait, under waiters), each in a stack of its own with four chaos jobs
+  (bench.parts.chaos_job) in one group; the jobs stop asking a few seconds
+  later and finish the turn they wait for. Measured from the jobs' records
+  as the random run's (bench.parts.chaos_check): the time from the fault to
+  the next grant, the acquires lost, the errors of live jobs, and the
+  overlaps the simulated GPU saw.
+"""
 
 from __future__ import annotations
 
+import math
 import random
+import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from bench.parts.chaos_pool import JobPool
-from timeshare.testing import LocalStack
+from pydantic import BaseModel
+
+from bench.parts import chaos_check as check
+from bench.parts.chaos_pool import JobPool, JobSettings
+from timeshare.models import GroupStatus
+from timeshare.testing import LocalStack, overlaps
 
 KINDS = ("scheduler", "gateway", "agent", "job", "temporal")
 # A part stays down this long before it is started again: longer than the
@@ -48,11 +68,114 @@ def inject(kind: str, stack: LocalStack, pool: JobPool, rng: random.Random) -> F
     # One candidate draws nothing: a run of one replica each keeps its schedule for a seed.
     candidates = replicas(stack, kind)
     part = rng.choice(candidates) if len(candidates) > 1 else candidates[0]
-    downtime = rng.uniform(*DOWNTIME_SECONDS)
     # The Temporal dev server restarts on the same SQLite file and port.
+    return restart(stack, kind, part, downtime=rng.uniform(*DOWNTIME_SECONDS))
+
+
+def restart(
+    stack: LocalStack, kind: str, part: str, signum: int = signal.SIGKILL, downtime: float = 0.0
+) -> Fault:
     at = time.time()
-    stack.restart(part, downtime=downtime)
+    stack.restart(part, signum, downtime)
     back_at = time.time()
     return Fault(
         kind, part, at, back_at, f"down {downtime:.1f} s, ready {back_at - at:.1f} s later"
+    )
+
+
+GROUP = "faults"
+JOBS = [f"job-{i}" for i in range(4)]
+# How long the jobs keep asking for turns; the fault comes within the first
+# seconds, and a job waiting when it ends still gets its turn.
+ASKING_SECONDS = 10.0
+HOLDER_AND_WAITER = "holder and a waiter killed"
+
+
+class ScriptedResult(BaseModel):
+    fault: str
+    seconds_to_next_grant: float
+    lost_requests: int
+    overlaps: int
+    failed_jobs: list[str]
+
+
+def wait_for_waiters(stack: LocalStack, count: int, timeout: float = 60) -> GroupStatus:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = stack.group(GROUP)
+        if status.holder and len(status.queue) >= count:
+            return status
+        time.sleep(0.02)
+    raise RuntimeError(f"never saw {count} waiters")
+
+
+def kill_scheduler_mid_switch(stack: LocalStack, pool: JobPool) -> Fault:
+    stack.wait_for(GROUP, "switching")
+    return restart(stack, "scheduler", "scheduler")
+
+
+def restart_temporal_while_jobs_wait(stack: LocalStack, pool: JobPool) -> Fault:
+    wait_for_waiters(stack, 1)
+    return restart(stack, "temporal", "temporal", signal.SIGTERM)
+
+
+def kill_agent_mid_checkpoint(stack: LocalStack, pool: JobPool) -> Fault:
+    stack.wait_for(GROUP, "switching")
+    return restart(stack, "agent", "agent")
+
+
+def kill_holder_and_waiter(stack: LocalStack, pool: JobPool) -> Fault:
+    status = wait_for_waiters(stack, 1)
+    victims = [p for p in pool.running() if p.job in (status.holder, status.queue[0])]
+    at = time.time()
+    for victim in victims:
+        pool.kill(victim)
+    return Fault("job", " and ".join(v.job for v in victims), at, at, "not replaced")
+
+
+def restart_gateway_under_waiters(stack: LocalStack, pool: JobPool) -> Fault:
+    wait_for_waiters(stack, 3)
+    return restart(stack, "gateway", "gateway")
+
+
+SCRIPTED: dict[str, Callable[[LocalStack, JobPool], Fault]] = {
+    "scheduler killed mid-switch": kill_scheduler_mid_switch,
+    "Temporal restarted while jobs wait": restart_temporal_while_jobs_wait,
+    "agent killed mid-checkpoint": kill_agent_mid_checkpoint,
+    HOLDER_AND_WAITER: kill_holder_and_waiter,
+    "gateway restarted under 3 waiters": restart_gateway_under_waiters,
+}
+
+
+def run_scripted(name: str, workdir: Path) -> ScriptedResult:
+    stack = LocalStack(workdir, state_gib=0.2, bandwidth_gbps=1.0)
+    # A short lease only where a dead client must lose it: a lease shorter
+    # than an outage of the scheduler or of Temporal would evict live jobs
+    # whose heartbeats could not get through.
+    settings = JobSettings(
+        until=0.0, work_seconds=0.3, gap_seconds=0.1,
+        lease_seconds=3.0 if name == HOLDER_AND_WAITER else 15.0, agent_timeout_seconds=3.0,
+        continue_as_new_every=0,
+    )  # fmt: skip
+    pool = JobPool(stack, settings)
+    try:
+        stack.start_all()
+        settings.until = time.time() + ASKING_SECONDS
+        for job in JOBS:
+            pool.start(GROUP, job, [stack.node], [])
+        stack.wait_for(GROUP, "held")
+        fault = SCRIPTED[name](stack, pool)
+        deadline = time.monotonic() + 300
+        while pool.running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        pool.stop()
+        stack.stop_all()
+    after = check.recovery_seconds([fault.at], check.grant_times(pool.processes))
+    return ScriptedResult(
+        fault=name,
+        seconds_to_next_grant=after[0] if after else math.nan,
+        lost_requests=len(check.lost(pool.processes)),
+        overlaps=overlaps(stack.record()),
+        failed_jobs=check.errors(pool.processes),
     )

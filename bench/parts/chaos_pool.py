@@ -69,15 +69,19 @@ class JobPool:
         (which takes over the job's place) or under a new one (the old job
         stays in its group until its lease runs out). Returns when it was killed
         and the replacement's name."""
-        killed_at = time.time()
-        victim.process.send_signal(signal.SIGKILL)
-        victim.process.wait(60)
-        victim.killed_at = killed_at
+        killed_at = self.kill(victim)
         base = victim.job.split(".")[0]
         same_name = rng.random() < 0.5
         name = victim.job if same_name else f"{base}.{len(self.processes)}"
         self.start(victim.group, name, victim.nodes, victim.gpus)
         return killed_at, name
+
+    def kill(self, victim: JobProcess) -> float:
+        """SIGKILL a job process; returns when."""
+        victim.killed_at = time.time()
+        victim.process.send_signal(signal.SIGKILL)
+        victim.process.wait(60)
+        return victim.killed_at
 
     def stop(self) -> None:
         for p in self.processes:

@@ -1,6 +1,6 @@
 """What Temporal's server does for a load: its own Prometheus counters of
 requests to each of its services and to its store (`temporal server
-start-dev --metrics-port`, which bench.stack turns on), read before and
+start-dev --metrics-port`, which timeshare.testing.stack turns on), read before and
 after a window, so a benchmark can say what one hand-over costs the server.
 
 The dev server runs every service in one process, so one client call counts

@@ -8,7 +8,7 @@ Behaviour written from the engines' own source (no code taken from them):
   sleep/api_router.py) calls ``sleep(level, mode)``, whose ``PauseMode``
   (vllm/v1/engine/__init__.py) is "abort" by default (in-flight requests end
   at once) or "wait" (they finish first); GET /version answers
-  {"version": VLLM_VERSION}. Before 0.17.0 (PR #34528 added the mode) the
+  {"version": VLLM_VERSION}. Before 0.17.0 (vllm-project/vllm#34528 added the mode) the
   server ignored ``mode``: ``version`` below picks which engine this is.
 - SGLang (sgl-project/sglang, python/sglang/srt/): POST /pause_generation
   takes ``{"mode": "abort" | "retract" | "in_place"}`` (managers/io_struct.py,

@@ -50,7 +50,7 @@ def test_a_benchmark_gets_its_own_arguments_under_the_command_run() -> None:
 
 
 def test_the_benchmark_results_stay_a_page_a_user_reads() -> None:
-    """docs/benchmarks.md holds results, commands and machines (issue 40:
-    under 500 lines); the diary of how they came about is in git history."""
+    """docs/benchmarks.md holds results, commands and machines (under
+    500 lines); the diary of how they came about is in git history."""
     lines = (REPO / "docs" / "benchmarks.md").read_text().splitlines()
     assert len(lines) < 500, f"docs/benchmarks.md has {len(lines)} lines"

@@ -396,7 +396,7 @@ async def test_a_rank_with_a_child_without_cuda_is_moved_and_the_child_left_alon
     gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker], kind: str
 ) -> None:
     """The child (a DataLoader's worker) answers CUDA_ERROR_NOT_INITIALIZED,
-    as on driver 580 (GPU-FACTS.md): no CUDA there, not a failed switch."""
+    as on driver 580 (docs/facts.md): no CUDA there, not a failed switch."""
     emu, table = gpu_emulator, ProcessTable()
     backend = backend_of(kind, emu, table)
     (rank,) = start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1, children=1).ranks

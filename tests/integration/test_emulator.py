@@ -158,7 +158,7 @@ def test_checkpoint_releases_device_memory_and_restore_brings_it_back(
     result, tid = emu.restore_tid(worker.pid)
     assert result == CUDA_SUCCESS and tid is not None and tid != worker.pid
     assert Path(f"/proc/{worker.pid}/task/{tid}/comm").read_text().startswith("cuda")
-    # any thread id names its process (cuda-checkpoint issue #41)
+    # any thread id names its process (NVIDIA/cuda-checkpoint#41)
     assert emu.state(tid) == (CUDA_SUCCESS, RUNNING)
 
     # out of order: the documented states are enforced
@@ -198,7 +198,7 @@ def test_a_locked_process_makes_no_cuda_progress_until_unlocked(
 
 
 def test_a_process_without_cuda_is_not_initialized_as_driver_580_answered(emu: Emulator) -> None:
-    """GPU-FACTS.md: the real driver answered CUDA_ERROR_NOT_INITIALIZED for a
+    """docs/facts.md: the real driver answered CUDA_ERROR_NOT_INITIALIZED for a
     live process that never touched CUDA (this caller has called cuInit), and
     the utility printed one line for it."""
     sleeper = subprocess.Popen(["sleep", "30"])
@@ -292,7 +292,7 @@ def test_injected_failure_is_terminal(emu: Emulator, start_worker: Callable[...,
 def test_a_restore_that_ran_out_of_memory_can_never_succeed(
     emu: Emulator, start_worker: Callable[..., Worker], cause: str
 ) -> None:
-    """NVIDIA/cuda-checkpoint issue 44 (driver 580): after a restore failed
+    """NVIDIA/cuda-checkpoint#44 (driver 580): after a restore failed
     with out of memory, every later restore fails with 304 even once the
     memory is free, and the process cannot be unlocked."""
     parked = start_worker(400 * MiB)

@@ -16,9 +16,10 @@ from tests.credentials import known_jobs, token_env, token_of
 from tests.polling import async_check, wait_until, wait_until_async
 from tests.processes import detached, kill
 from timeshare.activities.backends import processes
-from timeshare.activities.backends.base import BackendConfig, load_backend
+from timeshare.activities.backends.base import BackendConfig
 from timeshare.activities.backends.cgroups import FreezerCgroup, hierarchies, own_cgroup
 from timeshare.activities.backends.freeze import FreezeBackend
+from timeshare.activities.backends.loading import load_backend
 from timeshare.activities.backends.processes import (
     ProcessTable,
     RegistrationRefused,

@@ -25,9 +25,10 @@ from tests.fakes.engine import FakeEngine, running_engine
 from tests.polling import async_check, wait_until_async
 from tests.processes import detached, kill
 from timeshare.activities.backends.app import AppBackend
-from timeshare.activities.backends.base import Backend, BackendConfig, load_backend
+from timeshare.activities.backends.base import Backend, BackendConfig
 from timeshare.activities.backends.cuda_driver import CudaDriverBackend
 from timeshare.activities.backends.hook_registry import HookRegistry
+from timeshare.activities.backends.loading import load_backend
 from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.backends.sim import SimBackend
 from timeshare.activities.backends.stacked import StackedBackend

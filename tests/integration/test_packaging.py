@@ -203,7 +203,7 @@ def test_the_sdist_with_the_server_extra_runs_the_stack(
     check_layout(venv)
     backends = venv.run(
         "-c",
-        "from timeshare.activities.backends.base import available_backends; "
+        "from timeshare.activities.backends.loading import available_backends; "
         "print(' '.join(available_backends()))",
     )
     assert backends.stdout.split() == ["app", "cuda", "cuda-checkpoint", "freeze", "sim"]

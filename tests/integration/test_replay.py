@@ -83,14 +83,13 @@ def test_every_marker_of_a_recorded_history_is_still_named_in_the_code() -> None
     assert held <= patches.ISSUED, f"markers no code issues: {sorted(held - patches.ISSUED)}"
 
 
-# A history that a worker with no cache wrote after a crash, in the chaos
-# test of a `.ci/run` on 2026-12-03 (docs/reliability.md, "Limits"). Running
-# the task after the crash live, temporalio's core handed the workflow the
-# switch's results and a new acquire in two activations; replaying it, core
-# hands them in one, the acquire first. Up to the task before it, the history
-# replays; with it, it fails, and the group is stuck. When an upgrade of
-# temporalio fixes this (sdk-python #1591), this test fails: then drop it and
-# that limit.
+# A history that a worker with no cache wrote after a crash, in a chaos run
+# (docs/reliability.md, "Limits"). Running the task after the crash live,
+# temporalio's core handed the workflow the switch's results and a new
+# acquire in two activations; replaying it, core hands them in one, the
+# acquire first. Up to the task before it, the history replays; with it, it
+# fails, and the group is stuck. When an upgrade of temporalio fixes this
+# (temporalio/sdk-python#1591), this test fails: then drop it and that limit.
 SDK_BUG_HISTORY = HISTORIES / "sdk-bugs" / "cold-start-update-order.json"
 LAST_TASK_BEFORE_THE_CRASH = 125  # the WORKFLOW_TASK_COMPLETED event
 

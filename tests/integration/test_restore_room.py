@@ -1,7 +1,7 @@
 """Memory a CUDA checkpoint or restore needs, checked before anything moves,
 on the GPU emulator: device room for a restore (a restore the driver fails
-for lack of memory can never be retried on driver 580, NVIDIA/cuda-checkpoint
-issue 44), a process NVML does not list is unknown and never kept
+for lack of memory can never be retried on driver 580, NVIDIA/cuda-checkpoint#44),
+a process NVML does not list is unknown and never kept
 co-resident, and a checkpoint respects the memory limit of the job's cgroup."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ async def test_a_restore_that_does_not_fit_is_refused_before_the_driver_is_asked
     gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker], kind: str
 ) -> None:
     """Asked to restore into a full device, the driver would fail and leave
-    the process unrestorable for good (issue 44): the room is checked first,
+    the process unrestorable for good (NVIDIA/cuda-checkpoint#44): the room is checked first,
     and the job stays parked, restorable once the room is free."""
     emu, table = gpu_emulator, ProcessTable()
     backend = backend_of(kind, emu, table)
@@ -102,7 +102,7 @@ async def test_restores_under_way_hold_their_room_whatever_their_group(
 async def test_a_restore_the_driver_fails_for_lack_of_memory_fails_the_job_for_good(
     gpu_emulator: Emulator, tmp_path: Path, cuda_workers: list[CudaWorker], kind: str
 ) -> None:
-    """Issue 44: such a process can never be restored on driver 580. The job
+    """NVIDIA/cuda-checkpoint#44: such a process can never be restored on driver 580. The job
     is failed (the scheduler evicts it), never asked to restore again."""
     emu, table = gpu_emulator, ProcessTable()
     backend = backend_of(kind, emu, table)
@@ -110,7 +110,7 @@ async def test_a_restore_the_driver_fails_for_lack_of_memory_fails_the_job_for_g
     (rank,) = start_job(emu, tmp_path, cuda_workers, table, "a", ranks=1).ranks
     await backend.checkpoint("g", "a")
     emulator.add_fault(emu.state_dir, rank.pid, "restore", "error", CUDA_ERROR_OUT_OF_MEMORY)
-    with pytest.raises(JobFailed, match=r"ran out of device memory.*issue 44"):
+    with pytest.raises(JobFailed, match=r"ran out of device memory.*cuda-checkpoint#44"):
         await backend.restore("g", "a")
     emulator.clear_faults(emu.state_dir)
     asked = len(emulator.calls(emu.log, "restoreThread.restore", rank.pid))
@@ -119,7 +119,7 @@ async def test_a_restore_the_driver_fails_for_lack_of_memory_fails_the_job_for_g
     assert (failed.value.type, failed.value.details) == (JOB_FAILED, ("a",))
     assert len(emulator.calls(emu.log, "restoreThread.restore", rank.pid)) == asked
     released = await backend.release("g", "a")
-    assert released.checkpointed == [rank.pid] and "issue 44" in released.done[0]
+    assert released.checkpointed == [rank.pid] and "cuda-checkpoint#44" in released.done[0]
     assert len(emulator.calls(emu.log, "restoreThread.restore", rank.pid)) == asked
 
 

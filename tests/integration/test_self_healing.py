@@ -31,8 +31,9 @@ from tests.groups import (
 )
 from tests.integration.test_replay import record, replayer
 from tests.processes import detached, kill
-from timeshare.activities.backends.base import BackendConfig, load_backend
+from timeshare.activities.backends.base import BackendConfig
 from timeshare.activities.backends.hook_registry import HookRegistry
+from timeshare.activities.backends.loading import load_backend
 from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.switch import SwitchActivities
 from timeshare.hooks import WorkloadHooks, serve_hooks

@@ -1,5 +1,5 @@
-"""A switch that keeps failing ends in an answer, never in a silent wait
-(issue 38): on the GPU emulator, through the real cuda-bindings, with every
+"""A switch that keeps failing ends in an answer, never in a silent wait:
+on the GPU emulator, through the real cuda-bindings, with every
 checkpoint failing as the fault rule `* checkpoint error 999` makes it
 (CUDA_ERROR_UNKNOWN), the job waiting for the GPU is told why within the
 group's give-up time, the job whose state could not be moved is evicted,

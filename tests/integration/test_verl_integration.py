@@ -239,7 +239,7 @@ def test_without_a_group_the_trainers_do_what_verls_do(
     for variable in ("TIMESHARE_GROUP", "TIMESHARE_JOB", "TIMESHARE_TURNS_FD"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("TIMESHARE_ADDRESS", "127.0.0.1:1")  # any call would fail
-    from timeshare.integrations.turns import turns_from_env
+    from timeshare.integrations.environment import turns_from_env
 
     calls: list[str] = []
 

@@ -1,4 +1,4 @@
-"""Fair share between two busy jobs (issue 39): the turn is held open for a
+"""Fair share between two busy jobs: the turn is held open for a
 yielder behind its share, for about as long as it takes to ask again, so
 that the job with short turns is not handed over after every one of them.
 The pure queue, driven as the workflow drives it, in simulated time."""

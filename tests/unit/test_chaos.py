@@ -43,8 +43,8 @@ OWN_BUG_LINE = (
 )
 
 
-# The report of the chaos test that met the SDK bug in a `.ci/run` on
-# 2026-12-03 (its stuck group's and lost acquires' lines, shortened).
+# The report of a chaos run that met the SDK bug (its stuck group's and lost
+# acquires' lines, shortened).
 SDK_BUG_REPORT = [
     "job processes: 10 started, 1 killed and replaced",
     "lost acquires: chaos-2/g2-j0: no answer",

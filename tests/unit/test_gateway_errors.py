@@ -9,8 +9,8 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+import timeshare.workers.gateway.group_client as group_client
 from timeshare.models import JoinInput, JoinOutput
-from timeshare.workers.gateway import group_client
 from timeshare.workers.gateway.errors import status_for
 
 

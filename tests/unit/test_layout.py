@@ -1,37 +1,25 @@
 """The layout a reader relies on: the scheduling core and placement import
-nothing of Temporal and no node or process code, and no hand-written source
-file is over 600 lines. Read from the sources (imports, line counts), so a
-new import or a grown file fails here before review."""
+nothing of Temporal and no node or process code, no hand-written source
+file is over 600 lines, git holds no symbolic link, and pyproject.toml
+installs every package of the tree. Read from the sources (imports, line
+counts, git's index), so a new import, a grown file or a link fails here
+before review."""
 
 from __future__ import annotations
 
 import ast
+import struct
+import tomllib
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.tree import MAPPED, module_source
 
 CORE = ["timeshare/scheduling", "timeshare/placement"]
-# Where the symlinked packages live in the tree.
-LINKED = {"timeshare.workflows": "workflows", "timeshare.activities": "activities",
-          "timeshare.workers": "workers"}  # fmt: skip
 NODE_AND_PROCESS_CODE = ("timeshare.activities", "timeshare.workers", "timeshare.workflows")
 LONGEST_LINES = 600
 # Written by tools, not by hand.
 GENERATED = ("timeshare/v1/",)
-
-
-def module_file(module: str) -> Path | None:
-    """The source file of a timeshare module (a package's __init__), if there is one."""
-    parts = module.split(".")
-    for dotted, folder in LINKED.items():
-        if module == dotted or module.startswith(dotted + "."):
-            parts = [folder, *module.removeprefix(dotted).strip(".").split(".")]
-            parts = [part for part in parts if part]
-    base = REPO.joinpath(*parts)
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def imports_of(path: Path) -> set[str]:
@@ -51,7 +39,7 @@ def imports_of(path: Path) -> set[str]:
             found |= {
                 f"{base}.{alias.name}"
                 for alias in node.names
-                if module_file(f"{base}.{alias.name}")
+                if module_source(f"{base}.{alias.name}")
             }
     return found
 
@@ -69,7 +57,7 @@ def closure(start: list[Path]) -> set[str]:
         for module in imports_of(path):
             seen.add(module)
             if module.split(".")[0] == "timeshare":
-                source = module_file(module)
+                source = module_source(module)
                 if source is not None:
                     todo.append(source)
     return seen
@@ -109,3 +97,72 @@ def test_no_hand_written_source_file_is_over_600_lines() -> None:
         if (lines := len(path.read_text().splitlines())) > LONGEST_LINES
     }
     assert long == {}
+
+
+def git_index_modes(index: Path | None = None) -> dict[str, int]:
+    """Each path in git's index with its mode, read from the index file (a
+    unit test starts no `git`): format versions 2, 3 and 4."""
+    if index is None:
+        git = REPO / ".git"
+        if git.is_file():  # a worktree: "gitdir: PATH"
+            git = Path(git.read_text().split(":", 1)[1].strip())
+        index = git / "index"
+    data = index.read_bytes()
+    signature, version, count = struct.unpack(">4sII", data[:12])
+    assert signature == b"DIRC" and version in (2, 3, 4), version
+    modes: dict[str, int] = {}
+    offset, path = 12, b""
+    for _ in range(count):
+        start = offset
+        mode = struct.unpack(">I", data[offset + 24 : offset + 28])[0]
+        flags = struct.unpack(">H", data[offset + 60 : offset + 62])[0]
+        offset += 62 + (2 if flags & 0x4000 else 0)
+        if version == 4:  # the path: so many bytes off the last one's end, then these
+            strip, offset = varint(data, offset)
+            end = data.index(b"\0", offset)
+            path = path[: len(path) - strip] + data[offset:end]
+            offset = end + 1
+        else:  # the path, then NULs to a multiple of 8 bytes
+            end = data.index(b"\0", offset)
+            path = data[offset:end]
+            offset = start + ((end - start) // 8 + 1) * 8
+        modes[path.decode()] = mode
+    return modes
+
+
+def varint(data: bytes, offset: int) -> tuple[int, int]:
+    """Git's offset varint (varint.c) at ``offset``: its value, and the offset after it."""
+    byte = data[offset]
+    value = byte & 0x7F
+    while byte & 0x80:
+        offset += 1
+        byte = data[offset]
+        value = ((value + 1) << 7) | (byte & 0x7F)
+    return value, offset + 1
+
+
+def test_git_holds_no_symbolic_link() -> None:
+    """A link breaks a checkout on Windows and an sdist; the mapped folders
+    install through pyproject.toml instead."""
+    modes = git_index_modes()
+    assert modes["workflows/group.py"] == 0o100644
+    links = sorted(path for path, mode in modes.items() if mode >> 12 == 0o12)
+    assert links == []
+
+
+def test_pyproject_installs_every_package_of_the_tree() -> None:
+    """Its package list is written out (packages.find cannot see into a mapped
+    folder): a new package left out of it would be missing from every install."""
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert MAPPED == {
+        "timeshare.workflows": "workflows",
+        "timeshare.activities": "activities",
+        "timeshare.workers": "workers",
+    }
+    in_tree = set()
+    for dotted, folder in {"timeshare": "timeshare", **MAPPED}.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(REPO / folder).parts
+            in_tree.add(".".join([dotted, *parts]))
+    assert "timeshare.workers.agent" in in_tree
+    assert sorted(setuptools["packages"]) == sorted(in_tree)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+import timeshare.workers.gateway.convert as gateway_convert
 from timeshare import _protocol as protocol
 from timeshare.models import GroupPolicy, GroupStatus
 from timeshare.v1 import timeshare_pb2 as pb
-from timeshare.workers.gateway import convert as gateway_convert
 from timeshare.workers.gateway.errors import InvalidRequest
 
 

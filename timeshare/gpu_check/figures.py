@@ -1,7 +1,7 @@
 """Figures of the GPU check, from the node agent's own record (BackendConfig
 .record_path: one line per CUDA rank and action, with its bytes as NVML showed
 them, its seconds, and when its call began and ended) and from the offload
-hook's timings, and the limits they are judged against (issue 38):
+hook's timings, and the limits they are judged against:
 
 - transparent path: each rank's checkpoint and restore rate through timeshare
   at least 90 % of the raw driver calls on the same bytes (``driver_ratio``);

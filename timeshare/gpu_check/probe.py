@@ -1,6 +1,6 @@
-"""The driver's answers on this host: GPU-FACTS.md's readings again, raw driver copy rates.
+"""The driver's answers on this host: the H200's readings again, raw driver copy rates.
 
-The driver probe of the GPU check: the readings of shared/GPU-FACTS.md taken
+The driver probe of the GPU check: the readings of docs/facts.md taken
 again on this host, plus the raw driver rates the transparent path is judged
 against. Writes probe.json and probe.md under --out (after every section, so
 that a probe stopped by its time limit leaves what it read).
@@ -16,13 +16,13 @@ that a probe stopped by its time limit leaves what it read).
   agent's record counts), so that timeshare.gpu_check.main can set each backend's
   per-rank rate against the driver's on the same bytes (driver_ratio);
 - a restore when the device is full: a checkpointed process restored while
-  another holds the device, then again once it is free (NVIDIA/cuda-checkpoint
-  issue 44: on driver 580 such a process could not be restored again).
+  another holds the device, then again once it is free (NVIDIA/cuda-checkpoint#44:
+  on driver 580 such a process could not be restored again).
 
-Readings where GPU-FACTS.md says what the H200 answered are marked as the same
+Readings where docs/facts.md says what the H200 answered are marked as the same
 or different. Nothing is judged here but the round trips' success.
 
-    python -m bench gpu_probe --out DIR [--bytes N] [--ranks 2] [--repeats 3]
+    python -m timeshare.gpu_check.probe --out DIR [--bytes N] [--ranks 2] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from timeshare.activities.backends.gpus import (
 )
 from timeshare.gpu_check.switch import CUDA_RANK, Rank
 
-# What the H200 answered (GPU-FACTS.md), where a probe here can differ.
+# What the H200 answered (docs/facts.md), where a probe here can differ.
 FACTS = {
     "restore thread of a process without CUDA": "CUDA_ERROR_NOT_INITIALIZED",
     "state after restore": "CU_PROCESS_STATE_LOCKED",
@@ -86,14 +86,14 @@ class Reading(BaseModel):
     target: str
     answer: str
     seconds: float | None = None
-    # What GPU-FACTS.md read on the H200, where it read this.
+    # What docs/facts.md read on the H200, where it read this.
     facts: str | None = None
 
     @property
     def as_facts(self) -> str:
         if self.facts is None:
             return ""
-        return "as GPU-FACTS.md" if self.facts in self.answer else f"differs: H200 {self.facts}"
+        return "as on the H200" if self.facts in self.answer else f"differs: H200 {self.facts}"
 
 
 class ProbeReport(BaseModel):

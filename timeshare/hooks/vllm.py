@@ -13,7 +13,7 @@ In-flight requests. vLLM's ``sleep(level, mode)`` (vllm/entrypoints/llm.py,
 ``LLM.sleep``; POST /sleep?level=&mode= in vllm/entrypoints/serve/sleep/
 api_router.py) takes a ``PauseMode`` (vllm/v1/engine/__init__.py): "abort"
 ends every in-flight request at once and is vLLM's default; "wait" lets them
-finish first. The mode came with vLLM PR #34528 ("Add optional pause-mode arg
+finish first. The mode came with vllm-project/vllm#34528 ("Add optional pause-mode arg
 to sleep method"), first released in 0.17.0; before it, sleep ignored a mode
 and did not wait. These hooks sleep with ``sleep_mode="wait"`` by default: an
 engine's own requests finish before its memory goes (their time counts

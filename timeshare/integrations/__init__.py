@@ -4,7 +4,7 @@ importing its framework only when used, each bracketing the framework's GPU
 phases at the framework's own extension points.
 
 All of them take their turns through a `Turns` (timeshare.integrations.turns),
-chosen by the environment:
+chosen by the environment (timeshare.integrations.environment.turns_from_env):
 
 - ``TIMESHARE_TURNS_FD`` set: the process was started under a coordinator
   (``python -m timeshare.integrations.coordinator``), which holds the job's

@@ -12,8 +12,9 @@ import sys
 import threading
 from typing import Any
 
+from timeshare.integrations.environment import turns_from_env
 from timeshare.integrations.exits import leave_at_exit
-from timeshare.integrations.turns import JobTurns, Turns, TurnTicket, turns_from_env
+from timeshare.integrations.turns import JobTurns, Turns, TurnTicket
 
 SETUP = "setup"
 _turns: Turns | None = None

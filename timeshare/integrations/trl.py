@@ -48,8 +48,9 @@ from typing import Any
 
 from timeshare.hooks import WorkloadHooks
 from timeshare.hooks.protocol import EvictMode
+from timeshare.integrations.environment import turns_from_env
 from timeshare.integrations.exits import leave_at_exit
-from timeshare.integrations.turns import Turns, turns_from_env
+from timeshare.integrations.turns import Turns
 
 SETUP, ROLLOUT, TRAIN = "setup", "rollout", "train"
 # What GRPOTrainer._calculate_rewards passes besides the data: the trainer's

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +30,6 @@ import timeshare
 from timeshare._protocol import JobRef
 from timeshare.client import Client, Job
 from timeshare.errors import FailedPrecondition, TimeshareError
-from timeshare.integrations.exits import leave_at_exit
 from timeshare.registration import register_process
 
 if TYPE_CHECKING:
@@ -289,20 +287,3 @@ class TurnTicket:
     idle_lease_seconds: float
     epoch: int | None
     phase: str
-
-
-def turns_from_env() -> Turns:
-    """The job's turns as the environment configures them (see the package's
-    docstring): a coordinator's, this process's own, or none. The job leaves
-    its group when this process ends (timeshare.integrations.exits)."""
-    turns: Turns
-    if os.environ.get(ENV_TURNS_FD):
-        from timeshare.integrations.coordinator import CoordinatedTurns
-
-        turns = CoordinatedTurns.from_env()
-    elif os.environ.get(ENV_GROUP) and os.environ.get(ENV_JOB):
-        turns = JobTurns.join()
-    else:
-        return NoTurns()
-    leave_at_exit(turns.close)
-    return turns

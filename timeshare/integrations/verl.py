@@ -53,8 +53,9 @@ from typing import Any
 
 from timeshare.hooks import WorkloadHooks
 from timeshare.hooks.protocol import EvictMode
+from timeshare.integrations.environment import turns_from_env
 from timeshare.integrations.release_points import entering
-from timeshare.integrations.turns import Turns, turns_from_env
+from timeshare.integrations.turns import Turns
 
 log = logging.getLogger("timeshare.integrations.verl")
 SETUP, ROLLOUT, TRAIN = "setup", "rollout", "train"

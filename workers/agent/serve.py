@@ -19,10 +19,10 @@ from timeshare.activities.backends.base import (
     BackendConfig,
     BackendError,
     BackendNotFound,
-    load_backend,
 )
 from timeshare.activities.backends.gpus import NoGpus, gpu_inventory
 from timeshare.activities.backends.hook_registry import HookRegistry
+from timeshare.activities.backends.loading import load_backend
 from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.switch import SwitchActivities
 from timeshare.instruments import GpuSample, observe_gpus

@@ -15,7 +15,7 @@ from pathlib import Path
 from timeshare.workers.common.children import spawn, stop_process
 from timeshare.workers.common.service import StartupError, ready
 
-# Custom search attributes the scheduler keeps current (see DESIGN.md).
+# Custom search attributes the scheduler keeps current (docs/observability.md).
 SEARCH_ATTRIBUTES = {
     "TimeshareHolder": "Keyword",
     "TimeshareQueueDepth": "Int",
@@ -34,7 +34,7 @@ DYNAMIC_CONFIG = {
     # The history service reads its transfer queue (the tasks that dispatch an
     # activity, or a workflow task after one completes) at most this often per
     # second; at the default (20) each such dispatch waited up to 50 ms, 25 on
-    # average, before it reached matching (bench.floor_hops: Temporal's own
+    # average, before it reached matching (`python -m bench floors hops`: Temporal's own
     # update awaiting an activity 97-99 ms at 20, 36-59 ms at 1000).
     TRANSFER_READS_SETTING: str(TRANSFER_QUEUE_READS_PER_SECOND),
 }

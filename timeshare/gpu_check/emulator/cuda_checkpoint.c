@@ -6,7 +6,7 @@
  * driver" when the driver is too old.
  *
  * Interface, from NVIDIA/cuda-checkpoint README.md (r570 `--help`, 580.65.06 `--help`
- * quoted in issue #18, r550 `--help` in the first README):
+ * quoted in NVIDIA/cuda-checkpoint#18, r550 `--help` in the first README):
  *   --get-state --pid <pid>          prints running|locked|checkpointed|failed
  *                                    (CRIU's cuda_plugin.c matches these prefixes)
  *   --action lock|checkpoint|restore|unlock --pid <pid> [--timeout <ms>]
@@ -17,10 +17,12 @@
  *   --help|-h                        help on stdout, exit 0 (CRIU greps it for
  *                                    "--action" to tell an r550 toggle-only utility)
  * Errors go to stderr with exit status 1, in the utility's words as quoted in the
- * issues: 'Could not restore on process ID 3406143: "invalid argument"' (#47),
- * 'Error toggling CUDA in process ID 98145: "operation not permitted"' (#25),
+ * issues: 'Could not restore on process ID 3406143: "invalid argument"'
+ * (NVIDIA/cuda-checkpoint#47),
+ * 'Error toggling CUDA in process ID 98145: "operation not permitted"'
+ * (NVIDIA/cuda-checkpoint#25),
  * 'Error initializing CUDA: "OS call failed or operation not supported on this OS"'
- * (kaito-project/grit #9). The --get-state and --get-restore-tid failure texts follow
+ * (kaito-project/grit#9). The --get-state and --get-restore-tid failure texts follow
  * nvsnap-cuda-checkpoint, a drop-in replacement written to match the utility.
  *
  * TIMESHARE_EMULATOR_TOGGLE_ONLY=1 makes it the r550 utility: only --toggle and
@@ -298,7 +300,7 @@ int main(int argc, char **argv)
         int tid = 0;
         r = cuCheckpointProcessGetRestoreThreadId(pid, &tid);
         if (r) {
-            /* GPU-FACTS.md (utility 580.159.04): for a process without CUDA, exit 1 and
+            /* docs/facts.md (utility 580.159.04): for a process without CUDA, exit 1 and
              * exactly this line on stderr. What the utility prints when the call fails
              * otherwise is not read; nvsnap-cuda-checkpoint prints this line for any
              * failure, and so does this one. */

@@ -267,8 +267,8 @@ static inline unsigned long long emu_start_time(int pid)
 }
 
 /* The thread group (process) a thread id belongs to, from /proc/<tid>/status; -1 if
- * no such task. The driver accepts any thread's id as the process's: NVIDIA's
- * cuda-checkpoint issue #41 ("2716 is a thread created in 2715, so it also exists in
+ * no such task. The driver accepts any thread's id as the process's: NVIDIA/cuda-checkpoint#41
+ * ("2716 is a thread created in 2715, so it also exists in
  * /proc and can be used to checkpoint the process too"). */
 static inline int emu_tgid(int pid)
 {

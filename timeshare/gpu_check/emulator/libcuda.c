@@ -11,18 +11,19 @@
  *  [CRIU]   checkpoint-restore/criu plugins/cuda/cuda_plugin.c.
  *  [PY]     NVIDIA/cuda-python cuda_bindings/cuda/bindings/_internal/driver_linux.pyx
  *           (how cuda-bindings finds the driver) and cuda.pathfinder.
- *  [ISSUES] NVIDIA/cuda-checkpoint issues #30, #41, #44, #47; NVIDIA/nvcf issue #437;
- *           ai-dynamo/snapshot agent/cmd/cuda-checkpoint-helper; ai-dynamo/dynamo #11304.
+ *  [ISSUES] NVIDIA/cuda-checkpoint#30, NVIDIA/cuda-checkpoint#41, NVIDIA/cuda-checkpoint#44,
+ *           NVIDIA/cuda-checkpoint#47; NVIDIA/nvcf#437; ai-dynamo/snapshot
+ *           agent/cmd/cuda-checkpoint-helper; ai-dynamo/dynamo#11304.
  *
  * Concurrent cuCheckpointProcess* calls on DIFFERENT pids from one process.
  *   The [API] documentation states no restriction: each call names one target pid and
  *   the group has no global lock or "one operation at a time" rule. [CRIU] runs one
  *   cuda-checkpoint process per task, sequentially, but that is the plugin's design
- *   (a process-tree walk), not a driver rule. NVIDIA's own ai-dynamo/dynamo PR #11304
+ *   (a process-tree walk), not a driver rule. NVIDIA's own pull request ai-dynamo/dynamo#11304
  *   runs the restore and unlock of different pids in parallel and serialises them only
  *   for processes started under one `cuda-checkpoint --launch-job` job file (driver
  *   590+), citing the cuda-checkpoint docs for that exception. The known coupling is
- *   NCCL: issue #30 ("when process 1 is in locked/checkpointed state, executing
+ *   NCCL: NVIDIA/cuda-checkpoint#30 ("when process 1 is in locked/checkpointed state, executing
  *   cuda-checkpoint on process 2 will hang ... known limitation - checkpointing
  *   applications that use NCCL is not supported yet"). So: allowed in general, except
  *   for launch-job peers and NCCL communicators. The emulator allows them: each target
@@ -35,7 +36,7 @@
  * checkpoints before freezing, and resumes the restore thread (PTRACE_CONT) around
  * checkpoint and restore (cuda_plugin_checkpoint_devices, resume_device). Here cuInit
  * starts a real pthread in the calling process, named "cuda" + hex digits like the
- * driver's (NVIDIA/nvcf issue #437), that listens on an abstract unix socket named
+ * driver's (NVIDIA/nvcf#437), that listens on an abstract unix socket named
  * after the state directory and the pid. A cuCheckpointProcess{Lock,Checkpoint,
  * Restore,Unlock} call in another process sends a request there and waits for the
  * reply, so a SIGSTOPped (frozen) target leaves the caller waiting: the lock gives up
@@ -49,7 +50,7 @@
  *   call:   lock | checkpoint | restore | unlock | get_state | get_restore_tid
  *   effect: fail [code]   the operation fails and the process enters
  *                         CU_PROCESS_STATE_FAILED (terminal); returns code (default 304,
- *                         CUDA_ERROR_OPERATING_SYSTEM, what issue #44 saw once a
+ *                         CUDA_ERROR_OPERATING_SYSTEM, what NVIDIA/cuda-checkpoint#44 saw once a
  *                         restore had gone wrong)
  *           error <code>  returns code, state unchanged (e.g. 2, out of memory; a
  *                         restore's out of memory leaves the process unrestorable, as
@@ -511,11 +512,11 @@ static CUresult serve_checkpoint(void)
 /* [API] cuCheckpointProcessRestore: "Process must be in the CU_PROCESS_STATE_CHECKPOINTED
  * state"; "The GPU to restore onto needs to have enough memory"; "If an array of GPU
  * UUID pairs is specified, it must contain every checkpointed GPU"; leaves LOCKED.
- * [ISSUES] #44 (driver 580.95.05, CUDA 13.0): a restore that runs out of memory returns
- * CUDA_ERROR_OUT_OF_MEMORY and the state stays CHECKPOINTED; from then on every restore
- * returns CUDA_ERROR_OPERATING_SYSTEM, even once the memory is free, and unlock
+ * NVIDIA/cuda-checkpoint#44 (driver 580.95.05, CUDA 13.0): a restore that runs out of
+ * memory returns CUDA_ERROR_OUT_OF_MEMORY and the state stays CHECKPOINTED; from then on
+ * every restore returns CUDA_ERROR_OPERATING_SYSTEM, even once the memory is free, and unlock
  * CUDA_ERROR_ILLEGAL_STATE: the process can only be killed. Modelled for every emulated
- * driver (none is known to behave otherwise). GPU-FACTS.md has no reading of a restore
+ * driver (none is known to behave otherwise). docs/facts.md has no reading of a restore
  * on a full device yet. */
 static CUresult serve_restore(const char *mapping)
 {
@@ -557,7 +558,7 @@ static CUresult serve_restore(const char *mapping)
         return argument;
     }
     if (fault == FAULT_ERROR) {
-        g_unrestorable = argument == CUDA_ERROR_OUT_OF_MEMORY; /* [ISSUES] #44 */
+        g_unrestorable = argument == CUDA_ERROR_OUT_OF_MEMORY; /* NVIDIA/cuda-checkpoint#44 */
         set_state(EMU_CHECKPOINTED);
         return argument;
     }
@@ -574,7 +575,7 @@ static CUresult serve_restore(const char *mapping)
         if (ours[d] && others[d] + ours[d] + c->reserved_bytes > c->gpu_memory) {
             pthread_mutex_unlock(&g_mem_mu);
             emu_devices_unlock(lock_fd);
-            g_unrestorable = 1; /* [ISSUES] #44 */
+            g_unrestorable = 1; /* NVIDIA/cuda-checkpoint#44 */
             set_state(EMU_CHECKPOINTED);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -691,7 +692,7 @@ static void *restore_thread(void *unused)
 {
     (void)unused;
     char name[16];
-    /* NVIDIA/nvcf issue #437: the driver's restore thread's comm is "cuda" followed by
+    /* NVIDIA/nvcf#437: the driver's restore thread's comm is "cuda" followed by
      * hex digits. */
     snprintf(name, sizeof name, "cuda%08x", (unsigned)getpid() * 2654435761u);
     pthread_setname_np(pthread_self(), name);
@@ -1350,7 +1351,7 @@ EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t Byt
 
 /* ------------------------------------------------------------------ checkpoint API */
 
-/* A thread id counts as its process ([ISSUES] #41). */
+/* A thread id counts as its process (NVIDIA/cuda-checkpoint#41). */
 static int target_process(int pid)
 {
     int tgid = emu_tgid(pid);
@@ -1358,11 +1359,11 @@ static int target_process(int pid)
 }
 
 /* What GetRestoreThreadId and GetState answer for a pid that is no CUDA process.
- * The reading (GPU-FACTS.md, driver 580.159.04): GetRestoreThreadId on a live process
+ * The reading (docs/facts.md, driver 580.159.04): GetRestoreThreadId on a live process
  * that never touched CUDA answers CUDA_ERROR_NOT_INITIALIZED, though the caller had
  * called cuInit. The documents disagree: [ISSUES] ai-dynamo/snapshot's
  * cuda-checkpoint-helper once said "The driver uses INVALID_VALUE for a live process
- * without CUDA checkpoint state" (its PR #109 takes either answer as "no checkpoint
+ * without CUDA checkpoint state" (ai-dynamo/snapshot#109 takes either answer as "no checkpoint
  * state"); the reading wins. [CRIU] get_cuda_restore_tid treats any failure
  * there as "No need to checkpoint devices on pid". Not read yet: GetState on such a
  * process (answered as GetRestoreThreadId is: both name one target the driver holds no

@@ -1,10 +1,15 @@
-"""Hand-over-shaped floors: what one hand-over costs the workflow worker,
-layer by layer, from the protocol's bare shape up to timeshare's own
-GroupWorkflow. Each layer runs on a task queue of its own (its worker is a
-bench.parts.floor_worker process), so that side by side each worker's CPU is its
-own layer's.
+"""The floors' workflows: what Temporal itself costs, and what one hand-over
+costs the workflow worker, layer by layer, from the protocol's bare shape up
+to timeshare's own GroupWorkflow. Each layer runs on a task queue of its own
+(its worker a ``python -m bench floors worker`` process), so that side by
+side each worker's CPU is its own layer's.
 
-- ``shape``: the switch protocol (DESIGN.md) and nothing else: the waiter's
+- ``pair``: Temporal's own floor, no hand-over: a trivial update (as a
+  waiter's acquire arrives) and an update awaiting one activity on another
+  task queue (what a one-node switch costs at least). With ``publishes``
+  each pair also upserts the search attributes a hand-over changes, which
+  the turn watch reads (timeshare.workers.gateway.turn_watch).
+- ``shape``: the switch protocol (docs/user-guide.md) and nothing else: the waiter's
   acquire is an update that stays open until its grant; the holder's yield
   returns at once; the main loop then runs one activity on another task
   queue (the switch) and grants the next waiter, whose acquire completes in
@@ -13,14 +18,13 @@ own layer's.
   boundary (AcquireInput and AcquireResult, YieldInput and YieldOutput,
   SwitchInput and SwitchOutput), as the project's rules ask.
 - ``published``: and the two search-attribute upserts of a hand-over that
-  the turn watch reads (workers/gateway/turn_watch.py): a waiter arrived (the holder
-  is now contended and renews its lease), and the new holder.
+  the turn watch reads: a waiter arrived (the holder is now contended and
+  renews its lease), and the new holder.
 - ``group``: timeshare's GroupWorkflow itself, sent the same updates by the
   benchmark directly (no gateway), its switch served by a no-op activity.
   Its worker runs on the scheduler's client and worker settings (timeshare's
   data converter, no gRPC compression, one external-storage visit at a
-  time: bench.parts.floor_worker ``--settings scheduler``); the other layers and
-  the floors keep the SDK's defaults.
+  time: ``--settings scheduler``); the other layers keep the SDK's defaults.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowHandle
@@ -79,7 +83,7 @@ async def floor_noop() -> None:
 async def floor_switch(input: SwitchInput) -> SwitchOutput:
     """The switch of the typed layers and of the group's node: nothing moves,
     and the answer has the shape of the sim backend's for a zero-byte switch
-    (timeshare/activities/sim.py: a checkpoint per job evicted, a restore of
+    (activities/backends/sim.py: a checkpoint per job evicted, a restore of
     the one admitted), so that the workflow decodes and records as much."""
     move = input.move
     actions = [BackendAction(job=job, action="checkpoint") for job in move.evict]
@@ -91,6 +95,54 @@ async def floor_switch(input: SwitchInput) -> SwitchOutput:
 @activity.defn(name="release")
 async def floor_release(input: ReleaseInput) -> ReleaseOutput:
     return ReleaseOutput(node="", job=input.job)
+
+
+@workflow.defn(name="FloorWorkflow")
+class FloorWorkflow:
+    """The ``pair`` layer."""
+
+    @workflow.init
+    def __init__(self, publishes: bool = False) -> None:
+        self._done = False
+        self._publishes = publishes
+        self._grants = 0
+
+    @workflow.run
+    async def run(self, publishes: bool = False) -> None:
+        await workflow.wait_condition(lambda: self._done)
+
+    @workflow.update
+    def ping(self) -> None:
+        if self._publishes:  # as a waiter's acquire: one more job waits
+            workflow.upsert_search_attributes([QUEUE_DEPTH.value_set(1)])
+
+    @workflow.update
+    async def via_activity(self) -> None:
+        await workflow.execute_activity(
+            "floor_noop",
+            task_queue=activity_queue(workflow.info().task_queue),
+            start_to_close_timeout=SWITCH_TIMEOUT,
+        )
+        if self._publishes:  # as the grant after a switch: a new holder, nobody waits
+            self._grants += 1
+            holder = HOLDER.value_set(f"job-{self._grants % 3}")
+            workflow.upsert_search_attributes([holder, QUEUE_DEPTH.value_set(0)])
+
+    @workflow.signal
+    def finish(self) -> None:
+        self._done = True
+
+
+# The pair's two updates, each a floor of its own.
+FLOORS = (("update", FloorWorkflow.ping), ("update+activity", FloorWorkflow.via_activity))
+
+
+async def start_floor(
+    client: Client, task_queue: str, publishes: bool = False
+) -> WorkflowHandle[FloorWorkflow, None]:
+    return await client.start_workflow(
+        FloorWorkflow.run, publishes, id=f"floor-{uuid.uuid4().hex[:8]}", task_queue=task_queue
+    )
 
 
 @workflow.defn(name="HandOverFloorWorkflow")
@@ -222,13 +274,16 @@ class Layer:
     """How the benchmark starts, drives and ends one layer's workflows."""
 
     name: str
-    typed: bool
+    kind: Literal["pair", "shape", "messages", "group"]
     publishes: bool = False
-    group: bool = False
+
+    @property
+    def typed(self) -> bool:
+        return self.kind in ("messages", "group")
 
     @property
     def task_queue(self) -> str:
-        return f"bench.floor.{self.name}"
+        return f"floor-{self.name}"
 
     @property
     def node(self) -> str:
@@ -236,7 +291,7 @@ class Layer:
         return f"bench-floor-{self.name}"
 
     def activity_worker(self, client: Client, concurrency: int) -> Worker:
-        if self.group:
+        if self.kind == "group":
             activities: list[Callable[..., Any]] = [floor_switch, floor_release]
             queue = node_task_queue(self.node)
         else:
@@ -248,7 +303,9 @@ class Layer:
 
     async def start(self, client: Client) -> WorkflowHandle[Any, Any]:
         name = f"floor-{self.name}-{uuid.uuid4().hex[:8]}"
-        if not self.group:
+        if self.kind == "pair":
+            return await start_floor(client, self.task_queue, self.publishes)
+        if self.kind != "group":
             workflow_name = "MessagesFloorWorkflow" if self.typed else "HandOverFloorWorkflow"
             args = [self.publishes] if self.typed else []
             return await client.start_workflow(
@@ -273,8 +330,15 @@ class Layer:
     ) -> Held:  # fmt: skip
         """One hand-over, timed as bench.parts.scale_load times a group's: the
         waiter asks at ``ask_at``, the holder yields at ``yield_at``
-        (time.monotonic()); returns once the waiter is granted."""
+        (time.monotonic()); returns once the waiter is granted. The pair
+        sends its trivial update at ``ask_at``, the one awaiting the
+        activity at ``yield_at``."""
         await asyncio.sleep(max(0.0, ask_at - time.monotonic()))
+        if self.kind == "pair":
+            await handle.execute_update(FloorWorkflow.ping)
+            await asyncio.sleep(max(0.0, yield_at - time.monotonic()))
+            await handle.execute_update(FloorWorkflow.via_activity)
+            return Held(waiter)
         granted: asyncio.Future[Grant | None] = asyncio.ensure_future(
             _typed_acquire(handle, waiter)
             if self.typed
@@ -299,19 +363,22 @@ class Layer:
 
     async def finish(self, handle: WorkflowHandle[Any, Any]) -> None:
         """End the workflow: a group never ends by itself, so it is terminated."""
-        if self.group:
+        if self.kind == "group":
             await handle.terminate("the benchmark is over")
             return
         await handle.signal("finish")
         await handle.result()
 
 
+PAIR = Layer("pair", "pair")
+# The hand-over-shaped layers.
 LAYERS = {
     layer.name: layer
     for layer in (
-        Layer("shape", typed=False),
-        Layer("messages", typed=True),
-        Layer("published", typed=True, publishes=True),
-        Layer("group", typed=True, group=True),
+        Layer("shape", "shape"),
+        Layer("messages", "messages"),
+        Layer("published", "messages", publishes=True),
+        Layer("group", "group"),
     )
 }
+WORKFLOWS = [FloorWorkflow, HandOverFloorWorkflow, MessagesFloorWorkflow, GroupWorkflow]
