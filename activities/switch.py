@@ -76,6 +76,9 @@ class SwitchActivities:
         self._co_residency: dict[str, bool] = {}
         self._clock = itertools.count(1)
         self._last_ran: dict[tuple[str, str], int] = {}
+        # Jobs that left while another job of their group held the device here,
+        # co-residency off: their state waits in host memory for the GPU to be free.
+        self._parked_leavers: defaultdict[str, set[str]] = defaultdict(set)
 
     @activity.defn(name="switch")
     async def switch(self, input: SwitchInput) -> SwitchOutput:
@@ -182,6 +185,7 @@ class SwitchActivities:
             self._last_ran[(group, move.admit)] = next(self._clock)
         else:
             self._admitted.pop(group, None)
+            await self._restore_parked_leavers(group)
         return self._output(input, started, actions, others, room.keep)
 
     async def _room(self, input: SwitchInput, shared: bool) -> tuple[list[str], RoomPlan]:
@@ -276,14 +280,23 @@ class SwitchActivities:
                 self.backend.place(group, gpus)
             # Marked first: no switch freezes it again from here on.
             self.processes.mark_released(group, job)
+            holder = self._admitted.get(group)
+            # Co-residency off: the device is the holder's alone, so what the
+            # job left parked waits in host memory until the GPU is free.
+            restore = holder in (None, job) or self._co_residency.get(group, False)
             try:
-                released = await self.backend.release(group, job)
+                released = await self.backend.release(group, job, restore)
             except BackendError as error:
                 raise ApplicationError(
                     f"releasing {group}/{job} on node {self.node}: {error}", type="ReleaseFailed"
                 ) from None
-            if self._admitted.get(group) == job:
+            if restore:
+                self._parked_leavers[group].discard(job)
+            else:
+                self._parked_leavers[group].add(job)
+            if holder == job:
                 self._admitted.pop(group)
+                await self._restore_parked_leavers(group)
         output = ReleaseOutput(
             node=self.node, job=job, running=released.running,
             checkpointed=released.checkpointed, failed=released.failed,
@@ -299,6 +312,19 @@ class SwitchActivities:
             except Exception as error:  # the claim is pruned at the next conflicting join
                 log.warning("after releasing %s/%s: %s", group, job, error)
         return output
+
+    async def _restore_parked_leavers(self, group: str) -> None:
+        """The group's GPUs here are free: jobs that left while another held
+        them get their state back (their processes' CUDA calls go on)."""
+        for job in sorted(self._parked_leavers.pop(group, set())):
+            try:
+                released = await self.backend.release(group, job)
+            except BackendError as error:
+                log.warning("restoring %s/%s, which left while parked: %s", group, job, error)
+                continue
+            log.info("%s", release_summary(group, job, self.node, released.running,
+                                          released.checkpointed, released.failed,
+                                          released.done))  # fmt: skip
 
     def _registered(self, group: str, job: str) -> None:
         holder = self._admitted.get(group)
@@ -334,8 +360,8 @@ def release_summary(
     parts.append(f"processes {running} run again" if running else "no process left stopped")
     if checkpointed:
         parts.append(
-            f"; {checkpointed} left checkpointed (no room on the device) but not stopped: their "
-            "CUDA calls block, kill them to free their host memory"
+            f"; {checkpointed} left checkpointed but not stopped: their CUDA calls block "
+            "until it comes back, and they may exit, which frees their host memory"
         )
     if failed:
         parts.append(f"; {failed} are in the driver's FAILED state: kill them")

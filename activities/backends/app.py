@@ -81,17 +81,17 @@ class AppBackend(Backend):
         self._given_up.discard((group, job))
         return await self._call_all(group, job, "admit", None)
 
-    async def release(self, group: str, job: str, wake: bool = True) -> Released:
+    async def release(self, group: str, job: str, restore: bool = True) -> Released:
         """The job left its group: what its hooks put away comes back (a
         sleeping vLLM or SGLang engine wakes, offloaded tensors return), as
-        at an admission, unless ``wake`` is off (its device state is still
-        parked: its hooks' CUDA calls would block). Hooks that failed are not
+        at an admission, unless ``restore`` is off (its device state is still
+        parked, or the device is another job's). Hooks that failed are not
         called again."""
         key = (group, job)
         if key in self._failing:
             self._given_up.add(key)
             return Released(done=["its failing hooks are not called again"])
-        if not wake:
+        if not restore:
             evicted = [c.pid for c in self.hooks.connections(group, job) if c.evicted]
             return Released(
                 done=[f"admit hooks of {evicted} not called: its device state is still parked"]

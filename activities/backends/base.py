@@ -213,10 +213,12 @@ class Backend(abc.ABC):
         only the sim backend uses them, to model GPUs shared by groups."""
         return None
 
-    async def release(self, group: str, job: str) -> Released:
+    async def release(self, group: str, job: str, restore: bool = True) -> Released:
         """The job left its group: let its processes here run again and
         never leave them stopped; its state goes back to the device where it
-        fits. Idempotent."""
+        fits, unless ``restore`` is off (another job holds the device and
+        co-residency is off): then it stays parked in host memory, and a
+        later release with ``restore`` brings it back. Idempotent."""
         return Released()
 
     def notes(self) -> list[str]:

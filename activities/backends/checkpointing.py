@@ -359,10 +359,10 @@ class ProcessCheckpointBackend(Backend):
         action = self._action(job, "restore", start, restored)
         return action.model_copy(update={"bytes": sum(parked.values()), "pids": to_unlock})
 
-    async def release(self, group: str, job: str) -> Released:
-        """Restore what fits, unlock every locked process; what does not fit
-        stays checkpointed (its CUDA calls block; the process can be killed);
-        a FAILED process, or one that can never be restored, is left as it is."""
+    async def release(self, group: str, job: str, restore: bool = True) -> Released:
+        """Restore what fits (with ``restore``), unlock every locked process;
+        the rest stays checkpointed (its CUDA calls block; it may exit); a
+        FAILED or unrestorable process is left as it is."""
         key = (group, job)
         states = await self.states(group, job, allow_failed=True)
         failed = sorted(pid for pid in self._failed.get(key, set()) if states.get(pid) is not None)
@@ -372,7 +372,10 @@ class ProcessCheckpointBackend(Backend):
             if state == CudaState.CHECKPOINTED and pid not in lost
         )  # fmt: skip
         done = [unrestorable_message(group, job, lost, self.node)] if lost else []
-        if parked:
+        if parked and not restore:
+            done.append(f"{parked} parked in host memory while another job holds the GPU: "
+                        "restored once it is free")  # fmt: skip
+        elif parked:
             try:
                 with self._device_room(group, job):
                     done += await self._try_each("restore", parked)

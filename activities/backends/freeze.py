@@ -80,7 +80,8 @@ class FreezeBackend(Backend):
     async def stopped(self, group: str, job: str) -> bool:
         return bool(self.processes.processes(group, job)) and self._is_frozen(group, job)
 
-    async def release(self, group: str, job: str) -> Released:
+    async def release(self, group: str, job: str, restore: bool = True) -> Released:
+        # Thawed either way: freezing holds no device state to leave parked.
         thawed = await self._thaw(group, job)
         self._locked.discard((group, job))
         done = [f"thawed {thawed.pids}"] if thawed.pids else []

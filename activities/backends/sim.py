@@ -342,7 +342,7 @@ class SimBackend(Backend):
             self._record(event="restore", group=group, job=job, start=start, end=end, bytes=moved)
             return BackendAction(job=job, action="restore", bytes=moved, seconds=end - start)
 
-    async def release(self, group: str, job: str) -> Released:
+    async def release(self, group: str, job: str, restore: bool = True) -> Released:
         """The job's simulated processes left with it: its state is dropped
         wherever it was, so it holds no simulated GPU or host memory."""
         async with self._links_of(group):

@@ -153,15 +153,17 @@ class StackedBackend(Backend):
     async def restore(self, group: str, job: str) -> BackendAction:
         return combined(job, [await layer.restore(group, job) for layer in self.restoring])
 
-    async def release(self, group: str, job: str) -> Released:
+    async def release(self, group: str, job: str, restore: bool = True) -> Released:
         released = Released()
         for layer in self.restoring:
             if isinstance(layer, AppBackend):
                 # Last, as at an admission: woken only once its state is back.
                 parked = bool(released.checkpointed or released.failed)
-                released = released.merged(await layer.release(group, job, wake=not parked))
+                released = released.merged(
+                    await layer.release(group, job, restore=restore and not parked)
+                )
             else:
-                released = released.merged(await layer.release(group, job))
+                released = released.merged(await layer.release(group, job, restore))
         return released
 
 

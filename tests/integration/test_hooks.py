@@ -320,19 +320,24 @@ async def test_an_agent_that_calls_no_hooks_refuses_them(tmp_path: Path) -> None
             )
 
 
-async def test_a_job_that_leaves_is_woken_as_at_an_admission(
+async def test_a_job_that_leaves_is_woken_as_at_an_admission_once_the_gpu_is_free(
     agent: Agent, engine: FakeEngine, start_job: Callable[[EvictMode], int]
 ) -> None:
     """A released vLLM or SGLang engine must not stay asleep: nobody would
-    ever admit it again."""
+    ever admit it again. Nor may it wake beside the job that holds the GPU
+    (co-residency off): it wakes once that job is gone."""
     pid = start_job("offload")
     await agent.wait_for_hooks("a")
     await agent.admit("a", [])
     await agent.admit("b", ["a"])
     assert engine.paths() == ["/sleep?level=1&mode=wait"]
     released = await agent.switches.release_job("g", "a")
+    assert engine.paths() == ["/sleep?level=1&mode=wait"]
+    assert f"admit hooks of [{pid}] not called: its device state is still parked" in (
+        released.summary
+    )
+    await agent.switches.release_job("g", "b")
     assert engine.paths() == ["/sleep?level=1&mode=wait", "/wake_up"]
-    assert f"admit hooks of [{pid}] ran" in released.summary
 
 
 async def test_a_job_left_parked_on_release_is_not_woken_into_blocked_calls(
