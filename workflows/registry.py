@@ -44,10 +44,21 @@ class Claim(BaseModel):
         return node == self.node and (not gpus or not self.gpus or bool(set(gpus) & set(self.gpus)))
 
 
+class NarrowInput(BaseModel):
+    """Group ``group``'s processes on ``node`` use (or hold state of) ``gpus``:
+    its claims there cover only those from now on."""
+
+    group: str
+    node: str
+    gpus: list[int]
+
+
 class NodeRegistryInput(BaseModel):
     nodes: dict[str, NodeRecord] = Field(default_factory=dict)
     liveness_seconds: float = NODE_LIVENESS_SECONDS
     claims: list[Claim] = Field(default_factory=list)
+    # Each group's claims narrowed on a node to the GPUs its processes use there.
+    narrowed: list[NarrowInput] = Field(default_factory=list)
 
 
 class NodeDeparture(BaseModel):
@@ -80,6 +91,7 @@ class NodeRegistryWorkflow:
         self._nodes = dict(input.nodes)
         self._liveness = input.liveness_seconds
         self._claims = list(input.claims)
+        self._narrowed = {(n.group, n.node): n.gpus for n in input.narrowed}
 
     @workflow.run
     async def run(self, input: NodeRegistryInput) -> None:
@@ -96,9 +108,16 @@ class NodeRegistryWorkflow:
                 if now - node.last_seen >= self._liveness:
                     node.alive = False
         await workflow.wait_condition(workflow.all_handlers_finished)
+        narrowed = [
+            NarrowInput(group=group, node=node, gpus=gpus)
+            for (group, node), gpus in sorted(self._narrowed.items())
+        ]
         workflow.continue_as_new(
             NodeRegistryInput(
-                nodes=self._nodes, liveness_seconds=self._liveness, claims=self._claims
+                nodes=self._nodes,
+                liveness_seconds=self._liveness,
+                claims=self._claims,
+                narrowed=narrowed,
             )
         )
 
@@ -118,12 +137,16 @@ class NodeRegistryWorkflow:
 
     @workflow.update
     def claim(self, input: ClaimInput) -> ClaimOutput:
-        """Record the job's claim unless another group holds one of its GPUs."""
+        """Record the job's claim unless another group holds one of its GPUs
+        (each group's claims as narrowed to the GPUs its processes use)."""
         conflicts = [
             claim
-            for claim in self._claims
+            for claim in self.claims()
             if claim.group != input.group
-            and any(claim.overlaps(node, input.gpus) for node in input.nodes)
+            and any(
+                claim.overlaps(node, self._narrowed.get((input.group, node), input.gpus))
+                for node in input.nodes
+            )
         ]
         if conflicts:
             return ClaimOutput(conflicts=conflicts)
@@ -144,10 +167,31 @@ class NodeRegistryWorkflow:
             for c in self._claims
             if not (c.group == input.group and c.job == input.job and input.node in ("", c.node))
         ]
+        held = {(c.group, c.node) for c in self._claims}
+        self._narrowed = {key: gpus for key, gpus in self._narrowed.items() if key in held}
+
+    @workflow.signal
+    def narrow(self, input: NarrowInput) -> None:
+        """The GPUs the group's processes use, within what its join claimed (a
+        GPU outside it may be another group's); widened again within it when
+        they use more."""
+        claimed = [c.gpus for c in self._claims if c.group == input.group and c.node == input.node]
+        if not claimed:
+            return
+        used = sorted(set(input.gpus) & set(claimed[0])) if claimed[0] else sorted(input.gpus)
+        if used:
+            self._narrowed[(input.group, input.node)] = used
 
     @workflow.query
     def claims(self) -> list[Claim]:
-        return list(self._claims)
+        """Each claim with the GPUs it covers now (narrowed where its group's
+        processes showed which they use)."""
+        return [
+            c.model_copy(update={"gpus": self._narrowed[(c.group, c.node)]})
+            if (c.group, c.node) in self._narrowed
+            else c
+            for c in self._claims
+        ]
 
     @workflow.signal
     def depart(self, departure: NodeDeparture) -> None:

@@ -167,6 +167,10 @@ class ProcessTable:
         for listener in self.on_register:
             listener(group, job)
 
+    def groups(self) -> list[str]:
+        self.forget_exited()
+        return sorted({g for (g, _), pids in self._pids.items() if pids})
+
     def jobs(self, group: str) -> list[str]:
         self.forget_exited()
         return sorted(job for (g, job), pids in self._pids.items() if g == group and pids)

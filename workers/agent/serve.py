@@ -20,7 +20,7 @@ from timeshare.activities.backends.base import (
     BackendError,
     BackendNotFound,
 )
-from timeshare.activities.backends.gpus import NoGpus, gpu_inventory
+from timeshare.activities.backends.gpus import NoGpus, device_memory, gpu_inventory
 from timeshare.activities.backends.hook_registry import HookRegistry
 from timeshare.activities.backends.loading import load_backend
 from timeshare.activities.backends.processes import ProcessTable
@@ -33,6 +33,7 @@ from timeshare.names import (
     group_workflow_id,
     node_task_queue,
 )
+from timeshare.workers.agent.claim_narrowing import ClaimNarrowing
 from timeshare.workers.agent.credentials import JobCredentials, group_lookup
 from timeshare.workers.agent.exit_watch import ExitWatch
 from timeshare.workers.agent.registration_socket import remove_socket, serve_agent_socket
@@ -43,6 +44,7 @@ from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.registry import (
     NODE_HEARTBEAT_SECONDS,
     REGISTRY_DETAILS,
+    NarrowInput,
     NodeDeparture,
     NodeRegistryInput,
     NodeRegistryWorkflow,
@@ -95,7 +97,18 @@ async def serve_agent(
         client, task_queue=task_queue, activities=[activities.switch, activities.release]
     )
     exits = ExitWatch(config.node, processes, partial(evict_from_group, client))
-    async with registrations, worker, background(exits.run(stop) if evict_exited else None):
+    # NVML shows which GPUs the groups' processes use (never on the sim backend).
+    narrowing = (
+        None
+        if backend.simulated
+        else ClaimNarrowing(config.node, processes, device_memory, partial(narrow_claim, client))
+    )
+    async with (
+        registrations,
+        worker,
+        background(exits.run(stop) if evict_exited else None),
+        background(narrowing.run(stop) if narrowing else None),
+    ):
         await announce(client, node_info(info, backend))
         ready(
             "agent",
@@ -149,6 +162,11 @@ async def drop_claim(client: Client, node: str, group: str, job: str) -> None:
     """A job released here no longer claims this node's GPUs."""
     handle = client.get_workflow_handle(NODE_REGISTRY_WORKFLOW_ID)
     await handle.signal(NodeRegistryWorkflow.unclaim, UnclaimInput(group=group, job=job, node=node))
+
+
+async def narrow_claim(client: Client, narrowing: NarrowInput) -> None:
+    handle = client.get_workflow_handle(NODE_REGISTRY_WORKFLOW_ID)
+    await handle.signal(NodeRegistryWorkflow.narrow, narrowing)
 
 
 def registrations_path(socket_path: str) -> Path:

@@ -153,12 +153,14 @@ def start_worker(
     register: tuple[str, str, str] | None = None,
     timeout: float = 60,
     start_when: Path | None = None,
+    device: int = 0,
 ) -> CudaWorker:
     """A CUDA worker on the emulator (or, with the real driver's environment,
     on a GPU), detached from this process; returns once it is up (with
     ``start_when``: once it runs, before it starts CUDA when that file appears)."""
     counter, ready = directory / f"{name}.count", directory / f"{name}.ready"
-    options = ["--children", str(children), "--ready", str(ready), "--interval", "0.01"]
+    options = ["--children", str(children), "--ready", str(ready), "--interval", "0.01",
+               "--device", str(device)]  # fmt: skip
     if register:
         options += ["--register", *register]
     if start_when:
