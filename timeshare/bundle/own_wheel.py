@@ -48,6 +48,14 @@ def own_version() -> str:
     return importlib.metadata.version(DISTRIBUTION)
 
 
+def mapped_folders(tree: Path) -> list[str]:
+    """The top-level folders pyproject.toml maps into the package
+    (workflows/, activities/, workers/ as timeshare.workflows, ...)."""
+    setuptools = tomllib.loads((tree / "pyproject.toml").read_text()).get("tool", {})
+    mapping: dict[str, str] = setuptools.get("setuptools", {}).get("package-dir", {})
+    return sorted({folder.split("/")[0] for folder in mapping.values() if folder})
+
+
 def build_own_wheel(out: Path, say: Callable[[str], None]) -> Path:
     """timeshare-VERSION-py3-none-any.whl in ``out``, of the code this process runs."""
     tree = source_tree()
@@ -66,11 +74,12 @@ def _build_from_source(tree: Path, out: Path) -> Path:
         for name in BUILD_INPUTS:
             if (tree / name).is_file():
                 shutil.copy2(tree / name, copy / name)
-        shutil.copytree(
-            tree / "timeshare",
-            copy / "timeshare",
-            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-        )
+        for folder in ["timeshare", *mapped_folders(tree)]:
+            shutil.copytree(
+                tree / folder,
+                copy / folder,
+                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+            )
         built = subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out),
              str(copy)],
