@@ -140,8 +140,8 @@ class GroupWorkflow:
             case cmd.Log(message=message, warning=warning):
                 log = workflow.logger.warning if warning else workflow.logger.info
                 log("group %s: %s", self._core.state.group, message)
-            case cmd.RuleUsed(rule=rule):
-                workflow.deprecate_patch(rule)
+            case cmd.MarkPatch(patch=patch):
+                workflow.deprecate_patch(patch)
             case cmd.StartReleases(releases=releases):
                 self._start_releases(releases)
             case cmd.Wake(at_once=at_once):

@@ -89,7 +89,7 @@ def b_waits_behind_a(policy: GroupPolicy | None = None) -> GroupCore:
 def test_a_waiter_is_switched_in_and_granted_when_every_node_reported() -> None:
     group = b_waits_behind_a()
     commands = group.handle(ev.Tick(), 1.0)
-    assert commands[0] == cmd.RuleUsed(WHOLE_JOBS)
+    assert commands[0] == cmd.MarkPatch(WHOLE_JOBS)
     plan = attempt_of(commands).plan
     assert [(m.node, m.admit, m.evict) for m in plan.moves] == [(NODE, "b", ["a"])]
     assert group.answer("b", "b-1") is None  # still waiting for the nodes
@@ -145,8 +145,8 @@ def test_jobs_lost_for_good_or_whose_hooks_fail_are_evicted_and_released() -> No
     lost = ev.NodeFailed(NODE, "CUDA state FAILED", "job-failed", "b")
     hooks = ev.NodeFailed(NODE, "the engine will not sleep", "hook", "c")
     commands = group.handle(ev.SwitchAttempted(done=[], failed=[lost, hooks]), 1.0)
-    rules = [c.rule for c in commands if isinstance(c, cmd.RuleUsed)]
-    assert rules == [EVICT_FAILED_JOBS, EVICT_FAILING_HOOKS]
+    patches = [c.patch for c in commands if isinstance(c, cmd.MarkPatch)]
+    assert patches == [EVICT_FAILED_JOBS, EVICT_FAILING_HOOKS]
     started = [c for c in commands if isinstance(c, cmd.StartReleases)]
     assert started == [cmd.StartReleases((("b", NODE),)), cmd.StartReleases((("c", NODE),))]
     assert set(group.state.jobs) == {"a"}
@@ -186,7 +186,7 @@ def test_an_idle_group_brings_back_the_job_away_longest_and_names_the_rules() ->
     assert turn is not None
     reply(group.handle(ev.Yield("b", "hash-b", turn.epoch), 2.0))
     commands = group.handle(ev.Tick(), 2.1)
-    assert [c.rule for c in commands if isinstance(c, cmd.RuleUsed)] == [
+    assert [c.patch for c in commands if isinstance(c, cmd.MarkPatch)] == [
         PREFETCH_GUESS, PREFETCH, WHOLE_JOBS]  # fmt: skip
     plan = attempt_of(commands).plan
     assert plan.prefetch and plan.waiter.job == "a"

@@ -25,12 +25,12 @@ class Log:
 
 
 @dataclass(frozen=True)
-class RuleUsed:
-    """The decision that follows comes from a rule a scheduler change brought
-    in (its name is that change's): the workflow records it, so that a
-    history from before the change is told apart."""
+class MarkPatch:
+    """The decision that follows rests on a scheduler change (``patch`` is
+    its name): the workflow records Temporal's marker of that change, so
+    that a history from before the change is told apart."""
 
-    rule: str
+    patch: str
 
 
 @dataclass(frozen=True)
@@ -75,5 +75,5 @@ class ContinueAsNew:
 
 
 Command = (
-    Reply | Log | RuleUsed | StartReleases | Wake | AttemptSwitch | PauseSwitch | ContinueAsNew
+    Reply | Log | MarkPatch | StartReleases | Wake | AttemptSwitch | PauseSwitch | ContinueAsNew
 )  # fmt: skip

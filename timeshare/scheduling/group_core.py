@@ -33,9 +33,9 @@ from timeshare.scheduling.commands import (
     Command,
     ContinueAsNew,
     Log,
+    MarkPatch,
     PauseSwitch,
     Reply,
-    RuleUsed,
     StartReleases,
     Wake,
 )
@@ -47,8 +47,8 @@ from timeshare.scheduling.undo import Snapshot
 
 # A plan failing this many times is set aside and planned afresh.
 SWITCH_PLAN_ATTEMPTS = 5
-# The scheduler changes whose rules the core announces (RuleUsed) where it
-# applies them: the group workflow records each as Temporal's marker of that
+# The scheduler changes the core announces (MarkPatch) where its decisions
+# rest on them: the group workflow records each as Temporal's marker of that
 # change, where the change first asked for it.
 WHOLE_JOBS = "timeshare-whole-job-switch"
 EVICT_FAILED_JOBS = "timeshare-evict-failed-jobs"
@@ -209,13 +209,13 @@ class GroupCore:
             return [*commands, ContinueAsNew()]
         if self.queue.needs_switch():
             plan = self.queue.begin_switch(now)
-            return [*commands, RuleUsed(WHOLE_JOBS), AttemptSwitch(plan)]
+            return [*commands, MarkPatch(WHOLE_JOBS), AttemptSwitch(plan)]
         choice = self.queue.prefetch_choice(now)
         if choice is None:
             return [*commands, *self._settled(now)]
         plan = self.queue.begin_prefetch(choice.job, now)
-        rules = [RuleUsed(rule) for rule in (*choice.rules, PREFETCH, WHOLE_JOBS)]
-        return [*commands, *rules, AttemptSwitch(plan)]
+        patches = [MarkPatch(patch) for patch in (*choice.patches, PREFETCH, WHOLE_JOBS)]
+        return [*commands, *patches, AttemptSwitch(plan)]
 
     def _switch_attempted(self, event: ev.SwitchAttempted, now: float) -> list[Command]:
         """Evict the jobs a node found lost for good, or whose own hooks fail;
@@ -224,13 +224,13 @@ class GroupCore:
         queue.record_switches(event.records)
         lost = sorted({f.job for f in event.failed if f.kind == "job-failed"})
         if lost:
-            commands.append(RuleUsed(EVICT_FAILED_JOBS))
+            commands.append(MarkPatch(EVICT_FAILED_JOBS))
             for job in lost:
                 queue.evict_failed(job, _causes(event.failed, job, "job-failed", nodes=False), now)
             commands += self._start_releases()
         hooks = sorted({f.job for f in event.failed if f.kind == "hook"})
         if hooks:
-            commands.append(RuleUsed(EVICT_FAILING_HOOKS))
+            commands.append(MarkPatch(EVICT_FAILING_HOOKS))
             for job in hooks:
                 cause = _causes(event.failed, job, "hook", nodes=True)
                 commands.append(Log(f"evicting job {job}, whose workload hooks failed: {cause}"))
