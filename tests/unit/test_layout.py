@@ -15,6 +15,10 @@ CORE = ["timeshare/scheduling", "timeshare/placement"]
 LINKED = {"timeshare.workflows": "workflows", "timeshare.activities": "activities",
           "timeshare.workers": "workers"}  # fmt: skip
 NODE_AND_PROCESS_CODE = ("timeshare.activities", "timeshare.workers", "timeshare.workflows")
+# The node's co-residency planning, plain data in and a decision out: the
+# placement advisor's device model follows the node's switch with it. What it
+# imports is walked like the rest (no Temporal, no other node code).
+PURE_NODE_CODE = {"timeshare.activities.residency"}
 LONGEST_LINES = 600
 # Written by tools, not by hand.
 GENERATED = ("timeshare/v1/",)
@@ -82,8 +86,19 @@ def test_the_core_and_placement_import_no_temporal_and_no_node_or_process_code()
     assert "timeshare.models" in reached  # the walk follows imports
     temporal = sorted(m for m in reached if m.split(".")[0] == "temporalio")
     assert temporal == []
-    node = sorted(m for m in reached if m.startswith(NODE_AND_PROCESS_CODE))
+    node = sorted(
+        m for m in reached if m.startswith(NODE_AND_PROCESS_CODE) and m not in PURE_NODE_CODE
+    )
     assert node == []
+
+
+def test_the_pure_node_code_placement_follows_imports_no_node_or_process_code() -> None:
+    (residency,) = [module_file(module) for module in PURE_NODE_CODE]
+    assert residency is not None
+    reached = closure([residency])
+    assert not [m for m in reached if m.split(".")[0] == "temporalio"]
+    assert not [m for m in reached if m.startswith(NODE_AND_PROCESS_CODE)]
+    assert "timeshare.scheduling" not in {".".join(m.split(".")[:2]) for m in reached}
 
 
 def test_the_walk_sees_an_import_of_node_code() -> None:
