@@ -361,7 +361,7 @@ class PolicyMachine(RuleBasedStateMachine):
     """Random traffic in a group with policies: priorities, phases, aging,
     preemption by priority, the turn limit, leases, pauses and drains.
 
-    Invariant beyond the legacy machine's (tests/unit/test_lockqueue.py): whenever a
+    Invariant beyond the group machine's (tests/unit/test_group_machine.py): whenever a
     turn is granted, no eligible waiter left behind had a higher effective
     priority, except those that asked after the switch for the granted job had
     begun (a switch under way completes: the documented exception)."""
