@@ -101,6 +101,16 @@ def test_the_pure_node_code_placement_follows_imports_no_node_or_process_code() 
     assert "timeshare.scheduling" not in {".".join(m.split(".")[:2]) for m in reached}
 
 
+def test_placement_reaches_the_scheduling_core_only_through_its_door() -> None:
+    """The placement advisor feeds GroupCore.handle events, as the group
+    workflow does: it drives no lock queue of its own."""
+    sources = sorted((REPO / "timeshare" / "placement").glob("*.py"))
+    imported = {module for path in sources for module in imports_of(path)}
+    assert "timeshare.scheduling.group_core" in imported  # the walk reads them
+    assert not [m for m in imported if m.startswith("timeshare.scheduling.queue")]
+    assert not [path.name for path in sources if "LockQueue" in path.read_text()]
+
+
 def test_the_walk_sees_an_import_of_node_code() -> None:
     """The check above would catch the import it forbids."""
     reached = closure([REPO / "workers" / "agent" / "serve.py"])
