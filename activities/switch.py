@@ -28,6 +28,7 @@ from timeshare.activities.backends.base import (
     NoDeviceRoom,
 )
 from timeshare.activities.backends.processes import ProcessTable
+from timeshare.activities.residency import RoomPlan, extra, plan_room
 from timeshare.hooks.protocol import EvictMode
 from timeshare.instruments import record_switch
 from timeshare.models import (
@@ -42,7 +43,6 @@ from timeshare.models import (
     SwitchInput,
     SwitchOutput,
 )
-from timeshare.scheduling.residency import RoomPlan, extra, plan_room
 
 HEARTBEAT_SECONDS = 1.0
 log = logging.getLogger("timeshare.agent")

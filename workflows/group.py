@@ -2,19 +2,20 @@
 
 A thin adapter around the scheduling core (timeshare.scheduling.GroupCore):
 each update, timer and switch outcome becomes an event handed to the core
-with workflow time, and the workflow carries out the commands it returns:
-the answers to updates, the switch activities (one per node, in parallel, on
-each node's task queue), the releases of jobs that left, the pause between
-failed attempts, continue-as-new. It decides nothing itself.
+with workflow time, and the workflow carries out the commands it returns, all
+in one place (``_carry_out``): the answers to updates, the switch activities
+(one per node, in parallel, on each node's task queue), the releases of jobs
+that left, the pause between failed attempts, when to look again,
+continue-as-new. It decides nothing itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager, suppress
 from datetime import timedelta
-from typing import Any
+from typing import Any, assert_never
 
 from pydantic import BaseModel
 from temporalio import workflow
@@ -88,8 +89,12 @@ class GroupWorkflow:
         )
         workflow.deprecate_patch(patches.LEASE_FROM_GRANT)
         self._core = GroupCore(state)
-        # Set by every message: the main loop re-reads deadlines and duties.
-        self._changed = False
+        # The core's latest word on when to look again, and whether a look is
+        # due now (the main loop's wait ends).
+        self._wake = cmd.Wake(at=None)
+        self._tick_due = False
+        # The answer of the message being handled (carried out as a Reply).
+        self._reply: Any = None
         # Set just before continuing as new: waiting acquires return "ask again".
         self._closing = False
         self._visibility = GroupVisibility(
@@ -103,8 +108,6 @@ class GroupWorkflow:
         self._rang = False
         # Each waiting acquire's (job, request id, when its wait slice ends), by update id.
         self._slice_ends: dict[str, tuple[str, str, float]] = {}
-        # (job, node) releases under way in this run.
-        self._releasing: set[tuple[str, str]] = set()
         self._release_tasks: set[asyncio.Task[None]] = set()
         # Workflow time, in nanoseconds and as _now() gives it, at the last call.
         self._now_ns = -1
@@ -112,25 +115,63 @@ class GroupWorkflow:
 
     @workflow.run
     async def run(self, input: GroupInput) -> None:
+        commands = self._core.handle(ev.RunStarted(), self._now())
         while True:
-            self._start_releases()
+            await self._carry_out_all(commands)
             self._publish()
-            deadline = self._core.next_deadline(self._now())
-            self._changed = False
-            wakes = [*self._slice_wakes(), *([] if deadline is None else [deadline])]
-            self._arm(min(wakes, default=None))
-            await workflow.wait_condition(lambda: self._changed or self._duty_due() or self._rang)
-            tick = ev.Tick(workflow.info().is_continue_as_new_suggested())
-            for command in self._core.handle(tick, self._now()):
-                match command:
-                    case cmd.Log(message=message):
-                        workflow.logger.info("group %s: %s", input.group, message)
-                    case cmd.RuleUsed(rule=rule):
-                        workflow.deprecate_patch(rule)
-                    case cmd.ContinueAsNew():
-                        await self._continue_as_new(input.group)
-                    case cmd.AttemptSwitch(plan=plan):
-                        await self._switch(plan)
+            # The core's word at the end of its look stands: it has seen what
+            # the messages handled meanwhile changed.
+            self._tick_due = self._wake.at_once
+            wake = [] if self._wake.at is None else [self._wake.at]
+            self._arm(min([*self._slice_wakes(), *wake], default=None))
+            await workflow.wait_condition(
+                lambda: self._tick_due or self._rang or _continue_as_new_suggested()
+            )
+            commands = self._core.handle(ev.Tick(_continue_as_new_suggested()), self._now())
+
+    # -- the one executor of the core's commands -------------------------------------
+
+    def _carry_out(self, command: cmd.Command) -> Coroutine[Any, Any, list[cmd.Command]] | None:
+        """Carry out one command; where it takes time (a switch attempt, a
+        pause, continuing as new), what to await: the commands that follow."""
+        match command:
+            case cmd.Reply(value=value):
+                self._reply = value
+            case cmd.Log(message=message, warning=warning):
+                log = workflow.logger.warning if warning else workflow.logger.info
+                log("group %s: %s", self._core.state.group, message)
+            case cmd.MarkPatch(patch=patch):
+                workflow.deprecate_patch(patch)
+            case cmd.StartReleases(releases=releases):
+                self._start_releases(releases)
+            case cmd.Wake(at_once=at_once):
+                self._wake = command
+                self._tick_due = self._tick_due or at_once
+            case cmd.AttemptSwitch(plan=plan):
+                return self._attempt(plan)
+            case cmd.PauseSwitch(seconds=seconds):
+                return self._pause_switch(seconds)
+            case cmd.ContinueAsNew():
+                return self._continue_as_new()
+            case _:
+                assert_never(command)
+        return None
+
+    async def _carry_out_all(self, commands: list[cmd.Command]) -> None:
+        """In order, each awaited one's own commands next."""
+        work = list(commands)
+        while work:
+            follow = self._carry_out(work.pop(0))
+            if follow is not None:
+                work[:0] = await follow
+
+    def _carry_out_now(self, commands: list[cmd.Command]) -> None:
+        """A message's commands, or a release's: none of them takes time."""
+        for command in commands:
+            follow = self._carry_out(command)
+            if follow is not None:
+                follow.close()
+                raise RuntimeError(f"the scheduling core asked a message to wait: {command}")
 
     # -- the one timer --------------------------------------------------------------
 
@@ -162,28 +203,12 @@ class GroupWorkflow:
         await workflow.sleep(timedelta(seconds=max(0.001, at - self._now())))
         self._rang = True
 
-    def _duty_due(self) -> bool:
-        suggested = workflow.info().is_continue_as_new_suggested()
-        return (
-            self._core.switch_due()
-            or self._core.continue_as_new_due(suggested)
-            or bool(self._releases_to_start())
-        )
-
     # -- what the core asks for ---------------------------------------------------
 
-    def _releases_to_start(self) -> list[tuple[str, str]]:
-        return [pair for pair in self._core.releases() if pair not in self._releasing]
-
-    def _start_releases(self) -> None:
-        """Ask the agents of every job that left to let its processes go,
-        in the background: a node that is down must not hold up the queue."""
-        pending = self._releases_to_start()
-        if not pending:
-            return
+    def _start_releases(self, releases: tuple[tuple[str, str], ...]) -> None:
+        """In the background: a node that is down must not hold up the queue."""
         workflow.deprecate_patch(patches.RELEASE_LEFT_JOBS)
-        for job, node in pending:
-            self._releasing.add((job, node))
+        for job, node in releases:
             task = asyncio.create_task(self._release(job, node))
             self._release_tasks.add(task)
             task.add_done_callback(self._release_tasks.discard)
@@ -196,51 +221,38 @@ class GroupWorkflow:
             # coroutine outside the workflow, where no workflow API answers and
             # nothing is left to record.
             if workflow.in_workflow():
-                self._releasing.discard((job, node))
-                self._core.handle(ev.ReleaseEnded(job=job, node=node), self._now())
+                ended = ev.ReleaseEnded(job=job, node=node)
+                self._carry_out_now(self._core.handle(ended, self._now()))
 
-    async def _switch(self, plan: SwitchPlan) -> None:
-        """Carry out a planned switch: attempts, and what the core decides
-        after each (pause, try again, give up), until it is over."""
-        quiet = self._visibility.lean and self._core.switches_are_quick(QUICK_SWITCH_SECONDS)
-        attempt: SwitchPlan | None = plan
-        while attempt is not None:
-            if not quiet:
-                self._publish()
-            quiet = False
-            outcome = await node_calls.attempt(self._core.state, attempt)
-            attempt = await self._after(self._core.handle(outcome, self._now()))
+    async def _attempt(self, plan: SwitchPlan) -> list[cmd.Command]:
+        """One attempt of a planned switch; what the core makes of its outcome.
+        A first attempt is not shown where the group's switches are quick: it
+        would be over before anyone could look."""
+        quiet = (
+            plan.attempts == 0
+            and self._visibility.lean
+            and self._core.switches_are_quick(QUICK_SWITCH_SECONDS)
+        )
+        if not quiet:
+            self._publish()
+        outcome = await node_calls.attempt(self._core.state, plan)
+        return self._core.handle(outcome, self._now())
 
-    async def _after(self, commands: list[cmd.Command]) -> SwitchPlan | None:
-        """Carry out what follows an attempt; the plan to try next, if any."""
-        for command in commands:
-            match command:
-                case cmd.Log(message=message, warning=warning):
-                    log = workflow.logger.warning if warning else workflow.logger.info
-                    log("group %s: %s", self._core.state.group, message)
-                case cmd.RuleUsed(rule=rule):
-                    workflow.deprecate_patch(rule)
-                case cmd.StartReleases():
-                    self._start_releases()
-                case cmd.AttemptSwitch(plan=plan):
-                    return plan
-                case cmd.PauseSwitch(seconds=seconds):
-                    with suppress(TimeoutError):
-                        await workflow.wait_condition(
-                            lambda: not self._core.switch_plan_stands(),
-                            timeout=timedelta(seconds=seconds),
-                        )
-                    return await self._after(self._core.handle(ev.SwitchPaused(), self._now()))
-        return None
+    async def _pause_switch(self, seconds: float) -> list[cmd.Command]:
+        with suppress(TimeoutError):
+            await workflow.wait_condition(
+                lambda: not self._core.switch_plan_stands(), timeout=timedelta(seconds=seconds)
+            )
+        return self._core.handle(ev.SwitchPaused(), self._now())
 
-    async def _continue_as_new(self, group: str) -> None:
+    async def _continue_as_new(self) -> list[cmd.Command]:
         self._closing = True
         # Waiting acquires return "ask again" and the gateway re-sends them to
         # the new run, where their place in the queue is carried over.
         await workflow.wait_condition(workflow.all_handlers_finished)
         state = self._core.state
         state.runs += 1
-        workflow.continue_as_new(GroupInput(group=group, state=state))
+        workflow.continue_as_new(GroupInput(group=state.group, state=state))
 
     def _now(self) -> float:
         """Workflow time as ``workflow.now().timestamp()`` gives it (to the
@@ -297,10 +309,9 @@ class GroupWorkflow:
         """Hand the event to the core; its reply."""
         with self._handling(message):
             commands = self._core.handle(event, self._now())
-        reply = next(c for c in commands if isinstance(c, cmd.Reply))
-        if reply.changed:
-            self._changed = True
-        return reply.value
+        self._reply = None
+        self._carry_out_now(commands)
+        return self._reply
 
     def _check(self, message: str, event: ev.Message) -> None:
         with self._handling(message, reads_only=True):
@@ -348,7 +359,7 @@ class GroupWorkflow:
         key = update.id if update is not None else f"{job}/{request_id}"
         ends = self._now() + seconds
         self._slice_ends[key] = (job, request_id, ends)
-        self._changed = True  # the main loop arms its timer for the slice too
+        self._tick_due = True  # the main loop arms its timer for the slice too
         try:
             await workflow.wait_condition(lambda: over() or self._now() >= ends)
         finally:
@@ -437,6 +448,11 @@ class GroupWorkflow:
         process joins the job's switches. A query, so it adds nothing to the
         history and changes nothing; hashes only, like every other message."""
         return self._core.token_check(input.job, input.token_hash)
+
+
+def _continue_as_new_suggested() -> bool:
+    """Temporal finds the history long: the core decides whether to continue as new."""
+    return workflow.info().is_continue_as_new_suggested()
 
 
 def _rules_of_a_new_group() -> int:

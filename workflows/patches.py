@@ -39,7 +39,7 @@ SLICE_BY_MAIN_TIMER = "timeshare-slices-by-the-main-timer"
 LEASE_FROM_GRANT = "timeshare-lease-from-grant"
 # The agents of a job that left are asked to release its processes.
 RELEASE_LEFT_JOBS = "timeshare-release-left-jobs"
-# Announced by the core (commands.RuleUsed) where its decisions rest on them.
+# Announced by the core (commands.MarkPatch) where its decisions rest on them.
 ANNOUNCED_BY_THE_CORE = (
     group_core.WHOLE_JOBS,
     group_core.EVICT_FAILED_JOBS,

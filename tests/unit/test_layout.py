@@ -17,6 +17,10 @@ from tests.tree import MAPPED, module_source
 
 CORE = ["timeshare/scheduling", "timeshare/placement"]
 NODE_AND_PROCESS_CODE = ("timeshare.activities", "timeshare.workers", "timeshare.workflows")
+# The node's co-residency planning, plain data in and a decision out: the
+# placement advisor's device model follows the node's switch with it. What it
+# imports is walked like the rest (no Temporal, no other node code).
+PURE_NODE_CODE = {"timeshare.activities.residency"}
 LONGEST_LINES = 600
 # Written by tools, not by hand.
 GENERATED = ("timeshare/v1/",)
@@ -70,8 +74,29 @@ def test_the_core_and_placement_import_no_temporal_and_no_node_or_process_code()
     assert "timeshare.models" in reached  # the walk follows imports
     temporal = sorted(m for m in reached if m.split(".")[0] == "temporalio")
     assert temporal == []
-    node = sorted(m for m in reached if m.startswith(NODE_AND_PROCESS_CODE))
+    node = sorted(
+        m for m in reached if m.startswith(NODE_AND_PROCESS_CODE) and m not in PURE_NODE_CODE
+    )
     assert node == []
+
+
+def test_the_pure_node_code_placement_follows_imports_no_node_or_process_code() -> None:
+    (residency,) = [module_file(module) for module in PURE_NODE_CODE]
+    assert residency is not None
+    reached = closure([residency])
+    assert not [m for m in reached if m.split(".")[0] == "temporalio"]
+    assert not [m for m in reached if m.startswith(NODE_AND_PROCESS_CODE)]
+    assert "timeshare.scheduling" not in {".".join(m.split(".")[:2]) for m in reached}
+
+
+def test_placement_reaches_the_scheduling_core_only_through_its_door() -> None:
+    """The placement advisor feeds GroupCore.handle events, as the group
+    workflow does: it drives no lock queue of its own."""
+    sources = sorted((REPO / "timeshare" / "placement").glob("*.py"))
+    imported = {module for path in sources for module in imports_of(path)}
+    assert "timeshare.scheduling.group_core" in imported  # the walk reads them
+    assert not [m for m in imported if m.startswith("timeshare.scheduling.queue")]
+    assert not [path.name for path in sources if "LockQueue" in path.read_text()]
 
 
 def test_the_walk_sees_an_import_of_node_code() -> None:

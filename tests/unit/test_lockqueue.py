@@ -1,29 +1,21 @@
-"""The pure lock queue: rules, refusals, and invariants under random traffic."""
+"""The pure lock queue: rules and refusals, case by case (the invariants under
+random traffic are checked through GroupCore's door: test_group_machine.py)."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
 import pytest
-from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from timeshare.models import GroupPolicy
 from timeshare.scheduling.base import QueueError
 from timeshare.scheduling.queue import LockQueue
 from timeshare.scheduling.state import (
     GroupState,
-    StoredMove,
     StoredPolicy,
     StoredSwitch,
     SwitchPlan,
 )
-from timeshare.scheduling.switch_failures import FailedMove
-
-# Short, so that random traffic reaches the give-up of failing switches.
-GIVE_UP_SECONDS = 5.0
 
 
 def queue_with(*jobs: tuple[str, list[str]]) -> LockQueue:
@@ -236,226 +228,6 @@ def test_a_turn_granted_as_its_caller_left_is_given_back() -> None:
     with pytest.raises(QueueError) as late:
         queue.request("a", "ra", now=3.0)  # a late duplicate is not queued again
     assert late.value.code == "FAILED_PRECONDITION"
-
-
-class LockQueueMachine(RuleBasedStateMachine):
-    """Random interleavings of join, acquire, yield, heartbeat, lease expiry,
-    turn-limit preemption, leave, eviction, timeout, failed switches and
-    prefetches (switches nobody asked for yet).
-
-    Beside the queue, the machine keeps what the nodes really hold, moved only
-    by switches as an agent would move it; the invariants are checked against
-    that, not against the queue's own belief."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        policy = GroupPolicy(
-            lease_seconds=30, max_turn_seconds=20, preempt_grace_seconds=5,
-            switch_give_up_seconds=GIVE_UP_SECONDS,
-        )  # fmt: skip
-        self.queue = LockQueue(GroupState(group="g", policy=StoredPolicy.stored(policy)))
-        self.now = 0.0
-        self.grants: list[tuple[int, int]] = []  # (epoch, ticket)
-        self.requests = 0
-        self.open_requests: set[str] = set()
-        self.device: dict[str, set[str]] = {}
-
-    jobs = st.sampled_from(["a", "b", "c", "d"])
-    node_sets = st.sampled_from([["n1"], ["n2"], ["n1", "n2"]])
-
-    def tick(self, seconds: float = 1.0) -> float:
-        self.now += seconds
-        return self.now
-
-    def record(self) -> None:
-        turn = self.queue.state.turn
-        if turn is not None and (not self.grants or self.grants[-1][0] != turn.epoch):
-            self.grants.append((turn.epoch, turn.ticket))
-            self.open_requests.discard(turn.request_id)
-
-    @rule(job=jobs, nodes=node_sets)
-    def join(self, job: str, nodes: list[str]) -> None:
-        with contextlib.suppress(QueueError):
-            self.queue.join(job, nodes, "h", self.tick())
-
-    @rule(job=jobs)
-    def acquire(self, job: str) -> None:
-        if job not in self.queue.state.jobs:
-            return
-        self.requests += 1
-        request_id = f"r{self.requests}"
-        try:
-            self.queue.request(job, request_id, self.tick())
-            self.open_requests.add(request_id)
-        except QueueError as refusal:
-            assert refusal.code == "FAILED_PRECONDITION"
-        self.record()
-
-    @rule()
-    def yield_turn(self) -> None:
-        turn = self.queue.state.turn
-        if turn is not None:
-            self.queue.release(turn.job, turn.resumes_epoch or turn.epoch, self.tick())
-            self.record()
-
-    @rule(job=jobs)
-    def heartbeat(self, job: str) -> None:
-        if job in self.queue.state.jobs:
-            self.queue.heartbeat(job, self.tick())
-
-    @rule(seconds=st.floats(min_value=0, max_value=40))
-    def time_passes(self, seconds: float) -> None:
-        self.queue.expire(self.tick(seconds))
-        self.record()
-
-    @rule(job=jobs)
-    def leave(self, job: str) -> None:
-        self.queue.leave(job, self.tick())
-        self.record()
-
-    @rule(job=jobs)
-    def evict(self, job: str) -> None:
-        self.queue.evict(job, "operator", self.tick())
-        self.record()
-
-    @rule(data=st.data())
-    def time_out(self, data: st.DataObject) -> None:
-        if self.queue.state.queue:
-            waiter = data.draw(st.sampled_from(self.queue.state.queue))
-            self.queue.cancel(waiter.job, waiter.request_id, self.tick())
-            self.record()
-
-    @rule()
-    def granted_caller_goes_away(self) -> None:
-        turn = self.queue.state.turn
-        if turn is not None and not turn.resumes_epoch:
-            assert self.queue.cancel(turn.job, turn.request_id, self.tick())
-            self.record()
-
-    @precondition(lambda self: self.queue.needs_switch())
-    @rule(outcome=st.sampled_from(["ok", "checkpoint fails", "restore fails"]), data=st.data())
-    def switch(self, outcome: str, data: st.DataObject) -> None:
-        plan = self.queue.begin_switch(self.tick())
-        nodes = [move.node for move in plan.moves]
-        if outcome == "ok":
-            self.move_state(plan.moves, nodes)
-            self.queue.finish_switch(self.tick())
-        else:
-            failed = data.draw(st.lists(st.sampled_from(nodes), min_size=1, unique=True))
-            done = [node for node in nodes if node not in failed]
-            self.move_state(plan.moves, done)
-            if outcome == "restore fails":
-                for node in failed:  # checkpointed, but nothing came back
-                    self.device[node] = set()
-            failures = [
-                FailedMove(
-                    node=move.node,
-                    cause=outcome,
-                    stuck=move.evict[0] if move.evict and outcome != "restore fails" else "",
-                    restore_failed=outcome == "restore fails",
-                )
-                for move in plan.moves
-                if move.node in failed
-            ]
-            verdict = self.queue.switch_failed(failures, done, failed, self.tick())
-            # A failed restore ends the request at once; other failures only
-            # once the run of failures has lasted the give-up time, and then
-            # always: nobody waits on a failing switch for ever.
-            assert verdict.given_up or outcome != "restore fails"
-            assert verdict.given_up == (self.queue.state.switching is None)
-            run = self.queue.state.failing
-            if not verdict.given_up and not verdict.evicted:
-                assert run is not None and self.now - run.since < GIVE_UP_SECONDS
-                assert 0 < verdict.pause <= self.now - run.since + GIVE_UP_SECONDS
-        self.record()
-
-    @precondition(lambda self: self.queue.state.switching is not None)
-    @rule()
-    def retry_switch(self) -> None:
-        plan = self.queue.state.switching
-        assert plan is not None
-        if not self.queue.switch_target_waits():
-            self.queue.abort_switch("", self.tick())
-        else:
-            self.move_state(plan.moves, [move.node for move in plan.moves])
-            self.queue.finish_switch(self.tick())
-        self.record()
-
-    @rule(job=jobs)
-    def prefetch(self, job: str) -> None:
-        """Any job may be brought in ahead of its request while the group is
-        idle (which one is worth it is LockQueue.prefetch_target's guess)."""
-        with contextlib.suppress(QueueError):
-            self.queue.begin_prefetch(job, self.tick())
-
-    @precondition(
-        lambda self: self.queue.state.switching is not None and self.queue.state.switching.prefetch
-    )
-    @rule(ok=st.booleans(), data=st.data())
-    def end_prefetch(self, ok: bool, data: st.DataObject) -> None:
-        plan = self.queue.state.switching
-        assert plan is not None
-        nodes = [move.node for move in plan.moves]
-        if ok:
-            self.move_state(plan.moves, nodes)
-            self.queue.finish_switch(self.tick(), restored=True)
-        else:
-            failed = data.draw(st.lists(st.sampled_from(nodes), min_size=1, unique=True))
-            done = [node for node in nodes if node not in failed]
-            self.move_state(plan.moves, done)
-            failures = [FailedMove(node=node, cause="checkpoint fails") for node in failed]
-            verdict = self.queue.switch_failed(failures, done, failed, self.tick())
-            assert not verdict.given_up and not verdict.evicted  # nobody waits for a prefetch
-            self.queue.abort_switch("", self.tick())
-        self.record()
-
-    def move_state(self, moves: list[StoredMove], nodes: list[str]) -> None:
-        for move in moves:
-            if move.node in nodes:
-                self.device[move.node] = {move.admit} if move.admit else set()
-
-    @invariant()
-    def one_holder_whose_state_is_alone_on_its_nodes(self) -> None:
-        state = self.queue.state
-        turn = state.turn
-        if turn is not None:
-            assert turn.job in state.jobs
-            for node in state.jobs[turn.job].nodes:
-                assert self.device.get(node) == {turn.job}, (node, self.device)
-            assert all(w.job != turn.job for w in state.queue)
-
-    @invariant()
-    def grants_follow_ticket_order(self) -> None:
-        tickets = [ticket for _, ticket in self.grants]
-        assert tickets == sorted(tickets)
-        epochs = [epoch for epoch, _ in self.grants]
-        assert epochs == sorted(set(epochs))
-
-    @invariant()
-    def each_waiter_is_a_member_waiting_once(self) -> None:
-        waiting = [w.job for w in self.queue.state.queue]
-        assert len(waiting) == len(set(waiting))
-        assert set(waiting) <= set(self.queue.state.jobs)
-
-    def teardown(self) -> None:
-        """Every request still open is either granted in the end or was ended
-        (timed out, left, evicted, aborted): none waits forever."""
-        for _ in range(100):
-            if self.queue.state.switching is not None:
-                self.retry_switch()
-            elif self.queue.state.turn is not None:
-                self.yield_turn()
-            elif self.queue.needs_switch():
-                self.switch("ok", None)
-            else:
-                break
-        else:
-            raise AssertionError(f"the queue never settled: {self.queue.state}")
-        assert not self.queue.state.queue, f"requests wait forever: {self.queue.state.queue}"
-
-
-TestLockQueueMachine = LockQueueMachine.TestCase
-TestLockQueueMachine.settings = settings(max_examples=500, stateful_step_count=50, deadline=None)
 
 
 def test_a_switch_is_quick_when_the_last_one_went_well_on_every_node_in_time() -> None:

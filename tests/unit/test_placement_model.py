@@ -1,6 +1,6 @@
 """The group model against cases worked out by hand. With the stack's own
-costs set to zero the figures are exact: the model is the real lock queue
-stepped through virtual time, so these also pin what the queue decides."""
+costs set to zero the figures are exact: the model is the real scheduling
+core stepped through virtual time, so these also pin what the core decides."""
 
 from __future__ import annotations
 

@@ -6,7 +6,6 @@ and aging lets every waiter through."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 
 import pytest
@@ -15,9 +14,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from timeshare.models import GroupPolicy
-from timeshare.refusals import Refusal
+from timeshare.scheduling import commands as cmd
+from timeshare.scheduling import events as ev
 from timeshare.scheduling import ordering
 from timeshare.scheduling.base import QueueError
+from timeshare.scheduling.group_core import GroupCore
 from timeshare.scheduling.queue import LockQueue
 from timeshare.scheduling.rules import RULES_LEGACY, RULES_POLICIES
 from timeshare.scheduling.state import GroupState, StoredPolicy, Waiter
@@ -359,9 +360,11 @@ def test_aging_lets_the_lowest_priority_through_within_its_bound(
 
 class PolicyMachine(RuleBasedStateMachine):
     """Random traffic in a group with policies: priorities, phases, aging,
-    preemption by priority, the turn limit, leases, pauses and drains.
+    preemption by priority, the turn limit, leases and pauses, through
+    GroupCore's door as the group workflow drives it (every switch goes
+    through; tests/unit/test_group_machine.py has the failures).
 
-    Invariant beyond the legacy machine's (tests/unit/test_lockqueue.py): whenever a
+    Invariant beyond the group machine's (tests/unit/test_group_machine.py): whenever a
     turn is granted, no eligible waiter left behind had a higher effective
     priority, except those that asked after the switch for the granted job had
     begun (a switch under way completes: the documented exception)."""
@@ -377,7 +380,9 @@ class PolicyMachine(RuleBasedStateMachine):
             phase_priority={"train": 2, "rollout": 0},
             preempt_lower_after_seconds=3,
         )
-        self.queue = group(policy)
+        state = GroupState(group="g", policy=StoredPolicy.stored(policy), rules=RULES_POLICIES)
+        self.core = GroupCore(state)
+        self.wake = cmd.Wake(at=None)
         self.now = 0.0
         self.requests = 0
         self.last_epoch = 0
@@ -390,8 +395,21 @@ class PolicyMachine(RuleBasedStateMachine):
         self.now += seconds
         return self.now
 
+    def handle(self, event: ev.Event, switch_began: float | None = None) -> list[cmd.Command]:
+        """The event at the machine's time (a refused message changes nothing,
+        as the workflow undoes it); then a new turn is checked."""
+        before = self.core.snapshot()
+        try:
+            commands = self.core.handle(event, self.now)
+        except QueueError:
+            self.core.undo(before)
+            return []
+        self.wake = next((c for c in commands if isinstance(c, cmd.Wake)), self.wake)
+        self.check_grant(switch_began)
+        return commands
+
     def check_grant(self, switch_began: float | None = None) -> None:
-        state = self.queue.state
+        state = self.core.state
         turn = state.turn
         if turn is None or turn.epoch == self.last_epoch:
             return
@@ -409,61 +427,68 @@ class PolicyMachine(RuleBasedStateMachine):
                 self.violations.append(f"{waiter.job} ({rank}) waits behind {turn.job}")
 
     def granted_age(self, job: str, at: float) -> int:
-        record = self.queue.state.recent_turns[-1]
+        record = self.core.state.recent_turns[-1]
         waiter = Waiter(job=job, request_id="", ticket=0, since=record.requested_at)
-        return ordering.aged_periods(waiter, self.queue.state.policy, at)
+        return ordering.aged_periods(waiter, self.core.state.policy, at)
+
+    def ask(self, job: str, phase: str, switch_began: float | None = None) -> None:
+        if job in self.core.state.jobs:
+            self.requests += 1
+            asked = ev.Acquire(job, f"h-{job}", f"r{self.requests}", phase=phase)
+            self.tick()
+            self.handle(asked, switch_began)
 
     @rule(job=jobs, priority=st.sampled_from([0, 3]))
     def join(self, job: str, priority: int) -> None:
-        with contextlib.suppress(QueueError):
-            self.queue.join(job, ["n"], "h", self.tick(), priority=priority)
-        self.check_grant()
+        self.tick()
+        self.handle(ev.Join(job, ["n"], f"h-{job}", priority=priority))
 
     @rule(job=jobs, phase=phases)
     def acquire(self, job: str, phase: str) -> None:
-        if job not in self.queue.state.jobs:
-            return
-        self.requests += 1
-        try:
-            self.queue.request(job, f"r{self.requests}", self.tick(), phase=phase)
-        except QueueError as refusal:
-            assert refusal.code == Refusal.FAILED_PRECONDITION
-        self.check_grant()
+        self.ask(job, phase)
 
     @rule()
     def yield_turn(self) -> None:
-        turn = self.queue.state.turn
+        turn = self.core.state.turn
         if turn is not None:
-            self.queue.release(turn.job, turn.resumes_epoch or turn.epoch, self.tick())
-            self.check_grant()
+            self.tick()
+            self.handle(ev.Yield(turn.job, f"h-{turn.job}", turn.resumes_epoch or turn.epoch))
 
     @rule(seconds=st.floats(min_value=0, max_value=40))
     def time_passes(self, seconds: float) -> None:
-        self.queue.expire(self.tick(seconds))
-        self.check_grant()
+        """The timer rings: the group looks at itself (leases, turn limits)."""
+        self.tick(seconds)
+        self.look([])
 
     @rule(paused=st.booleans())
     def pause(self, paused: bool) -> None:
-        self.queue.pause(paused, self.tick())
-        self.check_grant()
+        self.tick()
+        self.handle(ev.Pause(paused))
 
     @rule(job=jobs)
     def leave(self, job: str) -> None:
-        self.queue.leave(job, self.tick())
-        self.check_grant()
+        self.tick()
+        self.handle(ev.Leave(job, f"h-{job}"))
 
-    @precondition(lambda self: self.queue.needs_switch())
+    @precondition(lambda self: self.wake.at_once)
     @rule(arrivals=st.lists(st.tuples(jobs, phases), max_size=2))
-    def switch(self, arrivals: list[tuple[str, str]]) -> None:
-        self.queue.begin_switch(self.tick())
+    def look_when_told(self, arrivals: list[tuple[str, str]]) -> None:
+        self.tick()
+        self.look(arrivals)
+
+    def look(self, arrivals: list[tuple[str, str]]) -> None:
+        """A look, and the switch it starts going through; ``arrivals``:
+        requests that come in while the switch runs."""
+        commands = self.handle(ev.Tick())
+        attempts = [c for c in commands if isinstance(c, cmd.AttemptSwitch)]
+        if not attempts:
+            return
         began = self.now
-        for job, phase in arrivals:  # requests that come in while the switch runs
-            if job in self.queue.state.jobs:
-                self.requests += 1
-                with contextlib.suppress(QueueError):
-                    self.queue.request(job, f"r{self.requests}", self.tick(), phase=phase)
-        self.queue.finish_switch(self.tick())
-        self.check_grant(switch_began=began)
+        for job, phase in arrivals:
+            self.ask(job, phase, switch_began=began)
+        done = [ev.NodeSwitched(move.node) for move in attempts[0].plan.moves]
+        self.tick()
+        self.handle(ev.SwitchAttempted(done=done, failed=[]), switch_began=began)
 
     @invariant()
     def no_higher_priority_waiter_was_passed_over(self) -> None:
@@ -471,9 +496,9 @@ class PolicyMachine(RuleBasedStateMachine):
 
     @invariant()
     def each_waiter_is_a_member_waiting_once(self) -> None:
-        waiting = [w.job for w in self.queue.state.queue]
+        waiting = [w.job for w in self.core.state.queue]
         assert len(waiting) == len(set(waiting))
-        assert set(waiting) <= set(self.queue.state.jobs)
+        assert set(waiting) <= set(self.core.state.jobs)
 
 
 TestPolicyMachine = PolicyMachine.TestCase

@@ -1,14 +1,16 @@
 """The group model: a discrete-event simulation in virtual time that drives
-the scheduler's own lock queue (timeshare.scheduling.queue) with job
-profiles.
+the scheduler's own core (timeshare.scheduling.GroupCore) with job profiles.
 
 Every scheduling decision (who goes next, when a switch is due, what it
-evicts, when a holder is preempted) is the real LockQueue's, reached only
-through its public methods, so a policy the queue gains is followed here
-unchanged. What the model adds is time: each job runs its iteration's
-phases, asks for a turn before every GPU phase and yields after it; a
-switch takes the device's transfer time (device.py) plus the stack's own
-round trips (StackCosts), and the waiting job runs when its acquire returns.
+evicts, when a holder is preempted, which job is brought in ahead of its
+request) is the real core's: the model hands it the events the group
+workflow would (messages, timers, switch outcomes) through its one door,
+``handle``, and carries out the commands it returns as the workflow does,
+so a policy the core gains is followed here unchanged. What the model adds
+is time: each job runs its iteration's phases, asks for a turn before every
+GPU phase and yields after it; a switch takes the device's transfer time
+(device.py) plus the stack's own round trips (StackCosts), and the waiting
+job runs when its acquire returns.
 """
 
 from __future__ import annotations
@@ -17,14 +19,17 @@ import heapq
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import assert_never
 
 from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy
 from timeshare.placement.device import Device
 from timeshare.placement.spec import GpuSets, JobSpec, StackCosts
-from timeshare.scheduling.queue import LockQueue
+from timeshare.scheduling import commands as cmd
+from timeshare.scheduling import events as ev
+from timeshare.scheduling.group_core import GroupCore
 from timeshare.scheduling.rules import RULES_POLICIES
-from timeshare.scheduling.state import GroupState, StoredPolicy, StoredSwitch
+from timeshare.scheduling.state import GroupState, StoredPolicy, StoredSwitch, SwitchPlan
 
 # Steady state: every job first runs this many iterations (the start-up, in
 # which all jobs ask at once), then at least `iterations` more are measured.
@@ -89,8 +94,8 @@ class GroupModel:
         self.node = node
         self.costs = costs
         self.gpus = gpu_sets.gpus
-        # The state a new group's workflow starts from, as GroupWorkflow makes it.
-        self.queue = LockQueue(
+        # The state a new group's workflow starts from.
+        self.core = GroupCore(
             GroupState(group=group, policy=StoredPolicy.stored(policy), rules=RULES_POLICIES)
         )
         co_resident = policy.co_residency == "auto"
@@ -108,7 +113,9 @@ class GroupModel:
         self._jobs: dict[str, _Job] = {}
         self._last_epoch = 0
         self._grant_delay = self._immediate_grant_delay()
-        self._planned = False
+        # A look (Tick) the core asked for is on its way; a switch attempt is.
+        self._looking = False
+        self._switching = False
         self._timer_at: float | None = None
         self._timer_ran = -1.0
         self.switches = 0
@@ -148,7 +155,7 @@ class GroupModel:
             peak_host_bytes=self.device.peak_host_bytes,
             switches=self.switches,
             bytes_moved=self.bytes_moved,
-            history=self.queue.history(self.now) if self.record_history else None,
+            history=self.core.history(self.now) if self.record_history else None,
         )
 
     def _starter(self, job: _Job) -> Callable[[], None]:
@@ -157,19 +164,52 @@ class GroupModel:
     def _at(self, when: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._events, (when, next(self._order), action))
 
-    def _after_queue_call(self) -> None:
-        """What the workflow does after each message: carry out a new grant,
-        plan a switch that is due, set its timer."""
+    def _handle(self, event: ev.Event) -> None:
+        """Hand the core an event at the model's time and carry out what it
+        says, as the group workflow does; then see to a new grant."""
+        for command in self.core.handle(event, self.now):
+            match command:
+                case cmd.Reply() | cmd.Log() | cmd.MarkPatch():
+                    pass  # a job learns of its turn from the grant (_notice_grant)
+                case cmd.StartReleases(releases=releases):
+                    for job, node in releases:
+                        ended = ev.ReleaseEnded(job, node)
+                        self._at(self.now + self.costs.message_seconds, self._event(ended))
+                case cmd.Wake(at=at, at_once=at_once):
+                    self._wake(at, at_once)
+                case cmd.AttemptSwitch(plan=plan):
+                    self._attempt(plan)
+                case cmd.PauseSwitch(seconds=seconds):
+                    self._at(self.now + seconds, self._event(ev.SwitchPaused()))
+                case cmd.ContinueAsNew():
+                    self.core = GroupCore(self.core.state)
+                    self._handle(ev.RunStarted())
+                case _:
+                    assert_never(command)
         self._notice_grant()
-        if not self._planned and self.queue.needs_switch():
-            self._planned = True
-            self._at(self.now + self.costs.plan_seconds, self._begin_switch)
-        deadline = self.queue.next_deadline(self.now)
-        if deadline is None or deadline <= self._timer_ran:
+
+    def _event(self, event: ev.Event) -> Callable[[], None]:
+        return lambda: self._handle(event)
+
+    def _wake(self, at: float | None, at_once: bool) -> None:
+        """A look at once takes the workflow's planning time; the timer rings
+        at the core's next deadline. Neither while a switch is under way:
+        the workflow looks again when it is over."""
+        if self._switching:
+            return
+        if at_once and not self._looking:
+            self._looking = True
+            self._at(self.now + self.costs.plan_seconds, self._look)
+        if at is None or at <= self._timer_ran:
             return  # none, or one a timer has seen to already
-        if self._timer_at is None or deadline < self._timer_at:
-            self._timer_at = deadline
-            self._at(max(deadline, self.now), self._timer)
+        if self._timer_at is None or at < self._timer_at:
+            self._timer_at = at
+            self._at(max(at, self.now), self._timer)
+
+    def _look(self) -> None:
+        self._looking = False
+        if not self._switching:
+            self._handle(ev.Tick())
 
     # -- a job's life -----------------------------------------------------------
 
@@ -177,9 +217,7 @@ class GroupModel:
         job.trace.started = self.now
         job.trace.boundaries.append(self.now)
         spec = job.spec
-        self.queue.join(spec.name, [self.node], f"model-{spec.name}", self.now,
-                        weight=spec.weight, priority=spec.priority)  # fmt: skip
-        self._after_queue_call()
+        self._handle(ev.Join(spec.name, [self.node], _token(spec.name), spec.weight, spec.priority))
         self._phase(job)
 
     def _phase(self, job: _Job) -> None:
@@ -202,13 +240,13 @@ class GroupModel:
 
     def _request(self, job: _Job, request_id: str, phase: str) -> None:
         self._grant_delay = self._immediate_grant_delay()
-        self.queue.request(job.spec.name, request_id, self.now, phase=phase)
-        self._after_queue_call()
+        name = job.spec.name
+        self._handle(ev.Acquire(name, _token(name), request_id, phase=phase))
 
     def _granted(self, job: _Job, epoch: int, told: int) -> None:
         """The job's acquire returned: it computes for the rest of its phase
         (unless that turn was taken from it meanwhile)."""
-        turn = self.queue.state.turn
+        turn = self.core.state.turn
         if turn is None or turn.epoch != epoch:
             return
         job.epoch = told
@@ -233,8 +271,7 @@ class GroupModel:
 
     def _release(self, job: _Job, epoch: int) -> None:
         self._grant_delay = self._immediate_grant_delay()
-        self.queue.release(job.spec.name, epoch, self.now)
-        self._after_queue_call()
+        self._handle(ev.Yield(job.spec.name, _token(job.spec.name), epoch))
 
     def _phase_done(self, job: _Job) -> None:
         job.phase += 1
@@ -250,8 +287,7 @@ class GroupModel:
         self._phase(job)
 
     def _leave(self, job: _Job) -> None:
-        self.queue.leave(job.spec.name, self.now)
-        self._after_queue_call()
+        self._handle(ev.Leave(job.spec.name, _token(job.spec.name)))
         job.trace.finished = self.now - self.costs.message_seconds + self.costs.yield_seconds
 
     # -- the scheduler's side ------------------------------------------------------
@@ -263,7 +299,7 @@ class GroupModel:
             if job.work_started is not None and not self._holds(job):
                 self._stop_work(job)
                 job.work_token += 1
-        turn = self.queue.state.turn
+        turn = self.core.state.turn
         if turn is None or turn.epoch == self._last_epoch:
             return
         self._last_epoch = turn.epoch
@@ -273,15 +309,12 @@ class GroupModel:
         self._at(self.now + self._grant_delay, lambda: self._granted(job, epoch, told))
 
     def _holds(self, job: _Job) -> bool:
-        turn = self.queue.state.turn
+        turn = self.core.state.turn
         return turn is not None and turn.job == job.spec.name
 
-    def _begin_switch(self) -> None:
-        self._planned = False
-        if not self.queue.needs_switch():
-            return
-        plan = self.queue.begin_switch(self.now)
-        self._after_queue_call()
+    def _attempt(self, plan: SwitchPlan) -> None:
+        """Every node of the plan goes through, in the device's time."""
+        self._switching = True
         seconds = 0.0
         restored = False
         records = []
@@ -296,37 +329,44 @@ class GroupModel:
 
         def finish() -> None:
             self.switches += 1
-            if self.record_history:
-                self.queue.record_switches(
-                    [
-                        StoredSwitch(
-                            node=move.node,
-                            epoch=plan.epoch,
-                            started_at=started,
-                            finished_at=self.now,
-                            evicted=list(cost.checkpointed) or move.evict,
-                            admitted=move.admit,
-                            bytes_moved=cost.bytes_moved,
-                            backend="model",
-                            checkpoint_bytes=cost.checkpointed,
-                        )
-                        for move, cost in records
-                    ]
-                )
+            history = (
+                [
+                    StoredSwitch(
+                        node=move.node,
+                        epoch=plan.epoch,
+                        started_at=started,
+                        finished_at=self.now,
+                        evicted=list(cost.checkpointed) or move.evict,
+                        admitted=move.admit,
+                        bytes_moved=cost.bytes_moved,
+                        backend="model",
+                        checkpoint_bytes=cost.checkpointed,
+                    )
+                    for move, cost in records
+                ]
+                if self.record_history
+                else []
+            )
             self._grant_delay = self.costs.grant_seconds
-            self.queue.finish_switch(self.now, restored)
-            self._after_queue_call()
+            self._switching = False
+            done = [ev.NodeSwitched(move.node, restored=restored) for move in plan.moves]
+            self._handle(ev.SwitchAttempted(done=done, failed=[], records=history))
 
         self._at(self.now + took, finish)
 
     def _timer(self) -> None:
         """The workflow's durable timer: leases (jobs heartbeat, so they hold)
-        and the turn limit."""
+        and the turn limit. During a switch the workflow looks when it is over."""
         self._timer_at = None
+        if self._switching:
+            return  # the switch's end says when to look again
         self._timer_ran = self.now
         for name in self._jobs:
-            if name in self.queue.state.jobs:
-                self.queue.touch(name, self.now)
+            if name in self.core.state.jobs:
+                self._handle(ev.Heartbeat(name, _token(name)))
         self._grant_delay = self.costs.grant_seconds
-        self.queue.expire(self.now)
-        self._after_queue_call()
+        self._handle(ev.Tick())
+
+
+def _token(job: str) -> str:
+    return f"model-{job}"

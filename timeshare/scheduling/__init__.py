@@ -4,8 +4,8 @@ data in and decisions out.
 Nothing here imports Temporal or does I/O; time is always passed in.
 GroupWorkflow (workflows/group.py) turns its messages and timers into events
 for GroupCore.handle and carries out the commands it returns, so every
-scheduling rule lives here and is tested here. The placement advisor and the
-node agent's residency planning use it too.
+scheduling rule lives here and is tested here. The placement advisor drives it
+through the same door.
 
 Rules:
 - at most one job holds the turn; the turn is named by a growing epoch;

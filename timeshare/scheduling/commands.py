@@ -1,5 +1,7 @@
 """What the scheduling core decides: the commands GroupCore.handle returns,
-for the group workflow to carry out in order."""
+for the group workflow to carry out in order (each in one place: the
+workflow's executor matches every type here, and mypy fails it where one is
+left out)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,9 @@ from timeshare.scheduling.state import SwitchPlan
 
 @dataclass(frozen=True)
 class Reply:
-    """The answer to the message handled; ``changed``: the state changed, so
-    the group must look at itself again (a heartbeat changes no deadline)."""
+    """The answer to the message handled."""
 
     value: Any
-    changed: bool = True
 
 
 @dataclass(frozen=True)
@@ -25,17 +25,31 @@ class Log:
 
 
 @dataclass(frozen=True)
-class RuleUsed:
-    """The decision that follows comes from a rule a scheduler change brought
-    in (its name is that change's): the workflow records it, so that a
-    history from before the change is told apart."""
+class MarkPatch:
+    """The decision that follows rests on a scheduler change (``patch`` is
+    its name): the workflow records Temporal's marker of that change, so
+    that a history from before the change is told apart."""
 
-    rule: str
+    patch: str
 
 
 @dataclass(frozen=True)
 class StartReleases:
-    """Ask the agents of every job that left to let its processes go."""
+    """Ask these (job, node) agents to let the processes of a job that left
+    go, in the background; each tells the core with ReleaseEnded."""
+
+    releases: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Wake:
+    """When the group must next look at itself (a Tick): ``at_once``, as
+    soon as the workflow can (something changed, or a switch, a release or
+    continue-as-new is due); else at ``at`` (None: only when told something).
+    The latest Wake replaces the ones before it."""
+
+    at: float | None
+    at_once: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,16 +70,10 @@ class PauseSwitch:
 
 
 @dataclass(frozen=True)
-class SwitchOver:
-    """The switch ended: it went through, was given up, or was set aside."""
-
-
-@dataclass(frozen=True)
 class ContinueAsNew:
     """Carry the whole state into a new run of the workflow."""
 
 
 Command = (
-    Reply | Log | RuleUsed | StartReleases | AttemptSwitch | PauseSwitch | SwitchOver
-    | ContinueAsNew
+    Reply | Log | MarkPatch | StartReleases | Wake | AttemptSwitch | PauseSwitch | ContinueAsNew
 )  # fmt: skip

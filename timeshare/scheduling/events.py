@@ -93,6 +93,12 @@ class Drain:
 
 
 @dataclass(frozen=True)
+class RunStarted:
+    """A run of the group's workflow begins: a new group, or one continued
+    as new (releases it carries are started again)."""
+
+
+@dataclass(frozen=True)
 class Tick:
     """The group looks at itself: after a message or when a timer rang.
     ``continue_as_new_suggested``: Temporal finds the history long."""
@@ -159,6 +165,7 @@ Event = (
     | Evict
     | Pause
     | Drain
+    | RunStarted
     | Tick
     | SwitchAttempted
     | SwitchPaused

@@ -3,13 +3,16 @@ out (after dask's worker state machine). The group workflow turns each
 message, timer and switch outcome into an event, hands it to ``handle`` with
 the workflow's time, and carries out the commands in order; every decision,
 switch failures included (retry, back-off, eviction, giving up), is made
-here and tested without Temporal. Read-only questions (status, deadlines,
-whether a plan still stands) are plain methods."""
+here and tested without Temporal. ``handle`` is the only way to change a
+group: every other method reads its state (status, whether a plan still
+stands, a waiting acquire's answer) and decides nothing. The core also says
+when the group must next look at itself (Wake), and which releases to start
+(StartReleases): the workflow polls for neither."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from timeshare.history import GroupHistory
 from timeshare.models import (
@@ -30,11 +33,11 @@ from timeshare.scheduling.commands import (
     Command,
     ContinueAsNew,
     Log,
+    MarkPatch,
     PauseSwitch,
     Reply,
-    RuleUsed,
     StartReleases,
-    SwitchOver,
+    Wake,
 )
 from timeshare.scheduling.queue import LockQueue
 from timeshare.scheduling.reporting import GroupSummary
@@ -44,21 +47,22 @@ from timeshare.scheduling.undo import Snapshot
 
 # A plan failing this many times is set aside and planned afresh.
 SWITCH_PLAN_ATTEMPTS = 5
-# The scheduler changes whose rules the core announces (RuleUsed) where it
-# applies them: the group workflow records each as Temporal's marker of that
+# The scheduler changes the core announces (MarkPatch) where its decisions
+# rest on them: the group workflow records each as Temporal's marker of that
 # change, where the change first asked for it.
 WHOLE_JOBS = "timeshare-whole-job-switch"
 EVICT_FAILED_JOBS = "timeshare-evict-failed-jobs"
 EVICT_FAILING_HOOKS = "timeshare-evict-failing-hooks"
 PREFETCH = "timeshare-prefetch"
 
-Handled = TypeVar("Handled", bound=ev.Event)
-
 
 class GroupCore:
     def __init__(self, state: GroupState) -> None:
         self.queue = LockQueue(state)
         self._grants_at_start = state.grants
+        # (job, node) releases commanded in this run that have not ended: a
+        # new run (continue-as-new) commands again the ones its state carries.
+        self._releases_started: set[tuple[str, str]] = set()
         self._handlers: dict[type[Any], Callable[[Any, float], list[Command]]] = {
             ev.Join: self._join,
             ev.Acquire: self._acquire,
@@ -71,6 +75,7 @@ class GroupCore:
             ev.Evict: self._evict,
             ev.Pause: self._pause,
             ev.Drain: self._drain,
+            ev.RunStarted: self._run_started,
             ev.Tick: self._tick,
             ev.SwitchAttempted: self._switch_attempted,
             ev.SwitchPaused: self._switch_paused,
@@ -115,17 +120,14 @@ class GroupCore:
             event.job, event.nodes, event.token_hash, now, event.weight, event.priority
         )
         policy = self.state.policy
-        return [
-            Reply(
-                JoinOutput(
-                    created=created,
-                    nodes=event.nodes,
-                    lease_seconds=policy.lease_seconds,
-                    # 0 tells the client to heartbeat as for the older rules.
-                    idle_lease_seconds=policy.idle_lease if self.queue.policies else 0.0,
-                )
-            )
-        ]
+        output = JoinOutput(
+            created=created,
+            nodes=event.nodes,
+            lease_seconds=policy.lease_seconds,
+            # 0 tells the client to heartbeat as for the older rules.
+            idle_lease_seconds=policy.idle_lease if self.queue.policies else 0.0,
+        )
+        return self._answered(output, now)
 
     def _acquire(self, event: ev.Acquire, now: float) -> list[Command]:
         job = event.job
@@ -136,17 +138,18 @@ class GroupCore:
             job, event.request_id, now, event.call_id, event.trace_context, event.phase
         )
         result = AcquireResult(grant=grant.as_grant() if grant else None, yielded=yielded)
-        return [Reply(result)]
+        return self._answered(result, now)
 
     def _acquire_timed_out(self, event: ev.AcquireTimedOut, now: float) -> list[Command]:
         cancelled = self.queue.cancel(event.job, event.request_id, now, event.call_id)
-        return [Reply(cancelled, changed=cancelled)]
+        return self._answered(cancelled, now, changed=cancelled)
 
     def _cancel(self, event: ev.CancelAcquire, now: float) -> list[Command]:
-        return [Reply(self.queue.cancel(event.job, event.request_id, now, event.call_id))]
+        cancelled = self.queue.cancel(event.job, event.request_id, now, event.call_id)
+        return self._answered(cancelled, now)
 
     def _yield(self, event: ev.Yield, now: float) -> list[Command]:
-        return [Reply(self._give_back(event.job, event.epoch, now))]
+        return self._answered(self._give_back(event.job, event.epoch, now), now)
 
     def _give_back(self, job: str, epoch: int, now: float) -> YieldOutput:
         turn = self.state.turn
@@ -165,45 +168,54 @@ class GroupCore:
             asked_to_yield=asked,
             ended=YieldOutput(held_seconds=held, phase=ended),
         )
-        return [Reply(output)]
+        return self._answered(output, now)
 
     def _heartbeat(self, event: ev.Heartbeat, now: float) -> list[Command]:
         # A heartbeat moves the lease deadline later, never earlier: the
         # group's timer need not be reset for it.
-        return [Reply(self.queue.heartbeat(event.job, now), changed=False)]
+        return self._answered(self.queue.heartbeat(event.job, now), now, changed=False)
 
     def _leave(self, event: ev.Leave, now: float) -> list[Command]:
         self.queue.leave(event.job, now)
-        return [Reply(None)]
+        return self._answered(None, now)
 
     def _evict(self, event: ev.Evict, now: float) -> list[Command]:
-        return [Reply(self.queue.evict(event.job, event.reason, now))]
+        return self._answered(self.queue.evict(event.job, event.reason, now), now)
 
     def _pause(self, event: ev.Pause, now: float) -> list[Command]:
         self.queue.pause(event.paused, now)
-        return [Reply(self.queue.status())]
+        return self._answered(self.queue.status(), now)
 
     def _drain(self, event: ev.Drain, now: float) -> list[Command]:
         self.queue.drain(event.node, event.drained, now)
-        return [Reply(self.queue.status())]
+        return self._answered(self.queue.status(), now)
+
+    def _answered(self, value: object, now: float, changed: bool = True) -> list[Command]:
+        """The reply, and when to look again: at once where the message
+        changed the state (a heartbeat only moves a lease later: the timer
+        that rings early only looks again)."""
+        return [Reply(value), self._wake(now, at_once=changed)]
 
     # -- the group looks at itself -----------------------------------------------
+
+    def _run_started(self, event: ev.RunStarted, now: float) -> list[Command]:
+        return self._settled(now)
 
     def _tick(self, event: ev.Tick, now: float) -> list[Command]:
         """Leases and turn limits first; then continue as new, or switch to
         the next waiter, or bring the job expected next in ahead of it."""
         commands: list[Command] = [Log(done) for done in self.queue.expire(now)]
-        if self.continue_as_new_due(event.continue_as_new_suggested):
+        if self._continue_as_new_due(event.continue_as_new_suggested):
             return [*commands, ContinueAsNew()]
         if self.queue.needs_switch():
             plan = self.queue.begin_switch(now)
-            return [*commands, RuleUsed(WHOLE_JOBS), AttemptSwitch(plan)]
+            return [*commands, MarkPatch(WHOLE_JOBS), AttemptSwitch(plan)]
         choice = self.queue.prefetch_choice(now)
         if choice is None:
-            return commands
+            return [*commands, *self._settled(now)]
         plan = self.queue.begin_prefetch(choice.job, now)
-        rules = [RuleUsed(rule) for rule in (*choice.rules, PREFETCH, WHOLE_JOBS)]
-        return [*commands, *rules, AttemptSwitch(plan)]
+        patches = [MarkPatch(patch) for patch in (*choice.patches, PREFETCH, WHOLE_JOBS)]
+        return [*commands, *patches, AttemptSwitch(plan)]
 
     def _switch_attempted(self, event: ev.SwitchAttempted, now: float) -> list[Command]:
         """Evict the jobs a node found lost for good, or whose own hooks fail;
@@ -212,24 +224,24 @@ class GroupCore:
         queue.record_switches(event.records)
         lost = sorted({f.job for f in event.failed if f.kind == "job-failed"})
         if lost:
-            commands.append(RuleUsed(EVICT_FAILED_JOBS))
+            commands.append(MarkPatch(EVICT_FAILED_JOBS))
             for job in lost:
                 queue.evict_failed(job, _causes(event.failed, job, "job-failed", nodes=False), now)
-            commands.append(StartReleases())
+            commands += self._start_releases()
         hooks = sorted({f.job for f in event.failed if f.kind == "hook"})
         if hooks:
-            commands.append(RuleUsed(EVICT_FAILING_HOOKS))
+            commands.append(MarkPatch(EVICT_FAILING_HOOKS))
             for job in hooks:
                 cause = _causes(event.failed, job, "hook", nodes=True)
                 commands.append(Log(f"evicting job {job}, whose workload hooks failed: {cause}"))
                 queue.evict_failed(job, f"its workload hooks failed: {cause}", now)
-            commands.append(StartReleases())
+            commands += self._start_releases()
         if not event.failed:
             for node in event.done:
                 for job in node.gone:
                     queue.evict(job, f"its processes on node {node.node} have exited", now)
             queue.finish_switch(now, any(node.restored for node in event.done))
-            return [*commands, SwitchOver()]
+            return [*commands, *self._settled(now)]
         plan = queue._plan()
         causes = "; ".join(f"node {f.node}: {f.cause}" for f in event.failed)
         commands.append(Log(f"switch to {plan.waiter.job} failed: {causes}", warning=True))
@@ -241,9 +253,9 @@ class GroupCore:
             now=now,
         )
         if verdict.given_up:
-            return [*commands, StartReleases(), SwitchOver()]
+            return [*commands, *self._settled(now)]
         if verdict.evicted:
-            return [*commands, StartReleases(), AttemptSwitch(plan)]
+            return [*commands, *self._start_releases(), AttemptSwitch(plan)]
         return [*commands, PauseSwitch(verdict.pause)]
 
     def _switch_paused(self, event: ev.SwitchPaused, now: float) -> list[Command]:
@@ -254,23 +266,57 @@ class GroupCore:
             # Nobody waits for this switch any more; the next plan starts
             # from what each node reported.
             queue.abort_switch("", now)
-            return [SwitchOver()]
+            return self._settled(now)
         plan = queue._plan()
         if not queue.switch_plan_stands() or plan.attempts >= SWITCH_PLAN_ATTEMPTS:
             # Paused, drained, or failing for long: step out of the switch so
             # that the group can pause, continue as new or plan afresh.
             queue.set_switch_aside(now)
-            return [SwitchOver()]
+            return self._settled(now)
         return [AttemptSwitch(plan)]
 
     def _release_ended(self, event: ev.ReleaseEnded, now: float) -> list[Command]:
+        self._releases_started.discard((event.job, event.node))
         if event.job not in self.state.jobs:
             self.queue.release_done(event.job, event.node)
-        return []
+        # A job that left again since is released again.
+        return [self._wake(now)]
 
-    # -- questions ------------------------------------------------------------------
+    # -- what follows ---------------------------------------------------------------
 
-    def continue_as_new_due(self, suggested: bool) -> bool:
+    def _settled(self, now: float) -> list[Command]:
+        """The end of the group's look at itself (a switch under way included):
+        releases of jobs that left start; when to look again."""
+        return [*self._start_releases(), self._wake(now)]
+
+    def _start_releases(self) -> list[Command]:
+        pending = self._releases_to_start()
+        self._releases_started.update(pending)
+        return [StartReleases(pending)] if pending else []
+
+    def _releases_to_start(self) -> tuple[tuple[str, str], ...]:
+        """(job, node) for every node whose agent has yet to release a job
+        that left, and has not been asked to in this run."""
+        return tuple(
+            (job, node)
+            for job, nodes in self.state.releasing.items()
+            for node in nodes
+            if (job, node) not in self._releases_started
+        )
+
+    def _wake(self, now: float, at_once: bool = False) -> Wake:
+        return Wake(at=self.queue.next_deadline(now), at_once=at_once or self._duty_due())
+
+    def _duty_due(self) -> bool:
+        """A switch, continue-as-new (by the policy's count) or a release waits
+        for the group to look at itself."""
+        return (
+            self.queue.needs_switch()
+            or self._continue_as_new_due(suggested=False)
+            or bool(self._releases_to_start())
+        )
+
+    def _continue_as_new_due(self, suggested: bool) -> bool:
         """Temporal suggests it or the policy's count of grants is reached,
         and no switch is under way (it would be cut in two)."""
         if self.state.switching is not None:
@@ -279,21 +325,13 @@ class GroupCore:
         grants_this_run = self.state.grants - self._grants_at_start
         return suggested or (every > 0 and grants_this_run >= every)
 
-    def switch_due(self) -> bool:
-        return self.queue.needs_switch()
+    # -- questions ------------------------------------------------------------------
 
     def switch_plan_stands(self) -> bool:
         return self.queue.switch_plan_stands()
 
     def switches_are_quick(self, seconds: float) -> bool:
         return self.queue.switches_are_quick(seconds)
-
-    def releases(self) -> list[tuple[str, str]]:
-        """(job, node) for every node whose agent has yet to release a job that left."""
-        return [(job, node) for job, nodes in self.state.releasing.items() for node in nodes]
-
-    def next_deadline(self, now: float) -> float | None:
-        return self.queue.next_deadline(now)
 
     def is_waiting(self, job: str, request_id: str) -> bool:
         return self.queue.is_waiting(job, request_id)

@@ -18,19 +18,19 @@ from timeshare.scheduling.state import JobEntry, SwitchPlan, Waiter
 PREFETCH_LATE_SHARE = 0.25
 PREFETCH_LATE_SECONDS = 0.05
 
-# The scheduler changes whose rules a prefetch may rest on (GroupCore
-# announces them: see commands.RuleUsed).
+# The scheduler changes a prefetch may rest on (GroupCore announces them:
+# see commands.MarkPatch).
 PREFETCH_GUESS = "timeshare-prefetch-the-job-away-longest"
 PREFETCH_PAST_DEPARTED = "timeshare-prefetch-past-departed-jobs"
 
 
 @dataclass(frozen=True)
 class PrefetchChoice:
-    """The job to bring in, and the rules (scheduler changes) without which
+    """The job to bring in, and the scheduler changes (patches) without which
     it would not have been chosen."""
 
     job: str
-    rules: tuple[str, ...] = ()
+    patches: tuple[str, ...] = ()
 
 
 class Prefetching(QueueBase):

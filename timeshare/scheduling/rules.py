@@ -17,6 +17,7 @@ Versions:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 RULES_LEGACY = 1
 RULES_POLICIES = 2
@@ -29,6 +30,7 @@ class Rules:
     version: int
 
     @classmethod
+    @cache  # asked on most decisions; a handful of versions exist
     def of(cls, version: int) -> Rules:
         if not RULES_LEGACY <= version <= NEWEST:
             raise ValueError(

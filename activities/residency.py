@@ -1,5 +1,7 @@
-"""Co-residency: which jobs must leave the device so that the next one fits,
-and which may stay there, locked. Plain data in, a decision out."""
+"""Co-residency, as a node's agent plans it for each switch: which jobs must
+leave the device so that the next one fits, and which may stay there,
+locked. Plain data in, a decision out (the placement advisor's device model
+plans with it too)."""
 
 from __future__ import annotations
 
