@@ -81,7 +81,7 @@ def test_the_core_and_placement_import_no_temporal_and_no_node_or_process_code()
 
 
 def test_the_pure_node_code_placement_follows_imports_no_node_or_process_code() -> None:
-    (residency,) = [module_file(module) for module in PURE_NODE_CODE]
+    (residency,) = [module_source(module) for module in PURE_NODE_CODE]
     assert residency is not None
     reached = closure([residency])
     assert not [m for m in reached if m.split(".")[0] == "temporalio"]
