@@ -74,7 +74,8 @@ class ResourceExhausted(TimeshareError):
 
 
 class Internal(TimeshareError):
-    """The scheduler failed on this message; the group is as it was before it."""
+    """The scheduler failed on this message (the group is as it was before
+    it), or the gateway did; the message names the failure."""
 
     code: str = Refusal.INTERNAL
 
