@@ -74,7 +74,7 @@ class Client:
         priority: int = 0,
     ) -> Job:
         request = protocol.join_request(group, job, nodes, policy, weight, priority)
-        response = await self._call(self._stub.Join, request)
+        response = await self._join(request)
         handle = Job(self, protocol.job_ref(request, response))
         self._jobs.append(handle)
         remember_job_token(handle.group, handle.name, handle.token)
@@ -90,6 +90,17 @@ class Client:
                 await handle.leave()
                 raise
         return handle
+
+    async def _join(self, request: pb.JoinRequest) -> pb.JoinResponse:
+        clock = asyncio.get_running_loop().time
+        started = clock()
+        while True:
+            try:
+                return await self._call(self._stub.Join, request)
+            except Unavailable as error:
+                if not protocol.join_again(error, started, clock()):
+                    raise
+            await asyncio.sleep(protocol.RETRY_PAUSE_SECONDS)
 
     async def group_history(self, group: str) -> GroupHistory:
         request = pb.GetGroupHistoryRequest(group=protocol.valid("group", group))

@@ -77,7 +77,7 @@ class Client:
         ``register=True`` also registers this process with the local agent: only for a
         process that both uses the GPU and asks for turns (see register_process)."""
         request = protocol.join_request(group, job, nodes, policy, weight, priority)
-        handle = Job(self, protocol.job_ref(request, self._call(self._stub.Join, request)))
+        handle = Job(self, protocol.job_ref(request, self._join(request)))
         self._jobs.append(handle)
         # Registrations of this process's job processes present this token.
         remember_job_token(handle.group, handle.name, handle.token)
@@ -89,6 +89,16 @@ class Client:
                 handle.leave()
                 raise
         return handle
+
+    def _join(self, request: pb.JoinRequest) -> pb.JoinResponse:
+        started = time.monotonic()
+        while True:
+            try:
+                return self._call(self._stub.Join, request)
+            except Unavailable as error:
+                if not protocol.join_again(error, started, time.monotonic()):
+                    raise
+            time.sleep(protocol.RETRY_PAUSE_SECONDS)
 
     def group_history(self, group: str) -> GroupHistory:
         """The group's recent turns and switches, as `timeshare report` draws them."""
