@@ -230,6 +230,7 @@ LONG_FILES = [
     "integration/test_gpu_check.py",
     "integration/test_multinode.py",
     "integration/test_end_to_end.py",
+    "integration/test_short_runs.py",
     "integration/test_trl_grpo.py",
     "integration/test_emulator_end_to_end.py",
     "integration/test_policy_bench.py",
