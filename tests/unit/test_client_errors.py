@@ -4,11 +4,24 @@ answer (as an acquire is), never where no gateway answers at all."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, cast
+
 import grpc
 import pytest
+from temporalio.client import Client
 
+import timeshare
+import timeshare.aio
 from timeshare import _protocol as protocol
 from timeshare.errors import DeadlineExceeded, Unavailable, from_rpc_error
+from timeshare.v1 import timeshare_pb2 as pb
+from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
+from timeshare.workers.gateway.serve import TimeSlicerService
+
+Context = grpc.aio.ServicerContext[Any, Any]
 
 GATEWAY_TIMEOUT = (
     "the scheduler did not answer within 30 s: check that `timeshare scheduler` is running"
@@ -58,3 +71,51 @@ def test_a_join_is_sent_again_only_while_the_gateway_waits_for_its_scheduler(
     error: Unavailable | DeadlineExceeded, elapsed: float, again: bool
 ) -> None:
     assert protocol.join_again(error, 100.0, 100.0 + elapsed) is again
+
+
+class WaitingGateway(TimeSlicerService):
+    """A gateway whose scheduler does not answer the first ``refusals`` Joins."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__(cast(Client, None))
+        self.refusals, self.joins = refusals, 0
+
+    async def Join(self, request: pb.JoinRequest, context: Context) -> pb.JoinResponse:
+        self.joins += 1
+        if self.joins <= self.refusals:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, GATEWAY_TIMEOUT)
+        return pb.JoinResponse(job_token="token", nodes=["n"], created=True, lease_seconds=30)
+
+
+@asynccontextmanager
+async def gateway(service: TimeSlicerService) -> AsyncIterator[str]:
+    server = grpc.aio.server()
+    pb_grpc.add_TimeSlicerServicer_to_server(service, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+def join_blocking(address: str) -> str:
+    with timeshare.connect(address) as client:
+        job = client.join("g", "a", ["n"])
+        job.stop_heartbeats()
+        return job.token
+
+
+async def test_both_clients_send_a_join_again_while_the_gateway_waits_for_its_scheduler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(protocol, "RETRY_PAUSE_SECONDS", 0.01)
+    service = WaitingGateway(refusals=2)
+    async with gateway(service) as address:
+        async with timeshare.aio.connect(address) as client:
+            job = await client.join("g", "a", ["n"])
+            await job.stop_heartbeats()
+        assert (job.token, service.joins) == ("token", 3)
+        service.joins = 0
+        assert await asyncio.to_thread(join_blocking, address) == "token"
+        assert service.joins == 3
