@@ -26,6 +26,7 @@ from timeshare.errors import (
 from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
 from timeshare.registration import register_process
+from timeshare.retry_report import RetryReport
 from timeshare.tracing import client_span
 from timeshare.transport import Transport
 from timeshare.v1 import timeshare_pb2 as pb
@@ -91,13 +92,14 @@ class Client:
         return handle
 
     def _join(self, request: pb.JoinRequest) -> pb.JoinResponse:
-        started = time.monotonic()
+        report = RetryReport(request.job, "join", time.monotonic())
         while True:
             try:
                 return self._call(self._stub.Join, request)
             except Unavailable as error:
-                if not protocol.join_again(error, started, time.monotonic()):
+                if not protocol.join_again(error, report.started, time.monotonic()):
                     raise
+                report.failed(error, time.monotonic())
             time.sleep(protocol.RETRY_PAUSE_SECONDS)
 
     def group_history(self, group: str) -> GroupHistory:
@@ -277,6 +279,7 @@ class Job(protocol.JobIdentity):
 
     def _ask(self, request: pb.AcquireRequest, timeout: float | None) -> protocol.Turn:
         deadline = protocol.AcquireDeadline(timeout, time.monotonic())
+        report = RetryReport(self.name, "acquire", time.monotonic())
         self._lease.acquiring += 1
         try:
             while True:
@@ -284,8 +287,9 @@ class Job(protocol.JobIdentity):
                 try:
                     response = self._send(self._stub.Acquire, request, timeout=rpc_timeout)
                     break
-                except Unavailable:
+                except Unavailable as error:
                     deadline.check_retry(self.name, time.monotonic())
+                    report.failed(error, time.monotonic())
                     time.sleep(protocol.RETRY_PAUSE_SECONDS)
         finally:
             self._lease.acquiring -= 1

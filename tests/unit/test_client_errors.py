@@ -17,6 +17,7 @@ import timeshare
 import timeshare.aio
 from timeshare import _protocol as protocol
 from timeshare.errors import DeadlineExceeded, Unavailable, from_rpc_error
+from timeshare.retry_report import RetryReport
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from timeshare.workers.gateway.serve import TimeSlicerService
@@ -119,3 +120,16 @@ async def test_both_clients_send_a_join_again_while_the_gateway_waits_for_its_sc
         service.joins = 0
         assert await asyncio.to_thread(join_blocking, address) == "token"
         assert service.joins == 3
+
+
+def test_a_call_sent_again_for_a_while_says_why_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    report = RetryReport("a", "acquire", started=100.0)
+    refusal = Unavailable(GATEWAY_TIMEOUT, from_gateway=True)
+    for elapsed in (0.5, 5.0, 11.0, 30.0, 72.0):
+        report.failed(refusal, 100.0 + elapsed)
+    said = [record.getMessage() for record in caplog.records if record.name == "timeshare"]
+    assert len(said) == 2, said  # after 11 s, then a minute later
+    assert said[0].startswith("job 'a': acquire still refused after 11 s")
+    assert all(GATEWAY_TIMEOUT in line for line in said)
