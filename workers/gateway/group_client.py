@@ -190,11 +190,12 @@ async def acquire_turn(
             if caller_gone():
                 raise
             # Temporal's deadline on the call ran out, not the caller's: the
-            # request keeps its place and is sent again. Passed on, it read
-            # as the caller's own cancellation, which is never answered: the
-            # job waited for ever, its turns never came and it never heard why.
+            # same update is asked for again (its id unchanged: the request
+            # keeps its place, and an answer already given is given again).
+            # Passed on, it read as the caller's own cancellation, which is
+            # never answered: a job waited for ever and never heard why.
             await asyncio.sleep(RESEND_PAUSE_SECONDS)
-            result = None
+            continue
         if result is not None and result.yielded is not None and on_yielded is not None:
             on_yielded(result.yielded)
         if result is not None and result.grant is not None:
