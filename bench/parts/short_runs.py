@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 import timeshare
 from timeshare.testing import free_port, timeshare_command
+from timeshare.workers.common.children import spawn
 
 UP_READY = "timeshare up: ready"
 UP_READY_SECONDS = 120.0
@@ -125,7 +126,8 @@ class UpStack:
             "--node=short-runs", *self.options,
         )  # fmt: skip
         with self.log.open("ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            # Dies with this process, however it ends.
+            self.process = spawn(command, stdout=log, timeshare_child=True)
         deadline = time.monotonic() + UP_READY_SECONDS
         while time.monotonic() < deadline:
             if UP_READY in self.log.read_text(errors="replace"):
