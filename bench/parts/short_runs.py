@@ -47,7 +47,8 @@ class RunOutcome(BaseModel):
 
 def take_turns(address: str, group: str, job: str, turns: int, turn_seconds: float) -> JobOutcome:
     """One job as a user writes it: join (its node left to the gateway), take
-    its turns, leave. A failure ends the job and is kept, with its traceback."""
+    its turns, leave. A failure ends the job and is kept: its kind, message
+    and where it was raised."""
     taken = 0
     try:
         with timeshare.connect(address) as client:
