@@ -12,7 +12,13 @@ from typing import Any, Protocol, TypeVar
 
 from google.protobuf import json_format
 
-from timeshare.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from timeshare.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    TimeshareError,
+    Unavailable,
+)
 from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy, GroupStatus, JobStatus, NodeRecord
 from timeshare.names import check_name
@@ -28,8 +34,20 @@ IDEMPOTENT_ATTEMPTS = 120
 # The gateway answers DEADLINE_EXCEEDED itself; the call's own deadline is a
 # backstop a little later.
 RPC_GRACE_SECONDS = 5.0
+# A Join is idempotent on the server: one that the gateway refused because
+# its Temporal or scheduler did not answer (a restart, a pause) is sent again
+# for this long, as an acquire would be, before the job is told why.
+JOIN_RETRY_SECONDS = 60.0
 # A turn's watch that broke (a gateway restart) is opened again after this.
 WATCH_RETRY_SECONDS = 0.5
+
+
+def join_again(error: TimeshareError, started: float, now: float) -> bool:
+    """Whether a Join that failed so is sent again (where no gateway answers,
+    the job is told at once: the address is the likelier fault)."""
+    return (
+        isinstance(error, Unavailable) and error.from_gateway and now - started < JOIN_RETRY_SECONDS
+    )
 
 
 def resolve_address(address: str | None) -> str:

@@ -28,6 +28,7 @@ from timeshare.errors import (
 from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
 from timeshare.registration import register_process
+from timeshare.retry_report import RetryReport
 from timeshare.tracing import client_span
 from timeshare.transport import Transport
 from timeshare.v1 import timeshare_pb2 as pb
@@ -74,7 +75,7 @@ class Client:
         priority: int = 0,
     ) -> Job:
         request = protocol.join_request(group, job, nodes, policy, weight, priority)
-        response = await self._call(self._stub.Join, request)
+        response = await self._join(request)
         handle = Job(self, protocol.job_ref(request, response))
         self._jobs.append(handle)
         remember_job_token(handle.group, handle.name, handle.token)
@@ -90,6 +91,18 @@ class Client:
                 await handle.leave()
                 raise
         return handle
+
+    async def _join(self, request: pb.JoinRequest) -> pb.JoinResponse:
+        clock = asyncio.get_running_loop().time
+        report = RetryReport(request.job, "join", clock())
+        while True:
+            try:
+                return await self._call(self._stub.Join, request)
+            except Unavailable as error:
+                if not protocol.join_again(error, report.started, clock()):
+                    raise
+                report.failed(error, clock())
+            await asyncio.sleep(protocol.RETRY_PAUSE_SECONDS)
 
     async def group_history(self, group: str) -> GroupHistory:
         request = pb.GetGroupHistoryRequest(group=protocol.valid("group", group))
@@ -286,6 +299,7 @@ class Job(protocol.JobIdentity):
     async def _ask(self, request: pb.AcquireRequest, timeout: float | None) -> protocol.Turn:
         clock = asyncio.get_running_loop().time
         deadline = protocol.AcquireDeadline(timeout, clock())
+        report = RetryReport(self.name, "acquire", clock())
         self._lease.acquiring += 1
         try:
             while True:
@@ -293,8 +307,9 @@ class Job(protocol.JobIdentity):
                 try:
                     response = await self._send(self._stub.Acquire, request, timeout=rpc_timeout)
                     break
-                except Unavailable:
+                except Unavailable as error:
                     deadline.check_retry(self.name, clock())
+                    report.failed(error, clock())
                     await asyncio.sleep(protocol.RETRY_PAUSE_SECONDS)
         finally:
             self._lease.acquiring -= 1

@@ -26,6 +26,7 @@ from timeshare.errors import (
 from timeshare.history import GroupHistory
 from timeshare.models import GroupPolicy, GroupStatus, NodeRecord
 from timeshare.registration import register_process
+from timeshare.retry_report import RetryReport
 from timeshare.tracing import client_span
 from timeshare.transport import Transport
 from timeshare.v1 import timeshare_pb2 as pb
@@ -77,7 +78,7 @@ class Client:
         ``register=True`` also registers this process with the local agent: only for a
         process that both uses the GPU and asks for turns (see register_process)."""
         request = protocol.join_request(group, job, nodes, policy, weight, priority)
-        handle = Job(self, protocol.job_ref(request, self._call(self._stub.Join, request)))
+        handle = Job(self, protocol.job_ref(request, self._join(request)))
         self._jobs.append(handle)
         # Registrations of this process's job processes present this token.
         remember_job_token(handle.group, handle.name, handle.token)
@@ -89,6 +90,17 @@ class Client:
                 handle.leave()
                 raise
         return handle
+
+    def _join(self, request: pb.JoinRequest) -> pb.JoinResponse:
+        report = RetryReport(request.job, "join", time.monotonic())
+        while True:
+            try:
+                return self._call(self._stub.Join, request)
+            except Unavailable as error:
+                if not protocol.join_again(error, report.started, time.monotonic()):
+                    raise
+                report.failed(error, time.monotonic())
+            time.sleep(protocol.RETRY_PAUSE_SECONDS)
 
     def group_history(self, group: str) -> GroupHistory:
         """The group's recent turns and switches, as `timeshare report` draws them."""
@@ -267,6 +279,7 @@ class Job(protocol.JobIdentity):
 
     def _ask(self, request: pb.AcquireRequest, timeout: float | None) -> protocol.Turn:
         deadline = protocol.AcquireDeadline(timeout, time.monotonic())
+        report = RetryReport(self.name, "acquire", time.monotonic())
         self._lease.acquiring += 1
         try:
             while True:
@@ -274,8 +287,9 @@ class Job(protocol.JobIdentity):
                 try:
                     response = self._send(self._stub.Acquire, request, timeout=rpc_timeout)
                     break
-                except Unavailable:
+                except Unavailable as error:
                     deadline.check_retry(self.name, time.monotonic())
+                    report.failed(error, time.monotonic())
                     time.sleep(protocol.RETRY_PAUSE_SECONDS)
         finally:
             self._lease.acquiring -= 1

@@ -74,13 +74,21 @@ class ResourceExhausted(TimeshareError):
 
 
 class Internal(TimeshareError):
-    """The scheduler failed on this message; the group is as it was before it."""
+    """The scheduler failed on this message (the group is as it was before
+    it), or the gateway did; the message names the failure."""
 
     code: str = Refusal.INTERNAL
 
 
 class Unavailable(TimeshareError):
+    """No gateway answers, or (``from_gateway``) the gateway answered that
+    its Temporal or scheduler did not: a refusal that may pass."""
+
     code: str = "UNAVAILABLE"
+
+    def __init__(self, message: str, from_gateway: bool = False) -> None:
+        super().__init__(message)
+        self.from_gateway = from_gateway
 
 
 class Unimplemented(TimeshareError):
@@ -107,6 +115,10 @@ _BY_CODE: dict[str, type[TimeshareError]] = {
 }
 
 
+# How grpc says a call ran past its own deadline (the gateway's answers say more).
+GRPC_DEADLINE = "Deadline Exceeded"
+
+
 def class_for_code(code: str) -> type[TimeshareError] | None:
     """The class of the error with gRPC status name ``code`` ("ABORTED"), if any."""
     return _BY_CODE.get(code)
@@ -118,11 +130,16 @@ def from_rpc_error(error: grpc.RpcError, address: str) -> TimeshareError:
     details_of = getattr(error, "details", None)
     code = code_of() if callable(code_of) else grpc.StatusCode.UNKNOWN
     details = (details_of() if callable(details_of) else None) or str(error)
-    if code == grpc.StatusCode.UNAVAILABLE and "scheduler" not in details:
-        details = (
+    if code == grpc.StatusCode.UNAVAILABLE:
+        # Each of the gateway's own answers names the scheduler it relies on.
+        if "scheduler" in details:
+            return Unavailable(details, from_gateway=True)
+        return Unavailable(
             f"no timeshare gateway answers at {address} ({details}); start one with "
             "`timeshare up`, or set TIMESHARE_ADDRESS"
         )
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED and details == GRPC_DEADLINE:
+        details = f"no answer from the gateway at {address} within the call's deadline"
     switch = _switch_failure(error) if code == grpc.StatusCode.ABORTED else None
     if switch is not None:
         return SwitchFailed(details, job=switch.get("job", ""), cause=switch.get("cause", ""))

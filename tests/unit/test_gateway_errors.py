@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
 import grpc
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
+import timeshare.aio
 import timeshare.workers.gateway.group_client as group_client
-from timeshare.models import JoinInput, JoinOutput
+from timeshare.errors import Internal
+from timeshare.models import AcquireInput, AcquireResult, Grant, JoinInput, JoinOutput
+from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from timeshare.workers.gateway.errors import status_for
+from timeshare.workers.gateway.group_client import GroupHandle
+from timeshare.workers.gateway.serve import TimeSlicerService
+from timeshare.workflows.group import GroupWorkflow
 
 
 def test_a_group_whose_workflow_task_fails_is_reported_stuck_with_the_way_out() -> None:
@@ -74,3 +81,99 @@ async def test_a_join_is_not_sent_again_for_other_refusals_nor_forever(
     with pytest.raises(RPCError):
         await group_client.join_group(cast(Client, stuck), "g", JOIN)
     assert 1 < stuck.calls < 10**6
+
+
+def test_temporal_not_answering_in_time_is_named_and_worth_a_retry() -> None:
+    status = status_for(WorkflowUpdateRPCTimeoutOrCancelledError(), "demo")
+    assert status is not None
+    code, message = status
+    assert code == grpc.StatusCode.UNAVAILABLE
+    assert "Temporal did not answer in time" in message and "retry" in message
+
+
+class TimingOutTemporal:
+    """A group handle whose update call Temporal cuts off ``timeouts`` times
+    (its own deadline, not the caller's) before the grant comes."""
+
+    def __init__(self, timeouts: int) -> None:
+        self.timeouts, self.calls = timeouts, 0
+
+    async def execute_update(self, *args: Any, **kwargs: Any) -> AcquireResult:
+        self.calls += 1
+        if self.calls <= self.timeouts:
+            raise WorkflowUpdateRPCTimeoutOrCancelledError()
+        return AcquireResult(grant=GRANT)
+
+
+GRANT = Grant(
+    job="a",
+    request_id="r1",
+    epoch=1,
+    ticket=1,
+    waited_seconds=0.0,
+    switch_seconds=0.0,
+    granted_at=0.0,
+)
+ASK = AcquireInput(job="a", token_hash="hash-a", request_id="r1")
+
+
+async def test_an_acquire_that_temporal_cut_off_is_sent_again_not_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(group_client, "RESEND_PAUSE_SECONDS", 0.01)
+    temporal = TimingOutTemporal(2)
+    grant = await group_client.acquire_or_withdraw(cast(GroupHandle, temporal), ASK, set())
+    assert grant == GRANT
+    assert temporal.calls == 3
+
+
+class WaitingTemporal:
+    """A group handle whose acquire waits for its grant, as the SDK does: a
+    cancelled wait raises the SDK's timeout-or-cancelled error."""
+
+    def __init__(self) -> None:
+        self.withdrawn = asyncio.Event()
+
+    async def execute_update(self, update: Any, *args: Any, **kwargs: Any) -> object:
+        if update == GroupWorkflow.cancel_acquire:
+            self.withdrawn.set()
+            return True
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise WorkflowUpdateRPCTimeoutOrCancelledError() from None
+        raise AssertionError("unreachable")
+
+
+async def test_an_acquire_whose_caller_went_away_is_withdrawn() -> None:
+    temporal = WaitingTemporal()
+    call = asyncio.create_task(
+        group_client.acquire_or_withdraw(cast(GroupHandle, temporal), ASK, set())
+    )
+    await asyncio.sleep(0.05)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await asyncio.wait_for(temporal.withdrawn.wait(), 30)
+
+
+class BrokenTemporal:
+    """A Temporal client that fails in a way the gateway does not expect."""
+
+    def get_workflow_handle_for(self, *args: Any, **kwargs: Any) -> None:
+        raise KeyError("no such entry")
+
+
+async def test_an_unexpected_gateway_failure_reaches_the_job_named() -> None:
+    server = grpc.aio.server()
+    service = TimeSlicerService(cast(Client, BrokenTemporal()))
+    pb_grpc.add_TimeSlicerServicer_to_server(service, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with timeshare.aio.connect(f"127.0.0.1:{port}") as client:
+            with pytest.raises(Internal) as failure:
+                await client.join("g", "a", ["n"])
+    finally:
+        await server.stop(None)
+    assert "the gateway failed on Join: KeyError: 'no such entry'" in str(failure.value)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 from temporalio.client import (
+    RPCTimeoutOrCancelledError,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
@@ -19,6 +21,8 @@ from temporalio.service import RPCError, RPCStatusCode
 from timeshare.errors import SWITCH_FAILED_METADATA
 from timeshare.names import group_workflow_id
 from timeshare.refusals import Refusal
+
+log = logging.getLogger("timeshare.gateway")
 
 # A workflow refusal (ApplicationError.type) is the gRPC status of its name.
 REPORTABLE = {refusal.value: grpc.StatusCode[refusal.value] for refusal in Refusal}
@@ -89,6 +93,14 @@ def status_for(error: BaseException, group: str) -> tuple[grpc.StatusCode, str] 
         return error.code, str(error)
     if isinstance(error, SchedulerTimeout):
         return grpc.StatusCode.UNAVAILABLE, str(error)
+    if isinstance(error, RPCTimeoutOrCancelledError):
+        # Temporal's own deadline on the call ran out (the gateway's caller
+        # going away is a cancellation of the call, never answered).
+        return (
+            grpc.StatusCode.UNAVAILABLE,
+            f"Temporal did not answer in time ({error}); retry, and check the Temporal "
+            "server and `timeshare scheduler` are running",
+        )
     if isinstance(error, CallUnsupported):
         return grpc.StatusCode.UNIMPLEMENTED, str(error)
     if isinstance(error, WorkflowUpdateFailedError | WorkflowQueryFailedError):
@@ -136,8 +148,29 @@ def stuck_group_message(group: str) -> str:
     )
 
 
+def unexpected_failure(call: str, error: BaseException) -> str:
+    """What the caller is told of a failure the gateway did not expect: its
+    kind and message (grpc's own answer would say only "Unexpected <class>")."""
+    return (
+        f"the gateway failed on {call}: {type(error).__name__}: {error} "
+        "(see the `timeshare gateway` log)"
+    )
+
+
+def caller_gone() -> bool:
+    """Whether the call's task is being cancelled: its caller went away."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+# The failures status_for names.
+EXPECTED = (InvalidRequest, AccessDenied, SchedulerTimeout, WorkflowUpdateFailedError,
+            WorkflowQueryFailedError, RPCError, RPCTimeoutOrCancelledError)  # fmt: skip
+
+
 def rpc(method: Method[Servicer, Request, Response]) -> Method[Servicer, Request, Response]:
-    """Report every expected failure of a servicer method as a gRPC status."""
+    """Report every failure of a servicer method as a gRPC status that names
+    its cause: an expected one as status_for says, any other as INTERNAL."""
 
     @functools.wraps(method)
     async def wrapper(
@@ -145,11 +178,17 @@ def rpc(method: Method[Servicer, Request, Response]) -> Method[Servicer, Request
     ) -> Response:
         try:
             return await method(self, request, context)
-        except (InvalidRequest, AccessDenied, SchedulerTimeout, WorkflowUpdateFailedError,
-                WorkflowQueryFailedError, RPCError) as error:  # fmt: skip
+        except grpc.aio.AbortError:
+            raise  # the method's own answer, already given
+        except EXPECTED as error:
             status = status_for(error, getattr(request, "group", ""))
             assert status is not None
             await context.abort(*status, trailing_metadata=trailing_metadata_for(error))
+            raise  # unreachable: abort raises
+        except Exception as error:
+            log.exception("%s failed", method.__name__)
+            answer = unexpected_failure(method.__name__, error)
+            await context.abort(grpc.StatusCode.INTERNAL, answer)
             raise  # unreachable: abort raises
 
     return wrapper

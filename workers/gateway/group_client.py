@@ -31,7 +31,7 @@ from timeshare.models import (
     YieldOutput,
 )
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE, group_workflow_id
-from timeshare.workers.gateway.errors import workflow_task_failed
+from timeshare.workers.gateway.errors import caller_gone, workflow_task_failed
 from timeshare.workers.gateway.turn_watch import WATCH_POLL_MEMO, poll_seconds
 from timeshare.workflows.group import CancelAcquireInput, GroupInput, GroupWorkflow
 from timeshare.workflows.registry import NodeRegistryWorkflow
@@ -51,6 +51,7 @@ WITHDRAW_SECONDS = 30.0
 # stuck is named as such rather than timed out.
 JOIN_RETRY_SECONDS = 15.0
 JOIN_RETRY_PAUSE_SECONDS = 0.5
+RESEND_PAUSE_SECONDS = 0.5
 RUNNING_GROUPS = "WorkflowType = 'GroupWorkflow' AND ExecutionStatus = 'Running'"
 GROUP_ID_PREFIX = group_workflow_id("")
 
@@ -187,6 +188,16 @@ async def acquire_turn(
             if not (isinstance(cause, ApplicationError) and cause.type == RUN_ENDED_FAILURE):
                 raise
             result = None
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            if caller_gone():
+                raise
+            # Temporal's deadline on the call ran out, not the caller's: the
+            # same update is asked for again (its id unchanged: the request
+            # keeps its place, and an answer already given is given again).
+            # Passed on, it read as the caller's own cancellation, which is
+            # never answered: a job waited for ever and never heard why.
+            await asyncio.sleep(RESEND_PAUSE_SECONDS)
+            continue
         if result is not None and result.yielded is not None and on_yielded is not None:
             on_yielded(result.yielded)
         if result is not None and result.grant is not None:
