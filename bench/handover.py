@@ -7,6 +7,12 @@ and where a hand-over's time goes hop by hop (bench.parts.handover_segments).
 
     python -m bench handover           # 200 iterations each
     python -m bench handover --quick   # 40
+    python -m bench handover --sim-switch /dev/shm   # the sim's own switch, alone
+
+``--sim-switch DIR``: what one zero-byte switch costs the sim backend itself
+(checkpoint one job, restore the other, nothing else running, the sim's
+state file in DIR): the sim's own bookkeeping, told from the scheduler's
+and Temporal's part of a hand-over.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from temporalio.client import Client
 import timeshare
 from bench.parts.floors import time_floors
 from bench.parts.handover_segments import SEGMENTS, Event, all_segments
-from bench.parts.stats import p50_p90_p99
+from bench.parts.stats import p50_p90_p99, percentile
+from timeshare.activities.backends.base import BackendConfig
+from timeshare.activities.backends.sim import SimBackend
 from timeshare.names import group_workflow_id
 from timeshare.status import table
 from timeshare.testing import LocalStack
@@ -36,6 +44,8 @@ from timeshare.workers.temporal.dev_server import (
 )
 
 GROUP = "handover"
+# A pause between the sim's switches, as a hand-over leaves between its switches.
+SIM_PAUSE_SECONDS = 0.003
 
 
 def measure_reacquire(job: timeshare.Job, iterations: int) -> list[float]:
@@ -122,6 +132,35 @@ def print_segments(found: list[list[float]], handovers: int) -> None:
     print(table(["hop", "p50 ms", "p90 ms"], rows))
 
 
+async def switch_times(directory: Path, switches: int) -> list[float]:
+    """Milliseconds of each of the sim's switches (checkpoint + restore) between two jobs."""
+    with tempfile.TemporaryDirectory(dir=directory) as state, tempfile.TemporaryDirectory() as log:
+        sim = SimBackend(
+            BackendConfig(
+                node="n", sim_state_bytes=0, sim_state_path=str(Path(state) / "sim-state.json"),
+                sim_record_path=str(Path(log) / "residency.jsonl"),
+            )
+        )  # fmt: skip
+        await sim.restore("g", "a")
+        times = []
+        for n in range(switches):
+            leaving, coming = ("a", "b") if n % 2 == 0 else ("b", "a")
+            start = time.perf_counter()
+            await sim.checkpoint("g", leaving)
+            await sim.restore("g", coming)
+            times.append((time.perf_counter() - start) * 1000)
+            await asyncio.sleep(SIM_PAUSE_SECONDS)
+        return times
+
+
+def sim_switch(directory: Path, switches: int) -> None:
+    times = asyncio.run(switch_times(directory, switches))
+    p50, p90 = percentile(times, 50), percentile(times, 90)
+    print(f"{switches} zero-byte switches, SIMULATED GPU, state in {directory}: "
+          f"p50 {p50:.2f} ms, p90 {p90:.2f} ms")  # fmt: skip
+    print(f"sim_switch_p50_ms={p50:.2f} sim_switch_p90_ms={p90:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Hand-over latency against Temporal's floors.")
     parser.add_argument("--quick", action="store_true", help="40 iterations instead of 200")
@@ -131,7 +170,13 @@ def main() -> None:
         help="the embedded Temporal reads its transfer queue at most N times a second "
         f"(default {TRANSFER_QUEUE_READS_PER_SECOND}; Temporal's own default is 20)",
     )  # fmt: skip
+    parser.add_argument("--sim-switch", type=Path, metavar="DIR",
+                        help="only the sim's own switch, its state file in DIR")  # fmt: skip
+    parser.add_argument("--switches", type=int, default=400, help="--sim-switch: how many")
     args = parser.parse_args()
+    if args.sim_switch:
+        sim_switch(args.sim_switch, args.switches)
+        return
     iterations = 40 if args.quick else args.iterations
     reads = args.transfer_reads or TRANSFER_QUEUE_READS_PER_SECOND
     with tempfile.TemporaryDirectory() as scratch:
