@@ -69,12 +69,12 @@ MAX_PERIOD = GroupPolicy().lease_seconds / 2
 
 async def one_run(address: str, iterations: int) -> tuple[float, float, float]:
     """(update+activity p50, activity dispatch p50, dispatch back p50), ms."""
-    timings, events = await time_floors(await connect_temporal(address, "default"), iterations)
-    dispatch = hops(events, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+    times = await time_floors(await connect_temporal(address, "default"), iterations)
+    dispatch = hops(times.events, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
                     EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED)  # fmt: skip
-    back = hops(events, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
+    back = hops(times.events, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
                 EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED)  # fmt: skip
-    total = statistics.median(timings["update+activity"])
+    total = statistics.median(times.wall_ms["update+activity"])
     return total, statistics.median(dispatch), statistics.median(back)
 
 

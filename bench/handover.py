@@ -31,12 +31,12 @@ from temporalio.client import Client
 import timeshare
 from bench.parts.floors import time_floors
 from bench.parts.handover_segments import SEGMENTS, Event, all_segments
+from bench.parts.stack import running_stack
 from bench.parts.stats import p50_p90_p99, percentile
 from timeshare.activities.backends.base import BackendConfig
 from timeshare.activities.backends.sim import SimBackend
 from timeshare.names import group_workflow_id
 from timeshare.status import table
-from timeshare.testing import LocalStack
 from timeshare.workers.common.service import connect_temporal
 from timeshare.workers.temporal.dev_server import (
     TRANSFER_QUEUE_READS_PER_SECOND,
@@ -179,32 +179,25 @@ def main() -> None:
         return
     iterations = 40 if args.quick else args.iterations
     reads = args.transfer_reads or TRANSFER_QUEUE_READS_PER_SECOND
-    with tempfile.TemporaryDirectory() as scratch:
-        stack = LocalStack(
-            Path(scratch), state_gib=0.0,
-            temporal_options=[f"--dynamic-config={TRANSFER_READS_SETTING}={reads}"],
-        )  # fmt: skip
-        try:
-            stack.start_all()
-            print(f"stack ready; {iterations} iterations each; transfer queue read at most "
-                  f"{reads} times a second", flush=True)  # fmt: skip
-            with timeshare.connect(stack.address) as client:
-                a = client.join(GROUP, "job-a", [stack.node])
-                b = client.join(GROUP, "job-b", [stack.node])
-                reacquire = measure_reacquire(a, iterations)
-                print("re-acquire done", flush=True)
-                wall_clock: list[tuple[float, float]] = []
-                handover = measure_handover(client, a, b, iterations, wall_clock=wall_clock)
-                print("hand-over done", flush=True)
+    dynamic_config = f"--dynamic-config={TRANSFER_READS_SETTING}={reads}"
+    with running_stack(state_gib=0.0, temporal_options=[dynamic_config]) as stack:
+        print(f"stack ready; {iterations} iterations each; transfer queue read at most "
+              f"{reads} times a second", flush=True)  # fmt: skip
+        with timeshare.connect(stack.address) as client:
+            a = client.join(GROUP, "job-a", [stack.node])
+            b = client.join(GROUP, "job-b", [stack.node])
+            reacquire = measure_reacquire(a, iterations)
+            print("re-acquire done", flush=True)
+            wall_clock: list[tuple[float, float]] = []
+            handover = measure_handover(client, a, b, iterations, wall_clock=wall_clock)
+            print("hand-over done", flush=True)
 
-            async def floors_and_history() -> tuple[dict[str, list[float]], list[Event]]:
-                temporal = await connect_temporal(stack.temporal, "default")
-                timings, _ = await time_floors(temporal, iterations)
-                return timings, await group_events(temporal)
+        async def floors_and_history() -> tuple[dict[str, list[float]], list[Event]]:
+            temporal = await connect_temporal(stack.temporal, "default")
+            times = await time_floors(temporal, iterations)
+            return times.wall_ms, await group_events(temporal)
 
-            floor, events = asyncio.run(floors_and_history())
-        finally:
-            stack.stop_all()
+        floor, events = asyncio.run(floors_and_history())
     rows = []
     for name, values in (
         ("re-acquire (no node action)", reacquire),

@@ -15,15 +15,13 @@ one, since the nodes move their state in parallel.
 from __future__ import annotations
 
 import argparse
-import tempfile
-from pathlib import Path
 
 import timeshare
 from bench.handover import measure_handover
+from bench.parts.stack import running_stack
 from bench.parts.stats import p50_p90_p99
 from timeshare.models import GroupPolicy
 from timeshare.status import table
-from timeshare.testing import LocalStack
 
 NODES = ["node-a", "node-b"]
 # 2 x 107 ms of simulated transfer per node and switch (checkpoint, restore).
@@ -42,30 +40,25 @@ def main() -> None:
     spans = {1: NODES[:1], 2: NODES}
     handover_ms: dict[int, list[float]] = {n: [] for n in spans}
     switch_ms: dict[int, list[float]] = {n: [] for n in spans}
-    with tempfile.TemporaryDirectory() as scratch:
-        stack = LocalStack(
-            Path(scratch), node=NODES[0], more_nodes=NODES[1:],
-            state_gib=args.state_gib, bandwidth_gbps=args.bandwidth_gbps, sim_gpus=len(spans),
-        )  # fmt: skip
-        try:
-            stack.start_all()
-            print(f"stack ready; {iterations} hand-overs each", flush=True)
-            with timeshare.connect(stack.address) as client:
-                # Each group on a GPU of its own: a GPU is one group's at a time.
-                pairs = {
-                    n: [
-                        client.join(f"span-{n}", f"job-{x}", nodes, GroupPolicy(gpus=[n - 1]))
-                        for x in "ab"
-                    ]
-                    for n, nodes in spans.items()
-                }
-                for _ in range(iterations):
-                    for n, (a, b) in pairs.items():
-                        seconds: list[float] = []
-                        handover_ms[n] += measure_handover(client, a, b, 1, seconds)
-                        switch_ms[n] += [s * 1000 for s in seconds]
-        finally:
-            stack.stop_all()
+    with running_stack(
+        node=NODES[0], more_nodes=NODES[1:], state_gib=args.state_gib,
+        bandwidth_gbps=args.bandwidth_gbps, sim_gpus=len(spans),
+    ) as stack:  # fmt: skip
+        print(f"stack ready; {iterations} hand-overs each", flush=True)
+        with timeshare.connect(stack.address) as client:
+            # Each group on a GPU of its own: a GPU is one group's at a time.
+            pairs = {
+                n: [
+                    client.join(f"span-{n}", f"job-{x}", nodes, GroupPolicy(gpus=[n - 1]))
+                    for x in "ab"
+                ]
+                for n, nodes in spans.items()
+            }
+            for _ in range(iterations):
+                for n, (a, b) in pairs.items():
+                    seconds: list[float] = []
+                    handover_ms[n] += measure_handover(client, a, b, 1, seconds)
+                    switch_ms[n] += [s * 1000 for s in seconds]
     rows = []
     for n, nodes in spans.items():
         handover, switch = p50_p90_p99(handover_ms[n]), p50_p90_p99(switch_ms[n])

@@ -31,13 +31,13 @@ import argparse
 import os
 import random
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import timeshare
 from bench.parts.placement_costs import CostSamples
+from bench.parts.stack import running_stack
 from timeshare.models import GroupPolicy
 from timeshare.placement.evaluate import Evaluator
 from timeshare.placement.figures import GroupPrediction, whole_run
@@ -209,38 +209,34 @@ def main() -> None:
     sets = plan_input.gpu_sets
     first = make_plan(Evaluator(plan_input))
     nodes = [g.node for g in first.groups]
-    with tempfile.TemporaryDirectory() as scratch:
-        workdir = args.keep or Path(scratch)
-        workdir.mkdir(parents=True, exist_ok=True)
-        stack = LocalStack(
-            workdir, node=nodes[0], more_nodes=nodes[1:], backend="sim",
-            state_gib=CALIBRATION_STATE_GIB, bandwidth_gbps=sets.bandwidth_gbps,
-            capacity_gib=sets.gpu_memory_gib,
-            job_state_gib={j.name: j.state_gib or 0.0 for j in plan_input.jobs},
-        )  # fmt: skip
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    with running_stack(
+        args.keep, node=nodes[0], more_nodes=nodes[1:], backend="sim",
+        state_gib=CALIBRATION_STATE_GIB, bandwidth_gbps=sets.bandwidth_gbps,
+        capacity_gib=sets.gpu_memory_gib,
+        job_state_gib={j.name: j.state_gib or 0.0 for j in plan_input.jobs},
+    ) as stack:  # fmt: skip
+        workdir = stack.workdir
+        costs = calibrate(stack, first, plan_input, workdir)
+        print(f"measured stack costs: {costs_line(costs)}", flush=True)
+        plan_input = plan_input.model_copy(update={"costs": costs})
         try:
-            stack.start_all()
-            costs = calibrate(stack, first, plan_input, workdir)
-            print(f"measured stack costs: {costs_line(costs)}", flush=True)
-            plan_input = plan_input.model_copy(update={"costs": costs})
-            try:
-                plan = make_plan(Evaluator(plan_input))
-            except PlanError as error:
-                raise SystemExit(
-                    f"bench.placement: with the stack's costs as measured now: {error}; "
-                    "the machine is busy, try again when it is quieter"
-                ) from None
-            for group in plan.groups:
-                if group.node not in stack.nodes:
-                    stack.more_nodes.append(group.node)
-                    stack.start(stack.agent(group.node))
-            by_name = {j.name: j for j in plan_input.jobs}
-            groups = [(g.group, g.node, [by_name[j] for j in g.jobs]) for g in plan.groups]
-            print(f"running {len(groups)} planned groups, {iterations} iterations per job",
-                  flush=True)  # fmt: skip
-            results = run_groups(stack, groups, iterations, plan_input.policy.co_residency, workdir)
-        finally:
-            stack.stop_all()
+            plan = make_plan(Evaluator(plan_input))
+        except PlanError as error:
+            raise SystemExit(
+                f"bench.placement: with the stack's costs as measured now: {error}; "
+                "the machine is busy, try again when it is quieter"
+            ) from None
+        for group in plan.groups:
+            if group.node not in stack.nodes:
+                stack.more_nodes.append(group.node)
+                stack.start(stack.agent(group.node))
+        by_name = {j.name: j for j in plan_input.jobs}
+        groups = [(g.group, g.node, [by_name[j] for j in g.jobs]) for g in plan.groups]
+        print(f"running {len(groups)} planned groups, {iterations} iterations per job",
+              flush=True)  # fmt: skip
+        results = run_groups(stack, groups, iterations, plan_input.policy.co_residency, workdir)
     print(f"load average (1 min) at the start {load_before:.1f}, at the end "
           f"{os.getloadavg()[0]:.1f}, on {os.cpu_count()} cores", flush=True)  # fmt: skip
     report(plan_input, plan, groups, results, iterations, costs)

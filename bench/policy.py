@@ -30,13 +30,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import timeshare.aio
+from bench.parts.stack import running_stack
 from bench.parts.stats import percentile
 from timeshare.models import GroupPolicy
 from timeshare.status import table
@@ -225,13 +224,8 @@ def main() -> None:
     args = parser.parse_args()
     seconds = args.seconds or (12.0 if args.quick else 40.0)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as scratch:
-        stack = LocalStack(Path(scratch), state_gib=0.0)
-        try:
-            stack.start_all()
-            figures = asyncio.run(run(stack, seconds))
-        finally:
-            stack.stop_all()
+    with running_stack(state_gib=0.0) as stack:
+        figures = asyncio.run(run(stack, seconds))
     print()
     print(table(
         ["measure", "value"],

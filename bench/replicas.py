@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
 from collections import Counter
 from functools import partial
-from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from bench.parts.procstat import load_average
 from bench.parts.scale_load import LoadResult, bounded, run_load
+from bench.parts.stack import running_stack
 from timeshare.names import group_workflow_id
 from timeshare.status import table
 from timeshare.testing import LocalStack
@@ -67,16 +66,10 @@ async def measure(
 
 
 def run(replicas: int, args: argparse.Namespace) -> list[str]:
-    with tempfile.TemporaryDirectory() as scratch:
-        stack = LocalStack(
-            Path(scratch), state_gib=0.0, schedulers=replicas, gateways=replicas,
-            sim_gpus=args.groups,
-        )  # fmt: skip
-        try:
-            stack.start_all()
-            result, shares = asyncio.run(measure(stack, args))
-        finally:
-            stack.stop_all()
+    with running_stack(
+        state_gib=0.0, schedulers=replicas, gateways=replicas, sim_gpus=args.groups
+    ) as stack:
+        result, shares = asyncio.run(measure(stack, args))
     print(
         f"{replicas} replica(s): {result.handovers_per_s:.1f} hand-overs/s, p99 "
         f"{result.p99_ms:.0f} ms (load {load_average()})",

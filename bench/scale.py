@@ -45,7 +45,6 @@ import asyncio
 import contextlib
 import os
 import platform
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -60,6 +59,7 @@ from bench.parts.idle_history import IdleHistory, measure_idle_history
 from bench.parts.procstat import load_average
 from bench.parts.profiling import Profiler, read_profile
 from bench.parts.scale_load import LoadResult, run_load
+from bench.parts.stack import running_stack
 from bench.parts.temporal_operations import TemporalOperations
 from bench.parts.watch_cost import WatchCost, measure_watch_cost
 from bench.parts.window_history import window_events, workflow_tasks
@@ -481,18 +481,12 @@ def main() -> None:
     args.idle_seconds = args.idle_seconds or (30.0 if args.quick else 60.0)
     args.floor_iterations = args.floor_iterations or (50 if args.quick else 200)
     args.watch_seconds = args.watch_seconds or (5.0 if args.quick else 10.0)
-    with tempfile.TemporaryDirectory() as scratch:
-        workdir = Path(scratch)
-        stack = LocalStack(
-            workdir, state_gib=0.0, schedulers=args.replicas, gateways=args.replicas,
-            sim_gpus=MAX_GPUS_PER_NODE,
-        )  # fmt: skip
-        try:
-            stack.start_all()
-            print(f"stack ready (load {load_average()})", flush=True)
-            asyncio.run(run(args, stack, workdir))
-        finally:
-            stack.stop_all()
+    with running_stack(
+        state_gib=0.0, schedulers=args.replicas, gateways=args.replicas,
+        sim_gpus=MAX_GPUS_PER_NODE,
+    ) as stack:  # fmt: skip
+        print(f"stack ready (load {load_average()})", flush=True)
+        asyncio.run(run(args, stack, stack.workdir))
 
 
 if __name__ == "__main__":

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel
 
+from bench.parts.stack import running_stack
 from timeshare.status import table
 from timeshare.synthetic import SyntheticJobReport, load_report
 from timeshare.testing import LocalStack
@@ -179,20 +179,15 @@ def idle_while_waiting(reports: list[SyntheticJobReport], step: float = 0.001) -
 def run_profiles(profiles: list[Profile], iterations: int, timeline: bool = False) -> list[Result]:
     """Each profile in turn, on one stack."""
     results = []
-    with tempfile.TemporaryDirectory() as scratch:
-        stack = LocalStack(
-            Path(scratch), backend="app+sim", state_gib=STATE_GIB, bandwidth_gbps=BANDWIDTH_GBPS,
-            capacity_gib=CAPACITY_GIB,
-        )  # fmt: skip
-        try:
-            stack.start_all()
-            for profile in profiles:
-                results.append(measure(stack, profile, iterations, Path(scratch), timeline))
-                r = results[-1]
-                print(f"{profile.jobs} jobs at {profile.duty:.0%} {profile.variant}: "
-                      f"{r.baseline_util:.0%} -> {r.shared_util:.0%}", flush=True)  # fmt: skip
-        finally:
-            stack.stop_all()
+    with running_stack(
+        backend="app+sim", state_gib=STATE_GIB, bandwidth_gbps=BANDWIDTH_GBPS,
+        capacity_gib=CAPACITY_GIB,
+    ) as stack:  # fmt: skip
+        for profile in profiles:
+            results.append(measure(stack, profile, iterations, stack.workdir, timeline))
+            r = results[-1]
+            print(f"{profile.jobs} jobs at {profile.duty:.0%} {profile.variant}: "
+                  f"{r.baseline_util:.0%} -> {r.shared_util:.0%}", flush=True)  # fmt: skip
     return results
 
 
