@@ -1,10 +1,9 @@
 """Faults against a running stack, random or scripted: requests lost, double grants, overlaps.
 
-Chaos: groups of jobs take turns on three simulated nodes while a seeded
-random schedule SIGKILLs and restarts the scheduler worker, the gateway, the
-node agents, job processes and the Temporal dev server (on the same SQLite
-file and port). Then the faults stop and the jobs finish the turns they
-wait for. Definitions of what is counted: `bench.parts.chaos_check`.
+Groups of jobs take turns on three simulated nodes while a seeded random
+schedule SIGKILLs and restarts the scheduler worker, the gateway, the node
+agents, job processes and the Temporal dev server (same SQLite file and
+port); then the jobs finish their turns. What counts: bench.parts.chaos_check.
 
     python -m bench chaos --minutes N [--seed S] [--groups G] [--jobs-per-group J]
                           [--kinds scheduler,gateway,agent,job,temporal] [--workdir DIR]

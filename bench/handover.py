@@ -1,9 +1,7 @@
 """Hand-over and re-acquire latency on one node, beside Temporal's floors, hop by hop.
 
-Hand-over latency: re-acquire with nobody waiting, and a hand-over from A's
-yield to waiting B's acquire returning, on one node with zero-byte switches
-(sim backend), next to Temporal's own floors measured on the same server,
-and where a hand-over's time goes hop by hop (bench.parts.handover_segments).
+Re-acquire with nobody waiting, and A's yield to waiting B's acquire
+returning (zero-byte switches, sim backend); hops: bench.parts.handover_segments.
 
     python -m bench handover           # 200 iterations each
     python -m bench handover --quick   # 40

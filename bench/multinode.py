@@ -1,11 +1,10 @@
 """Switch and hand-over time on two nodes against one, side by side in one run.
 
-A switch on two nodes against a switch on one node, side by side in one
-run: two groups on one stack with two agents, one group's jobs on node-a
-only and the other's on node-a and node-b, with the same simulated state
-per job and node and the same bandwidth. Hand-overs alternate between the
-groups, so both see the same load. The goal: two nodes cost at most 1.5x
-one, since the nodes move their state in parallel.
+Two groups on one stack with two agents, one group's jobs on node-a only and
+the other's on node-a and node-b, with the same simulated state per job and
+node and the same bandwidth. Hand-overs alternate between the groups, so
+both see the same load. The goal: two nodes cost at most 1.5x one, since the
+nodes move their state in parallel.
 
     python -m bench multinode                 # 40 hand-overs each, 2 GiB per job and node
     python -m bench multinode --quick         # 10

@@ -1,9 +1,8 @@
 """The placement advisor's predictions against real runs of the groups it plans.
 
-The placement advisor checked against real runs: plan a set of jobs, run
-the planned groups for real on the sim stack (gateway, workflow, one sim
-agent per GPU set, each job a synthetic job following its profile's
-iteration), and compare the model's predictions with what was measured.
+Plan a set of jobs, run the planned groups on the sim stack (one sim agent
+per GPU set, each job a synthetic job following its profile's iteration),
+and compare the model's predictions with what was measured.
 
 First the stack's own costs are measured (CALIBRATION: groups of the same
 sizes as the plan's, running a reference profile of their own on the same

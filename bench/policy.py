@@ -1,7 +1,6 @@
 """Scheduling policies on the real stack: fair share, priority waits, trainer-first steps.
 
-Scheduling policies measured on the real stack (sim backend, one node,
-**simulated** GPU): who gets the GPU, how long each waits.
+Sim backend, one node, **simulated** GPU: who gets the GPU, how long each waits.
 
     python -m bench policy            # 40 s per scenario
     python -m bench policy --quick    # 12 s per scenario

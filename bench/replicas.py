@@ -1,10 +1,9 @@
 """The same paced load on one scheduler and gateway, then on two of each.
 
-Replicas: the same paced load on one scheduler and one gateway, then on two
-of each against one Temporal, in one run. For each: hand-overs per second,
-the p99 hand-over, the cores each process kept busy, and the share of the
-groups' workflow tasks each scheduler replica completed (by the worker
-identity Temporal records on every completed workflow task).
+Against one Temporal, in one run. For each: hand-overs per second, the p99
+hand-over, the cores each process kept busy, and the share of the groups'
+workflow tasks each scheduler replica completed (by the worker identity
+Temporal records on every completed workflow task).
 
     python -m bench replicas                 # 100 groups of 3, one hand-over per group every 5 s
     python -m bench replicas --groups 50 --period 0     # as fast as possible

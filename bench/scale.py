@@ -1,7 +1,6 @@
 """Many groups on one stack: hand-over p99, scheduler CPU against Temporal's floor, idle cost.
 
-Scale: many groups on the scheduler worker(s), gateway(s) and embedded dev
-server, sim backend, one node, zero-byte switches. In one run, on one server:
+Sim backend, one node, zero-byte switches. In one run, on one server:
 
 1. the floor workflow's worker CPU per trivial update and per update awaiting
    one remote activity (bench.parts.floors, its worker in a process of its own);

@@ -1,8 +1,5 @@
 """GPU busy fraction with and without sharing, for synthetic RL jobs on the real stack.
 
-Utilisation gained: synthetic RL jobs through the real stack (gateway,
-workflow, agent, sim backend), with and without sharing one GPU.
-
 Default profile, after the llm-d time-slicing blog: two GRPO-like jobs whose
 GPUs are busy 40 % of the time on dedicated GPUs (sampler and trainer on the
 GPU, reward on the CPU), and a switch that costs a few per cent of an
