@@ -14,11 +14,8 @@ With ``--scripted``: each scripted fault of bench.parts.chaos_faults in turn, on
 at a chosen moment in a stack of its own (5 runs each, ``--quick`` one),
 and the time from it to the next grant.
 
-With ``--replicas N``: N scheduler workers and N gateways against the one
-Temporal; a scheduler or gateway fault kills one replica while the others
-serve. Each job is given every gateway, starting at a different one for
-neighbours (timeshare.testing.LocalStack.job_address), so a job whose gateway
-died goes on through another.
+With ``--replicas N``: N scheduler workers and N gateways; a fault kills one
+replica while the others serve (a job goes on through another gateway).
 
 Exit status 1 if any acquire was lost, any turn granted twice, any node held
 two jobs' state, any group stuck, or any live job failed otherwise. For a

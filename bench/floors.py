@@ -4,30 +4,20 @@
     python -m bench floors layers          # 25 workflows each, 3 rounds of 30 s
     python -m bench floors layers --quick  # one round of 20 s
 
-``hops``: how long the pair's update awaiting one activity takes, and, from
-its history, the two dispatches inside it: the activity's (scheduled to
-started) and the workflow task's after it (completed to the next task
-started). Each run is a new process with its own workers and connection to
-one embedded server, so the spread between runs is the server's and the
-SDK's, with none of timeshare's code in the path.
+``hops``: the pair's update awaiting one activity, and from its history the
+two dispatches inside it; each run a new process with its own workers and
+connection, so the spread between runs is the server's and the SDK's.
 
 ``layers``: what a hand-over costs the workflow worker, layer by layer
-(bench.parts.floor_layers), side by side in one window on one server: the
-pair floor `worker_cpu_ratio` divides by, then the hand-over-shaped layers
-up to timeshare's own GroupWorkflow, each in a worker process of its own
-(activations inline as the scheduler's; ``--floor-defaults``: the pair's on
-the SDK's thread pool), as many workflows each, paced as bench.scale paces
-its groups. Each round gives CPU milliseconds per hand-over (per pair for
-the floor) and each layer's ratio to the floor; the last line the medians
-over the rounds: ``pair_floor_cpu_ms`` (``pair_floor_inline``), per layer
-``<layer>_ratio``, and ``group_over_shape`` (what timeshare adds to the
-protocol's bare shape).
+(bench.parts.floor_layers), each layer's worker in a process of its own,
+side by side in one window, paced as bench.scale paces its groups; the
+figures: docs/benchmarks.md, "a hand-over, layer by layer".
 
-``worker`` is a layer's workflow worker, which the others start in a process
-of their own as the scheduler's runs: optionally in the scheduler's sandbox,
-with activations inline, on the scheduler's client and worker settings
-(``--settings scheduler``: timeshare's data converter, no compression, one
-external-storage visit at a time) rather than the SDK's.
+``worker`` (not listed) is a layer's workflow worker, which the others
+start: optionally in the scheduler's sandbox, with activations inline, on
+the scheduler's client and worker settings (``--settings scheduler``:
+timeshare's data converter, no compression, one external-storage visit at
+a time) rather than the SDK's.
 """
 
 from __future__ import annotations

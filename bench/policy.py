@@ -6,22 +6,8 @@ Sim backend, one node, **simulated** GPU: who gets the GPU, how long each waits.
     python -m bench policy --quick    # 12 s per scenario
     python -m bench policy --seconds S
 
-1. fairness: three jobs always want the GPU, one holding 0.6 s turns and two
-   holding 0.1 s turns; Jain's index of their GPU-seconds under FIFO and fair.
-   Then the blog's own case, two jobs, one holding 0.4 s turns and one 0.07 s:
-   the ratio of their GPU-seconds under the default policy (fair share holds
-   the turn open for the short job when it yields behind its share) and with
-   that anticipation off (fair_anticipation_seconds=0: they alternate, as any
-   ordering of waiters would), hand-overs, and the GPU's idle milliseconds per
-   hand-over while a job waited (the window's cost).
-2. priority: three low-priority jobs keep the GPU busy; a high-priority job
-   asks for a 0.2 s turn every second; p50 waits, against the same load with
-   everyone at one priority.
-3. trainer-first (llm-d's batch-interleaving scenario): a trainer alternates a
-   0.5 s train step on the GPU with 0.5 s on the CPU while two batch-inference
-   jobs want the GPU all the time in 0.5 s turns. Trainer step time alone,
-   with FIFO, with phase priority ("train" +10), and with phase priority plus
-   preemption of lower priority after 0.1 s.
+The scenarios (fairness, two busy jobs, priority, trainer-first) and their
+figures: docs/benchmarks.md, "Scheduling policies".
 """
 
 from __future__ import annotations

@@ -1,40 +1,16 @@
 """Many groups on one stack: hand-over p99, scheduler CPU against Temporal's floor, idle cost.
 
-Sim backend, one node, zero-byte switches. In one run, on one server:
+Sim backend, one node, zero-byte switches. In one run, on one server: the
+floor workflow's worker CPU (bench.parts.floors), the history idle jobs
+write (bench.parts.idle_history), what turn watches cost
+(bench.parts.watch_cost), the load (bench.parts.scale_load) at growing
+sizes, then at 50 groups (or the first size) once more with the floor paced
+the same way beside it in the same window (bench.parts.floors.PacedFloor).
 
-1. the floor workflow's worker CPU per trivial update and per update awaiting
-   one remote activity (bench.parts.floors, its worker in a process of its own);
-2. the history idle jobs write (bench.parts.idle_history): now, and with the
-   heartbeat every 10 s of clients before the turn watch;
-3. groups of 3 jobs, each group handing over once every ``--period`` seconds
-   (bench.parts.scale_load), at growing sizes; the full run searches upward until
-   the p99 hand-over passes 1 s or a lease is lost;
-4. paced, the load at 50 groups (or the first size) once more, with the
-   floor workflow paced the same way beside it in the same window
-   (bench.parts.floors.PacedFloor: as many workflows, one pair of updates each per
-   period).
-
-    python -m bench scale                     # 50, 100, 150, ... groups, 30 s each
-    python -m bench scale --quick             # 10 and 50 groups, 20 s each
-    python -m bench scale --period 0          # as fast as the jobs can (the old load)
-    python -m bench scale --replicas 2        # two schedulers and two gateways
-    python -m bench scale --profile DIR       # py-spy of the schedulers at 50 groups
-    python -m bench scale --floor-inline      # the paced floor's activations inline too
-    python -m bench scale --floor-publishes   # the paced floor upserts as a hand-over does
-    python -m bench scale --floor-handovers   # and a hand-over-shaped floor beside both
-    python -m bench scale --floor-handovers group   # or GroupWorkflow itself, driven directly
-
-worker_cpu_ratio: the scheduler's CPU per hand-over over the floor worker's
-per pair (a trivial update plus an update awaiting a remote activity), both
-from step 4's one window. On this shared VM the CPU one unit of work costs
-moves by ±20 % from minute to minute, more than what is compared, so the two
-are measured at the same moment. worker_cpu_ratio_back_to_back is the ratio
-measured the other way: the scheduler in step 3's window over step 1's floor
-(updates sent back to back to one workflow, minutes apart). Both count
-hand-overs alone: each group's first grant comes before the window, its last
-yield after it (worker_cpu_ratio_with_edges counts them too). At 50 groups
-(or the first size) it also prints what the server did per hand-over, from
-Temporal's own request counters (bench.parts.temporal_operations).
+worker_cpu_ratio sets the scheduler against the floor from that one window:
+on this shared VM the CPU a unit of work costs moves by ±20 % from minute to
+minute, more than what is compared. Its other forms, the options and every
+figure: docs/benchmarks.md, "Scale".
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """GPU busy fraction with and without sharing, for synthetic RL jobs on the real stack.
 
-Default profile, after the llm-d time-slicing blog: two GRPO-like jobs whose
-GPUs are busy 40 % of the time on dedicated GPUs (sampler and trainer on the
-GPU, reward on the CPU), and a switch that costs a few per cent of an
-iteration. Also sweeps 2, 3 and 4 jobs at duty cycles of 40 % and 25 %; then
-the same jobs with co-residency (the simulated GPU has room for two jobs'
-state: a switch is a lock and an unlock until a third job needs the room),
-and with workload hooks asking for discard mode (half of each job's state,
-its KV cache say, is dropped instead of moved, and rebuilt at once). The
-jobs give each turn back with Job.yield_nowait, starting their CPU phase at
-once; the full run repeats the default profile with blocking yields
-(Job.yield_, the answer awaited first) beside it.
-
-The agent runs `app+sim`: the app layer calls the hooks of jobs that serve
-them and does nothing for the others.
+Default profile, after the llm-d time-slicing blog: two GRPO-like jobs busy
+40 % of the time on dedicated GPUs (sampler and trainer on the GPU, reward
+on the CPU). Then sweeps of job counts and duty cycles, with co-residency,
+with hooks asking for discard mode (the agent runs `app+sim`) and with
+blocking yields: docs/benchmarks.md, "Utilisation gained".
 
     python -m bench utilization           # about 5 minutes
     python -m bench utilization --quick   # about 1 minute
