@@ -6,11 +6,19 @@ returning (zero-byte switches, sim backend); hops: bench.parts.handover_segments
     python -m bench handover           # 200 iterations each
     python -m bench handover --quick   # 40
     python -m bench handover --sim-switch /dev/shm   # the sim's own switch, alone
+    python -m bench handover --two-nodes              # two nodes against one, 40 each
+    python -m bench handover --two-nodes --state-gib 0   # the orchestration alone
 
 ``--sim-switch DIR``: what one zero-byte switch costs the sim backend itself
 (checkpoint one job, restore the other, nothing else running, the sim's
 state file in DIR): the sim's own bookkeeping, told from the scheduler's
 and Temporal's part of a hand-over.
+
+``--two-nodes``: switch and hand-over time on two nodes against one, side by
+side: group span-1's jobs on node-a only, span-2's on node-a and node-b, the
+same simulated state per job and node, hand-overs alternating between the
+groups so both see the same load. The goal: two nodes cost at most 1.5x one
+(the nodes move their state in parallel).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from bench.parts.stack import running_stack
 from bench.parts.stats import p50_p90_p99, percentile
 from timeshare.activities.backends.base import BackendConfig
 from timeshare.activities.backends.sim import SimBackend
+from timeshare.models import GroupPolicy
 from timeshare.names import group_workflow_id
 from timeshare.status import table
 from timeshare.workers.common.service import connect_temporal
@@ -44,6 +53,10 @@ from timeshare.workers.temporal.dev_server import (
 GROUP = "handover"
 # A pause between the sim's switches, as a hand-over leaves between its switches.
 SIM_PAUSE_SECONDS = 0.003
+NODES = ["node-a", "node-b"]
+# --two-nodes: 2 x 107 ms of simulated transfer per node and switch (checkpoint, restore).
+STATE_GIB = 2.0
+BANDWIDTH_GBPS = 20.0
 
 
 def measure_reacquire(job: timeshare.Job, iterations: int) -> list[float]:
@@ -159,10 +172,50 @@ def sim_switch(directory: Path, switches: int) -> None:
     print(f"sim_switch_p50_ms={p50:.2f} sim_switch_p90_ms={p90:.2f}")
 
 
+def two_nodes(iterations: int, state_gib: float, bandwidth_gbps: float) -> None:
+    spans = {1: NODES[:1], 2: NODES}
+    handover_ms: dict[int, list[float]] = {n: [] for n in spans}
+    switch_ms: dict[int, list[float]] = {n: [] for n in spans}
+    with running_stack(
+        node=NODES[0], more_nodes=NODES[1:], state_gib=state_gib, bandwidth_gbps=bandwidth_gbps,
+        sim_gpus=len(spans),
+    ) as stack:  # fmt: skip
+        print(f"stack ready; {iterations} hand-overs each", flush=True)
+        with timeshare.connect(stack.address) as client:
+            # Each group on a GPU of its own: a GPU is one group's at a time.
+            pairs = {
+                n: [
+                    client.join(f"span-{n}", f"job-{x}", nodes, GroupPolicy(gpus=[n - 1]))
+                    for x in "ab"
+                ]
+                for n, nodes in spans.items()
+            }
+            for _ in range(iterations):
+                for n, (a, b) in pairs.items():
+                    seconds: list[float] = []
+                    handover_ms[n] += measure_handover(client, a, b, 1, seconds)
+                    switch_ms[n] += [s * 1000 for s in seconds]
+    rows = []
+    for n, nodes in spans.items():
+        handover, switch = p50_p90_p99(handover_ms[n]), p50_p90_p99(switch_ms[n])
+        rows.append([str(n), ",".join(nodes), f"{switch[0]:.1f}", f"{switch[1]:.1f}",
+                     f"{handover[0]:.1f}", f"{handover[1]:.1f}"])  # fmt: skip
+    print()
+    print(f"{state_gib:g} GiB per job and node at {bandwidth_gbps:g} GB/s (SIMULATED)")
+    print(table(["nodes", "on", "switch p50 ms", "p90", "hand-over p50 ms", "p90"], rows))
+    s1, s2 = p50_p90_p99(switch_ms[1])[0], p50_p90_p99(switch_ms[2])[0]
+    h1, h2 = p50_p90_p99(handover_ms[1])[0], p50_p90_p99(handover_ms[2])[0]
+    print(
+        f"switch_1node_p50_ms={s1:.1f} switch_2node_p50_ms={s2:.1f} switch_ratio={s2 / s1:.2f} "
+        f"handover_1node_p50_ms={h1:.1f} handover_2node_p50_ms={h2:.1f} "
+        f"handover_ratio={h2 / h1:.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Hand-over latency against Temporal's floors.")
-    parser.add_argument("--quick", action="store_true", help="40 iterations instead of 200")
-    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--quick", action="store_true", help="40 iterations, --two-nodes 10")
+    parser.add_argument("--iterations", type=int, help="default 200, --two-nodes 40")
     parser.add_argument(
         "--transfer-reads", type=int, metavar="N",
         help="the embedded Temporal reads its transfer queue at most N times a second "
@@ -171,11 +224,19 @@ def main() -> None:
     parser.add_argument("--sim-switch", type=Path, metavar="DIR",
                         help="only the sim's own switch, its state file in DIR")  # fmt: skip
     parser.add_argument("--switches", type=int, default=400, help="--sim-switch: how many")
+    parser.add_argument("--two-nodes", action="store_true", help="two nodes against one")
+    parser.add_argument("--state-gib", type=float, default=STATE_GIB,
+                        help="--two-nodes: per job and node")  # fmt: skip
+    parser.add_argument("--bandwidth-gbps", type=float, default=BANDWIDTH_GBPS)
     args = parser.parse_args()
+    full, quick = (40, 10) if args.two_nodes else (200, 40)
+    iterations = quick if args.quick else args.iterations or full
     if args.sim_switch:
         sim_switch(args.sim_switch, args.switches)
         return
-    iterations = 40 if args.quick else args.iterations
+    if args.two_nodes:
+        two_nodes(iterations, args.state_gib, args.bandwidth_gbps)
+        return
     reads = args.transfer_reads or TRANSFER_QUEUE_READS_PER_SECOND
     dynamic_config = f"--dynamic-config={TRANSFER_READS_SETTING}={reads}"
     with running_stack(state_gib=0.0, temporal_options=[dynamic_config]) as stack:
