@@ -7,6 +7,12 @@ write (bench.parts.idle_history), what turn watches cost
 sizes, then at 50 groups (or the first size) once more with the floor paced
 the same way beside it in the same window (bench.parts.floors.PacedFloor).
 
+``--compare-replicas``: only the paced load (the first of ``--sizes``, 100
+groups unless given), on one scheduler and gateway, then on two of each
+against one Temporal: per run the cores each process kept busy and the
+share of the groups' workflow tasks each scheduler completed (by the worker
+identity Temporal records on each).
+
 worker_cpu_ratio sets the scheduler against the floor from that one window:
 on this shared VM the CPU a unit of work costs moves by ±20 % from minute to
 minute, more than what is compared. Its other forms, the options and every
@@ -37,7 +43,7 @@ from bench.parts.scale_load import LoadResult, run_load
 from bench.parts.stack import running_stack
 from bench.parts.temporal_operations import TemporalOperations
 from bench.parts.watch_cost import WatchCost, measure_watch_cost
-from bench.parts.window_history import window_events, workflow_tasks
+from bench.parts.window_history import count_events, task_worker, window_events, workflow_tasks
 from timeshare.models import MAX_GPUS_PER_NODE
 from timeshare.status import table
 from timeshare.testing import LocalStack
@@ -49,6 +55,7 @@ P99_LIMIT_MS = 1000.0
 SEARCH_STEP = 50
 # Each group has a simulated GPU of its own, and a node has at most this many.
 SEARCH_MAX = (MAX_GPUS_PER_NODE // SEARCH_STEP) * SEARCH_STEP
+REPLICAS_GROUPS = 100
 
 
 def stack_pids(stack: LocalStack) -> dict[str, int]:
@@ -403,6 +410,54 @@ def report(
     )
 
 
+async def replicas_load(
+    stack: LocalStack, groups: int, args: argparse.Namespace
+) -> tuple[LoadResult, dict[str, float]]:
+    """The paced load, and the share of its workflow tasks each scheduler completed."""
+    pids = stack_pids(stack)
+    result = await run_load(
+        stack.addresses, pids, groups, args.jobs_per_group, stack.node, args.period,
+        args.seconds, args.seed, name=f"replicas{stack.schedulers}",
+    )  # fmt: skip
+    client = await connect_temporal(stack.temporal, "default")
+    tasks = await count_events(client, result.group_names, task_worker)
+    # The SDK's default identity is "<pid>@<host>".
+    by_part = {
+        part: sum(n for who, n in tasks.items() if who.startswith(f"{pids[part]}@"))
+        for part in stack.scheduler_parts
+    }
+    return result, {part: n / max(1, sum(tasks.values())) for part, n in by_part.items()}
+
+
+def compare_replicas(args: argparse.Namespace) -> None:
+    groups = args.sizes[0] if args.sizes else REPLICAS_GROUPS
+    rows = []
+    for replicas in (1, 2):
+        with running_stack(
+            state_gib=0.0, schedulers=replicas, gateways=replicas, sim_gpus=groups
+        ) as stack:
+            result, shares = asyncio.run(replicas_load(stack, groups, args))
+        print(f"{replicas} replica(s): {result.handovers_per_s:.1f} hand-overs/s, p99 "
+              f"{result.p99_ms:.0f} ms (load {load_average()})", flush=True)  # fmt: skip
+        parts = (*stack.scheduler_parts, *stack.gateway_parts, "temporal", "agent")
+        rows.append([
+            str(replicas), str(result.handovers), f"{result.handovers_per_s:.1f}",
+            f"{result.p99_ms:.0f}", str(result.evictions + len(result.lost)),
+            ", ".join(f"{part} {result.cpu_share(part):.2f}" for part in parts),
+            ", ".join(f"{part} {share * 100:.0f} %" for part, share in shares.items()),
+        ])  # fmt: skip
+    pace = (
+        f"a hand-over per group every {args.period:g} s" if args.period else "as fast as possible"
+    )
+    print(f"\n{groups} groups of {args.jobs_per_group} jobs, {pace}, {args.seconds:g} s")
+    print(table(["replicas", "hand-overs", "hand-overs/s", "p99 ms", "leases lost",
+                 "cores busy", "workflow tasks completed"], rows))  # fmt: skip
+    one, two = rows
+    ratio = float(two[2]) / max(0.1, float(one[2]))
+    print(f"handovers_per_s_1={one[2]} handovers_per_s_2={two[2]} p99_ms_1={one[3]} "
+          f"p99_ms_2={two[3]} rate_ratio={ratio:.2f}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Hand-overs and their cost as groups grow.")
     parser.add_argument("--quick", action="store_true", help="10 and 50 groups, shorter windows")
@@ -411,6 +466,8 @@ def main() -> None:
         help="seconds between a group's hand-overs (0: as fast as possible; default %(default)s)",
     )  # fmt: skip
     parser.add_argument("--replicas", type=int, default=1, help="schedulers and gateways each")
+    parser.add_argument("--compare-replicas", action="store_true",
+                        help="only the load: one scheduler and gateway, then two")  # fmt: skip
     parser.add_argument("--sizes", type=lambda s: [int(n) for n in s.split(",")],
                         help="group counts, comma-separated (default: search upward)")  # fmt: skip
     parser.add_argument("--seconds", type=float, help="per size (default 30, quick 20)")
@@ -456,6 +513,9 @@ def main() -> None:
     args.idle_seconds = args.idle_seconds or (30.0 if args.quick else 60.0)
     args.floor_iterations = args.floor_iterations or (50 if args.quick else 200)
     args.watch_seconds = args.watch_seconds or (5.0 if args.quick else 10.0)
+    if args.compare_replicas:
+        compare_replicas(args)
+        return
     with running_stack(
         state_gib=0.0, schedulers=args.replicas, gateways=args.replicas,
         sim_gpus=MAX_GPUS_PER_NODE,
