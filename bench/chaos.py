@@ -29,7 +29,6 @@ import argparse
 import random
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from math import nan
@@ -39,6 +38,7 @@ from bench.parts import chaos_check as check
 from bench.parts import chaos_stuck
 from bench.parts.chaos_faults import KINDS, SCRIPTED, Fault, inject, run_scripted
 from bench.parts.chaos_pool import JobPool, JobSettings
+from bench.parts.stack import running_stack
 from bench.parts.stats import percentile
 from timeshare.errors import TimeshareError
 from timeshare.status import table
@@ -192,43 +192,42 @@ def report(
     return not (lost or double or overlapping or stuck or errors or crashes)
 
 
-def run(args: argparse.Namespace, workdir: Path) -> bool:
+def run(args: argparse.Namespace) -> bool:
     rng = random.Random(args.seed)
-    # Each group has a GPU of its own on every node (a GPU is one group's at a time).
-    stack = LocalStack(
-        workdir, node=NODES[0], more_nodes=NODES[1:], bandwidth_gbps=5.0, sim_gpus=args.groups,
-        schedulers=args.replicas, gateways=args.replicas,
-    )  # fmt: skip
     groups = [f"chaos-{g}" for g in range(args.groups)]
     started = time.time()
     settings = JobSettings(
         until=0.0, work_seconds=0.3, gap_seconds=0.2, lease_seconds=LEASE_SECONDS,
         agent_timeout_seconds=AGENT_TIMEOUT_SECONDS, continue_as_new_every=CONTINUE_AS_NEW_EVERY,
     )  # fmt: skip
-    pool = JobPool(stack, settings)
     crashes: list[str] = []
-    try:
-        stack.start_all()
-        pool.settings.until = time.time() + args.minutes * 60
-        for g, group in enumerate(groups):
-            for j in range(args.jobs_per_group):
-                pool.start(group, f"g{g}-j{j}", job_nodes(g, j), [g])
-        # The records under the workdir carry Unix times; this line ties them to the log's.
-        log(
-            started,
-            f"stack and {len(pool.processes)} jobs started; faults for {args.minutes:g} min "
-            f"(t=0 is Unix time {started:.3f}; records in {workdir})",
-        )
-        faults = run_faults(stack, pool, args.kinds.split(","), rng, started, crashes)
-        log(started, f"time's up after {len(faults)} faults; the jobs finish their last turns")
-        stuck = settle(stack, pool, groups, started, crashes)
-        why_stuck = explain_stuck(stack, groups, stuck, workdir)
-    finally:
-        pool.stop()
-        stack.stop_all()
-    counts = Counter(f.kind for f in faults)
-    log(started, "faults: " + ", ".join(f"{kind} {counts[kind]}" for kind in KINDS))
-    return report(faults, pool, stack, stuck, crashes, why_stuck)
+    # Each group has a GPU of its own on every node (a GPU is one group's at a time).
+    with running_stack(
+        args.workdir, node=NODES[0], more_nodes=NODES[1:], bandwidth_gbps=5.0,
+        sim_gpus=args.groups, schedulers=args.replicas, gateways=args.replicas,
+    ) as stack:  # fmt: skip
+        pool = JobPool(stack, settings)
+        try:
+            pool.settings.until = time.time() + args.minutes * 60
+            for g, group in enumerate(groups):
+                for j in range(args.jobs_per_group):
+                    pool.start(group, f"g{g}-j{j}", job_nodes(g, j), [g])
+            # The records under the workdir carry Unix times; this line ties them to the log's.
+            log(
+                started,
+                f"stack and {len(pool.processes)} jobs started; faults for {args.minutes:g} min "
+                f"(t=0 is Unix time {started:.3f}; records in {stack.workdir})",
+            )
+            faults = run_faults(stack, pool, args.kinds.split(","), rng, started, crashes)
+            log(started, f"time's up after {len(faults)} faults; the jobs finish their last turns")
+            stuck = settle(stack, pool, groups, started, crashes)
+            why_stuck = explain_stuck(stack, groups, stuck, stack.workdir)
+        finally:
+            pool.stop()
+        stack.stop_all()  # before the report; the records stay until the with ends
+        counts = Counter(f.kind for f in faults)
+        log(started, "faults: " + ", ".join(f"{kind} {counts[kind]}" for kind in KINDS))
+        return report(faults, pool, stack, stuck, crashes, why_stuck)
 
 
 def explain_stuck(
@@ -249,8 +248,7 @@ def scripted(runs: int) -> bool:
     for name in SCRIPTED:
         results = []
         for run in range(runs):
-            with tempfile.TemporaryDirectory() as scratch:
-                result = run_scripted(name, Path(scratch))
+            result = run_scripted(name)
             print(
                 f"{name} #{run + 1}: next grant after {result.seconds_to_next_grant:.2f} s, "
                 f"lost {result.lost_requests}, overlaps {result.overlaps}",
@@ -296,11 +294,7 @@ def main() -> None:
         parser.error(f"--kinds: unknown {', '.join(sorted(unknown))}; choose from {KINDS}")
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
-        clean = run(args, args.workdir)
-    else:
-        with tempfile.TemporaryDirectory(prefix="timeshare-chaos-") as scratch:
-            clean = run(args, Path(scratch))
-    sys.exit(0 if clean else 1)
+    sys.exit(0 if run(args) else 1)
 
 
 if __name__ == "__main__":

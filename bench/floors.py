@@ -32,13 +32,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from temporalio.api.enums.v1 import EventType
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from bench.parts.floor_layers import LAYERS, PAIR, WORKFLOWS
-from bench.parts.floors import READY_LINE, Events, PacedFloor, PacedFloorCpu, time_floors
+from bench.parts.floors import READY_LINE, PacedFloor, PacedFloorCpu, time_floors
+from bench.parts.handover_segments import Event
 from bench.parts.procstat import load_average
 from timeshare.models import GroupPolicy
 from timeshare.status import table
@@ -60,22 +60,20 @@ MAX_PERIOD = GroupPolicy().lease_seconds / 2
 async def one_run(address: str, iterations: int) -> tuple[float, float, float]:
     """(update+activity p50, activity dispatch p50, dispatch back p50), ms."""
     times = await time_floors(await connect_temporal(address, "default"), iterations)
-    dispatch = hops(times.events, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
-                    EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED)  # fmt: skip
-    back = hops(times.events, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
-                EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED)  # fmt: skip
+    dispatch = hops(times.events, "ACTIVITY_TASK_SCHEDULED", "ACTIVITY_TASK_STARTED")
+    back = hops(times.events, "ACTIVITY_TASK_COMPLETED", "WORKFLOW_TASK_STARTED")
     total = statistics.median(times.wall_ms["update+activity"])
     return total, statistics.median(dispatch), statistics.median(back)
 
 
-def hops(events: Events, start: int, end: int) -> list[float]:
+def hops(events: list[Event], start: str, end: str) -> list[float]:
     """Milliseconds from each ``start`` event to the first ``end`` after it."""
     found = []
-    for index, (at, kind) in enumerate(events):
-        if kind == start:
-            after = next((t for t, k in events[index + 1 :] if k == end), None)
+    for index, event in enumerate(events):
+        if event.kind == start:
+            after = next((e.at for e in events[index + 1 :] if e.kind == end), None)
             if after is not None:
-                found.append(after - at)
+                found.append((after - event.at) * 1000)
     return found
 
 

@@ -5,20 +5,14 @@ returning (zero-byte switches, sim backend); hops: bench.parts.handover_segments
 
     python -m bench handover           # 200 iterations each
     python -m bench handover --quick   # 40
-    python -m bench handover --sim-switch /dev/shm   # the sim's own switch, alone
+    python -m bench handover --sim-switch /dev/shm   # the sim backend's own switch, alone
     python -m bench handover --two-nodes              # two nodes against one, 40 each
     python -m bench handover --two-nodes --state-gib 0   # the orchestration alone
 
-``--sim-switch DIR``: what one zero-byte switch costs the sim backend itself
-(checkpoint one job, restore the other, nothing else running, the sim's
-state file in DIR): the sim's own bookkeeping, told from the scheduler's
-and Temporal's part of a hand-over.
-
-``--two-nodes``: switch and hand-over time on two nodes against one, side by
-side: group span-1's jobs on node-a only, span-2's on node-a and node-b, the
-same simulated state per job and node, hand-overs alternating between the
-groups so both see the same load. The goal: two nodes cost at most 1.5x one
-(the nodes move their state in parallel).
+``--sim-switch`` tells the sim's own bookkeeping from the scheduler's and
+Temporal's part of a hand-over; ``--two-nodes`` alternates hand-overs
+between a group on node-a and one on node-a and node-b. What each figure
+means: docs/benchmarks.md, "Hand-over latency" and "Switches on two nodes".
 """
 
 from __future__ import annotations
@@ -28,15 +22,11 @@ import asyncio
 import tempfile
 import threading
 import time
-from datetime import UTC
 from pathlib import Path
-
-from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
 
 import timeshare
 from bench.parts.floors import time_floors
-from bench.parts.handover_segments import SEGMENTS, Event, all_segments
+from bench.parts.handover_segments import SEGMENTS, Event, all_segments, history_events
 from bench.parts.stack import running_stack
 from bench.parts.stats import p50_p90_p99, percentile
 from timeshare.activities.backends.base import BackendConfig
@@ -115,18 +105,6 @@ def measure_handover(
             wall_clock.append((yielded_at, returned_at))
         b.yield_()
     return timings
-
-
-async def group_events(client: Client) -> list[Event]:
-    handle = client.get_workflow_handle(group_workflow_id(GROUP))
-    return [
-        Event(
-            event.event_time.ToDatetime(tzinfo=UTC).timestamp(),
-            EventType.Name(event.event_type).removeprefix("EVENT_TYPE_"),
-            event.activity_task_scheduled_event_attributes.activity_type.name,
-        )
-        async for event in handle.fetch_history_events()
-    ]
 
 
 def print_segments(found: list[list[float]], handovers: int) -> None:
@@ -254,7 +232,8 @@ def main() -> None:
         async def floors_and_history() -> tuple[dict[str, list[float]], list[Event]]:
             temporal = await connect_temporal(stack.temporal, "default")
             times = await time_floors(temporal, iterations)
-            return times.wall_ms, await group_events(temporal)
+            group = temporal.get_workflow_handle(group_workflow_id(GROUP))
+            return times.wall_ms, await history_events(group)
 
         floor, events = asyncio.run(floors_and_history())
     rows = []

@@ -1,27 +1,22 @@
 """The placement advisor's predictions against real runs of the groups it plans.
 
-Plan a set of jobs, run the planned groups on the sim stack (one sim agent
-per GPU set, each job a synthetic job following its profile's iteration),
-and compare the model's predictions with what was measured.
-
 First the stack's own costs are measured (CALIBRATION: groups of the same
 sizes as the plan's, running a reference profile of their own on the same
-agents at the same time); the plan is made with them; then the planned
-groups run together, and the model predicts each group's finite run from the
-moment each job really started. "in-run" repeats the prediction with the
-costs the planned run itself showed (plain means over all its groups): how
-much of the error is the stack's latencies drifting (the host is shared;
-the load average is printed) rather than the model.
+agents at the same time); the jobs are planned with them; the planned groups
+run together on the sim stack (one sim agent per GPU set, each job a
+synthetic job following its profile's iteration), and the model predicts
+each group's finite run from the moment each job really started. "in-run"
+repeats the prediction with the costs the planned run itself showed (plain
+means over all its groups): how much of the error is the stack's latencies
+drifting (the host is shared; the load average is printed), not the model.
 
     python -m bench placement           # 10 iterations per job, about 3 minutes
     python -m bench placement --quick   # 4 iterations, about 1.5 minutes
-    python -m bench placement --speed   # how fast it plans: CPU only, no stack
+    python -m bench placement --speed   # how fast it models and plans: CPU only, no stack
 
 The last line: max_util_error (largest |predicted - measured| busy fraction
-of a group, as a fraction: 0.03 is 3 points) and max_slowdown_error (largest
-|predicted - measured| / measured slowdown of a job). ``--speed`` times the
-model on a 4-job group over 100 iterations (minimum and median of 7 runs),
-the exact search on 10 jobs and the heuristic on 100, in seconds.
+of a group: 0.03 is 3 points) and max_slowdown_error (largest |predicted -
+measured| / measured slowdown of a job).
 """
 
 from __future__ import annotations

@@ -27,8 +27,6 @@ import contextlib
 import os
 import platform
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 
@@ -94,10 +92,9 @@ def print_idle(idle: IdleHistory) -> None:
          f"{idle.default_policy.per_job_hour():.1f}"],
     ]  # fmt: skip
     print(table(["idle jobs", "jobs", "events", "renewals", "events per job-hour"], rows))
-    kinds = ", ".join(f"{kind} {n}" for kind, n in idle.before.events.most_common())
-    print(f"events in the 'before' window: {kinds}")
-    kinds = ", ".join(f"{kind} {n}" for kind, n in idle.now.events.most_common())
-    print(f"events in the 'now' window: {kinds}")
+    for name, window in (("before", idle.before), ("now", idle.now)):
+        kinds = ", ".join(f"{kind} {n}" for kind, n in window.events.most_common())
+        print(f"events in the '{name}' window: {kinds}")
 
 
 def print_watch(watch: WatchCost) -> None:
@@ -115,10 +112,10 @@ def print_floor(
     handovers: PacedFloorCpu | None,
 ) -> None:  # fmt: skip
     rows = [
-        ["trivial update", f"{floor.update_cpu_ms:.2f}", f"{floor.update_wall_ms:.1f}",
-         f"{sandboxed.update_cpu_ms:.2f}"],
-        ["update awaiting one remote activity", f"{floor.activity_cpu_ms:.2f}",
-         f"{floor.activity_wall_ms:.1f}", f"{sandboxed.activity_cpu_ms:.2f}"],
+        [what, f"{floor.cpu_ms[name]:.2f}", f"{floor.wall_ms[name]:.1f}",
+         f"{sandboxed.cpu_ms[name]:.2f}"]
+        for what, name in (("trivial update", "update"),
+                           ("update awaiting one remote activity", "update+activity"))
     ]  # fmt: skip
     if paced is not None:
         how = ", activations inline" if paced.inline else ""
@@ -173,10 +170,10 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
         temporal, stack.temporal, args.floor_iterations, workdir,
         args.profile / "floor-worker-sandboxed.txt" if args.profile else None, sandboxed=True,
     )  # fmt: skip
-    print(f"floor: update {floor.update_cpu_ms:.2f} ms CPU, "
-          f"update+activity {floor.activity_cpu_ms:.2f} ms CPU; Temporal's "
-          f"{floor.server_update_cpu_ms:.2f} and {floor.server_activity_cpu_ms:.2f} ms",
-          flush=True)  # fmt: skip
+    cpu, server = floor.cpu_ms, floor.server_cpu_ms
+    print(f"floor: update {cpu['update']:.2f} ms CPU, update+activity "
+          f"{cpu['update+activity']:.2f} ms CPU; Temporal's {server['update']:.2f} and "
+          f"{server['update+activity']:.2f} ms", flush=True)  # fmt: skip
     idle = await measure_idle_history(
         temporal, stack.address, stack.node, args.idle_groups, 3, args.idle_seconds,
         args.idle_lease,
@@ -209,7 +206,7 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
         result = await run_load(
             stack.addresses, stack_pids(stack), groups, args.jobs_per_group, stack.node,
             args.period, args.seconds, args.seed,
-            during=both(profiling, operations[groups].window()),
+            during=[profiling, operations[groups].window()],
         )  # fmt: skip
         results.append(result)
         print(f"{groups} groups: {result.handovers_per_s:.1f} hand-overs/s, p99 "
@@ -261,10 +258,7 @@ async def load_beside_floor(
         load = await run_load(
             stack.addresses, stack_pids(stack), reference.groups, args.jobs_per_group,
             stack.node, args.period, args.seconds, args.seed, name="beside",
-            during=both(
-                floor.window(args.seconds),
-                handovers.window(args.seconds) if handovers else contextlib.nullcontext(),
-            ),
+            during=[paced.window(args.seconds) for paced in (floor, handovers) if paced],
         )  # fmt: skip
     assert floor.result is not None
     print(f"beside the paced floor: scheduler "
@@ -290,13 +284,6 @@ def print_history(history: Counter[str], result: LoadResult) -> None:
           "3 workflow tasks, 2 updates, 1 activity):")  # fmt: skip
     rows = [[kind, f"{n / max(1, result.handovers):.2f}"] for kind, n in history.most_common(14)]
     print(table(["event", "per hand-over"], rows))
-
-
-@contextlib.contextmanager
-def both(first: AbstractContextManager[object], second: AbstractContextManager[object]
-         ) -> Iterator[None]:  # fmt: skip
-    with first, second:
-        yield
 
 
 def print_operations(operations: TemporalOperations, result: LoadResult) -> None:

@@ -4,27 +4,19 @@ to timeshare's own GroupWorkflow. Each layer runs on a task queue of its own
 (its worker a ``python -m bench floors worker`` process), so that side by
 side each worker's CPU is its own layer's.
 
-- ``pair``: Temporal's own floor, no hand-over: a trivial update (as a
-  waiter's acquire arrives) and an update awaiting one activity on another
-  task queue (what a one-node switch costs at least). With ``publishes``
-  each pair also upserts the search attributes a hand-over changes, which
-  the turn watch reads (timeshare.workers.gateway.turn_watch).
-- ``shape``: the switch protocol (docs/user-guide.md) and nothing else: the waiter's
-  acquire is an update that stays open until its grant; the holder's yield
-  returns at once; the main loop then runs one activity on another task
-  queue (the switch) and grants the next waiter, whose acquire completes in
-  that same workflow task. Strings in and out.
-- ``messages``: the same, with the scheduler's pydantic messages on every
-  boundary (AcquireInput and AcquireResult, YieldInput and YieldOutput,
-  SwitchInput and SwitchOutput), as the project's rules ask.
-- ``published``: and the two search-attribute upserts of a hand-over that
-  the turn watch reads: a waiter arrived (the holder is now contended and
-  renews its lease), and the new holder.
-- ``group``: timeshare's GroupWorkflow itself, sent the same updates by the
-  benchmark directly (no gateway), its switch served by a no-op activity.
-  Its worker runs on the scheduler's client and worker settings (timeshare's
-  data converter, no gRPC compression, one external-storage visit at a
-  time: ``--settings scheduler``); the other layers keep the SDK's defaults.
+- ``pair``: no hand-over: a trivial update (as a waiter's acquire arrives)
+  and an update awaiting one activity on another task queue (what a
+  one-node switch costs at least); with ``publishes`` also the search
+  attribute upserts a hand-over makes for the turn watch.
+- ``shape``: the switch protocol (docs/user-guide.md) and nothing else,
+  strings in and out: the waiter's acquire stays open until its grant, the
+  holder's yield returns at once, then one activity (the switch) and the
+  grant, in that same workflow task.
+- ``messages``: the same with the scheduler's pydantic messages on every
+  boundary; ``published``: and the two upserts the turn watch reads.
+- ``group``: GroupWorkflow itself, sent the same updates directly (no
+  gateway), its switch a no-op activity, its worker on the scheduler's
+  settings (``--settings scheduler``); the others keep the SDK's defaults.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from bench.parts.floor_layers import (
     floor_noop,
     start_floor,
 )
+from bench.parts.handover_segments import Event, history_events
 from bench.parts.procstat import cpu_seconds, tree_cpu_seconds
 from bench.parts.profiling import Profiler
 from timeshare.workers.common.children import spawn, stop_process
@@ -46,8 +47,6 @@ from timeshare.workflows.visibility import HOLDER
 
 READY_SECONDS = 60.0
 READY_LINE = "floor worker: ready"
-# A history's events: (milliseconds, event type).
-Events = list[tuple[float, int]]
 
 
 @dataclass
@@ -57,7 +56,7 @@ class PairTimes:
     wall_ms: dict[str, list[float]]  # each round trip
     # Milliseconds of each counter (CPU seconds read by the caller) per update.
     counted_ms: dict[str, list[float]]
-    events: Events  # the workflow's history
+    events: list[Event]  # the workflow's history
 
 
 async def time_pair(
@@ -82,11 +81,7 @@ async def time_pair(
         ]
     await handle.signal(FloorWorkflow.finish)
     await handle.result()
-    events = [
-        (event.event_time.ToMicroseconds() / 1000, int(event.event_type))
-        async for event in handle.fetch_history_events()
-    ]
-    return PairTimes(wall, counted, events)
+    return PairTimes(wall, counted, await history_events(handle))
 
 
 async def time_floors(client: Client, iterations: int) -> PairTimes:
@@ -102,25 +97,23 @@ async def time_floors(client: Client, iterations: int) -> PairTimes:
 
 @dataclass
 class FloorCpu:
-    """Milliseconds of the floor workflow worker's CPU per update, and of wall time."""
+    """The pair's updates sent back to back: milliseconds of the floor
+    workflow worker's CPU and of the Temporal server's (where its process was
+    named) per update, and the mean round trip, each by update name."""
 
-    update_cpu_ms: float
-    activity_cpu_ms: float
-    update_wall_ms: float
-    activity_wall_ms: float
-    # The Temporal server's CPU per update, where its process was named.
-    server_update_cpu_ms: float = 0.0
-    server_activity_cpu_ms: float = 0.0
+    cpu_ms: dict[str, float]
+    server_cpu_ms: dict[str, float]
+    wall_ms: dict[str, float]
 
     @property
     def per_handover_floor_ms(self) -> float:
         # A hand-over is at least an update that returns at once (the yield)
         # and one that awaits a switch activity (the waiter's acquire).
-        return self.update_cpu_ms + self.activity_cpu_ms
+        return sum(self.cpu_ms.values())
 
     @property
     def per_handover_server_floor_ms(self) -> float:
-        return self.server_update_cpu_ms + self.server_activity_cpu_ms
+        return sum(self.server_cpu_ms.values())
 
 
 @dataclass
@@ -311,8 +304,8 @@ async def measure_floor_cpu(
                 times = await time_pair(client, PAIR.task_queue, iterations, counters)
     finally:
         stop_process(worker)
-    update, activity = times.counted_ms["update"], times.counted_ms["update+activity"]
     return FloorCpu(
-        update[0], activity[0], statistics.mean(times.wall_ms["update"]),
-        statistics.mean(times.wall_ms["update+activity"]), update[1], activity[1],
-    )  # fmt: skip
+        {name: counted[0] for name, counted in times.counted_ms.items()},
+        {name: counted[1] for name, counted in times.counted_ms.items()},
+        {name: statistics.mean(wall) for name, wall in times.wall_ms.items()},
+    )
