@@ -5,14 +5,8 @@ schedule SIGKILLs and restarts the scheduler worker, the gateway, the node
 agents, job processes and the Temporal dev server (same SQLite file and
 port); then the jobs finish their turns. What counts: bench.parts.chaos_check.
 
-    python -m bench chaos --minutes N [--seed S] [--groups G] [--jobs-per-group J]
-                          [--kinds scheduler,gateway,agent,job,temporal] [--workdir DIR]
-                          [--replicas N]
-    python -m bench chaos --scripted [--runs N | --quick]
-
-With ``--scripted``: each scripted fault of bench.parts.chaos_faults in turn, one
-at a chosen moment in a stack of its own (5 runs each, ``--quick`` one),
-and the time from it to the next grant.
+    python -m bench chaos --minutes N [--replicas N] [--workdir DIR]   # more: --help
+    python -m bench chaos --scripted [--runs N | --quick]   # bench.parts.chaos_faults
 
 With ``--replicas N``: N scheduler workers and N gateways; a fault kills one
 replica while the others serve (a job goes on through another gateway).

@@ -13,11 +13,9 @@ connection, so the spread between runs is the server's and the SDK's.
 side by side in one window, paced as bench.scale paces its groups; the
 figures: docs/benchmarks.md, "a hand-over, layer by layer".
 
-``worker`` (not listed) is a layer's workflow worker, which the others
-start: optionally in the scheduler's sandbox, with activations inline, on
-the scheduler's client and worker settings (``--settings scheduler``:
-timeshare's data converter, no compression, one external-storage visit at
-a time) rather than the SDK's.
+``worker`` (not listed), which the others start: a layer's workflow worker,
+optionally in the scheduler's sandbox, with activations inline, on the
+scheduler's settings (``--settings scheduler``) rather than the SDK's.
 """
 
 from __future__ import annotations

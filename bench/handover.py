@@ -9,10 +9,8 @@ returning (zero-byte switches, sim backend); hops: bench.parts.handover_segments
     python -m bench handover --two-nodes              # two nodes against one, 40 each
     python -m bench handover --two-nodes --state-gib 0   # the orchestration alone
 
-``--sim-switch`` tells the sim's own bookkeeping from the scheduler's and
-Temporal's part of a hand-over; ``--two-nodes`` alternates hand-overs
-between a group on node-a and one on node-a and node-b. What each figure
-means: docs/benchmarks.md, "Hand-over latency" and "Switches on two nodes".
+What each figure means: docs/benchmarks.md, "Hand-over latency" and
+"Switches on two nodes".
 """
 
 from __future__ import annotations

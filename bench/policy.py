@@ -41,16 +41,18 @@ def jain(values: list[float]) -> float:
 
 
 async def busy(job: timeshare.aio.Job, hold: float, until: float, log: Log, gap: float = 0.0,
-               phase: str = "") -> None:  # fmt: skip
-    """Ask again as soon as the turn is given back (plus ``gap`` off the GPU)."""
+               phase: str = "", every: float = 0.0) -> None:  # fmt: skip
+    """Ask again as soon as the turn is given back, plus ``gap`` off the GPU,
+    or ``every`` seconds from the last ask; each ask to the next is a step."""
     clock = asyncio.get_running_loop().time
     while clock() < until:
         asked = clock()
         async with job.turn(phase=phase):
             log.wait(job.name, clock() - asked)
             await asyncio.sleep(hold)
-        if gap:
-            await asyncio.sleep(gap)
+        if gap or every:
+            await asyncio.sleep(max(gap, every - (clock() - asked)))
+        log.steps.append(clock() - asked)
 
 
 async def fairness(stack: LocalStack, ordering: str, seconds: float) -> float:
@@ -116,20 +118,10 @@ async def priority(stack: LocalStack, prioritised: bool, seconds: float) -> tupl
     async with timeshare.aio.connect(stack.address) as api:
         lows = [await api.join(group, f"low-{i}", [stack.node]) for i in range(3)]
         high = await api.join(group, "high", [stack.node], priority=5 if prioritised else 0)
-        clock = asyncio.get_running_loop().time
-        until = clock() + seconds
+        until = asyncio.get_running_loop().time() + seconds
         log = Log()
-
-        async def every_second() -> None:
-            while clock() < until:
-                started = clock()
-                asked = clock()
-                async with high.turn():
-                    log.wait("high", clock() - asked)
-                    await asyncio.sleep(0.2)
-                await asyncio.sleep(max(0.0, 1.0 - (clock() - started)))
-
-        await asyncio.gather(every_second(), *(busy(j, 0.3, until, log, gap=0.05) for j in lows))
+        await asyncio.gather(busy(high, 0.2, until, log, every=1.0),
+                             *(busy(j, 0.3, until, log, gap=0.05) for j in lows))  # fmt: skip
         for job in [*lows, high]:
             await job.leave()
     low_waits = [w for job, waits in log.waits.items() if job != "high" for w in waits]
@@ -153,19 +145,10 @@ async def trainer_first(stack: LocalStack, variant: str, seconds: float) -> floa
         batch = [] if variant == "alone" else [
             await api.join(group, f"batch-{i}", [stack.node]) for i in range(2)
         ]  # fmt: skip
-        clock = asyncio.get_running_loop().time
-        until = clock() + seconds
-        log = Log()
-
-        async def train() -> None:
-            while clock() < until:
-                started = clock()
-                async with trainer.turn(phase="train"):
-                    await asyncio.sleep(0.5)
-                await asyncio.sleep(0.5)
-                log.steps.append(clock() - started)
-
-        await asyncio.gather(train(), *(busy(j, 0.5, until, log, phase="rollout") for j in batch))
+        until = asyncio.get_running_loop().time() + seconds
+        log = Log()  # the trainer's alone
+        rollouts = [busy(j, 0.5, until, Log(), phase="rollout") for j in batch]
+        await asyncio.gather(busy(trainer, 0.5, until, log, gap=0.5, phase="train"), *rollouts)
         for job in [trainer, *batch]:
             await job.leave()
     return sum(log.steps) / len(log.steps)

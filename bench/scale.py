@@ -7,11 +7,10 @@ write (bench.parts.idle_history), what turn watches cost
 sizes, then at 50 groups (or the first size) once more with the floor paced
 the same way beside it in the same window (bench.parts.floors.PacedFloor).
 
-``--compare-replicas``: only the paced load (the first of ``--sizes``, 100
-groups unless given), on one scheduler and gateway, then on two of each
-against one Temporal: per run the cores each process kept busy and the
-share of the groups' workflow tasks each scheduler completed (by the worker
-identity Temporal records on each).
+``--compare-replicas``: only the paced load (the first of ``--sizes``, or
+100 groups), on one scheduler and gateway, then on two of each: the cores
+each process kept busy, and the share of the workflow tasks each scheduler
+completed (by the worker identity Temporal records).
 
 worker_cpu_ratio sets the scheduler against the floor from that one window:
 on this shared VM the CPU a unit of work costs moves by ±20 % from minute to

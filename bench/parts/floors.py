@@ -4,10 +4,8 @@ as the scheduler runs, its CPU read from /proc.
 
 time_pair sends the pair's two updates back to back to one workflow:
 time_floors from workers in the benchmark's process, measure_floor_cpu
-reading the workflow worker's CPU per update; PacedFloor paces a layer's
-workflows as bench.scale's paced load paces its groups (many workflows, a
-hand-over, or a pair, each per period), so that the two are compared under
-the same load.
+reading the workflow worker's CPU per update. PacedFloor paces a layer's
+workflows as bench.scale's paced load paces its groups.
 """
 
 from __future__ import annotations
