@@ -1,4 +1,4 @@
-"""Hand-over and re-acquire latency on one node, beside Temporal's floors, hop by hop.
+"""Hand-over latency on one node beside Temporal's floors, hop by hop; on two nodes; the sim's own.
 
 Re-acquire with nobody waiting, and A's yield to waiting B's acquire
 returning (zero-byte switches, sim backend); hops: bench.parts.handover_segments.

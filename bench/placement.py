@@ -1,4 +1,4 @@
-"""The placement advisor's predictions against real runs of the groups it plans.
+"""The placement advisor's predictions against real runs of the groups it plans, and its speed.
 
 First the stack's own costs are measured (CALIBRATION: groups of the same
 sizes as the plan's, running a reference profile of their own on the same

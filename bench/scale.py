@@ -1,4 +1,4 @@
-"""Many groups on one stack: hand-over p99, scheduler CPU against Temporal's floor, idle cost.
+"""Many groups on one stack: hand-over p99, CPU against Temporal's floor, idle cost, replicas.
 
 Sim backend, one node, zero-byte switches. In one run, on one server: the
 floor workflow's worker CPU (bench.parts.floors), the history idle jobs
