@@ -63,7 +63,7 @@ bench: install
 	$(BIN)/python -m bench handover --quick
 	$(BIN)/python -m bench utilization --quick
 	$(BIN)/python -m bench scale --quick
-	$(BIN)/python -m bench multinode --quick
+	$(BIN)/python -m bench handover --two-nodes --quick
 	$(BIN)/python -m bench placement --quick
 
 clean:

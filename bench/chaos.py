@@ -1,25 +1,15 @@
 """Faults against a running stack, random or scripted: requests lost, double grants, overlaps.
 
-Chaos: groups of jobs take turns on three simulated nodes while a seeded
-random schedule SIGKILLs and restarts the scheduler worker, the gateway, the
-node agents, job processes and the Temporal dev server (on the same SQLite
-file and port). Then the faults stop and the jobs finish the turns they
-wait for. Definitions of what is counted: `bench.parts.chaos_check`.
+Groups of jobs take turns on three simulated nodes while a seeded random
+schedule SIGKILLs and restarts the scheduler worker, the gateway, the node
+agents, job processes and the Temporal dev server (same SQLite file and
+port); then the jobs finish their turns. What counts: bench.parts.chaos_check.
 
-    python -m bench chaos --minutes N [--seed S] [--groups G] [--jobs-per-group J]
-                          [--kinds scheduler,gateway,agent,job,temporal] [--workdir DIR]
-                          [--replicas N]
-    python -m bench chaos --scripted [--runs N | --quick]
+    python -m bench chaos --minutes N [--replicas N] [--workdir DIR]   # more: --help
+    python -m bench chaos --scripted [--runs N | --quick]   # bench.parts.chaos_faults
 
-With ``--scripted``: each scripted fault of bench.parts.chaos_faults in turn, one
-at a chosen moment in a stack of its own (5 runs each, ``--quick`` one),
-and the time from it to the next grant.
-
-With ``--replicas N``: N scheduler workers and N gateways against the one
-Temporal; a scheduler or gateway fault kills one replica while the others
-serve. Each job is given every gateway, starting at a different one for
-neighbours (timeshare.testing.LocalStack.job_address), so a job whose gateway
-died goes on through another.
+With ``--replicas N``: N scheduler workers and N gateways; a fault kills one
+replica while the others serve (a job goes on through another gateway).
 
 Exit status 1 if any acquire was lost, any turn granted twice, any node held
 two jobs' state, any group stuck, or any live job failed otherwise. For a
@@ -33,7 +23,6 @@ import argparse
 import random
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from math import nan
@@ -43,6 +32,7 @@ from bench.parts import chaos_check as check
 from bench.parts import chaos_stuck
 from bench.parts.chaos_faults import KINDS, SCRIPTED, Fault, inject, run_scripted
 from bench.parts.chaos_pool import JobPool, JobSettings
+from bench.parts.stack import running_stack
 from bench.parts.stats import percentile
 from timeshare.errors import TimeshareError
 from timeshare.status import table
@@ -196,43 +186,42 @@ def report(
     return not (lost or double or overlapping or stuck or errors or crashes)
 
 
-def run(args: argparse.Namespace, workdir: Path) -> bool:
+def run(args: argparse.Namespace) -> bool:
     rng = random.Random(args.seed)
-    # Each group has a GPU of its own on every node (a GPU is one group's at a time).
-    stack = LocalStack(
-        workdir, node=NODES[0], more_nodes=NODES[1:], bandwidth_gbps=5.0, sim_gpus=args.groups,
-        schedulers=args.replicas, gateways=args.replicas,
-    )  # fmt: skip
     groups = [f"chaos-{g}" for g in range(args.groups)]
     started = time.time()
     settings = JobSettings(
         until=0.0, work_seconds=0.3, gap_seconds=0.2, lease_seconds=LEASE_SECONDS,
         agent_timeout_seconds=AGENT_TIMEOUT_SECONDS, continue_as_new_every=CONTINUE_AS_NEW_EVERY,
     )  # fmt: skip
-    pool = JobPool(stack, settings)
     crashes: list[str] = []
-    try:
-        stack.start_all()
-        pool.settings.until = time.time() + args.minutes * 60
-        for g, group in enumerate(groups):
-            for j in range(args.jobs_per_group):
-                pool.start(group, f"g{g}-j{j}", job_nodes(g, j), [g])
-        # The records under the workdir carry Unix times; this line ties them to the log's.
-        log(
-            started,
-            f"stack and {len(pool.processes)} jobs started; faults for {args.minutes:g} min "
-            f"(t=0 is Unix time {started:.3f}; records in {workdir})",
-        )
-        faults = run_faults(stack, pool, args.kinds.split(","), rng, started, crashes)
-        log(started, f"time's up after {len(faults)} faults; the jobs finish their last turns")
-        stuck = settle(stack, pool, groups, started, crashes)
-        why_stuck = explain_stuck(stack, groups, stuck, workdir)
-    finally:
-        pool.stop()
-        stack.stop_all()
-    counts = Counter(f.kind for f in faults)
-    log(started, "faults: " + ", ".join(f"{kind} {counts[kind]}" for kind in KINDS))
-    return report(faults, pool, stack, stuck, crashes, why_stuck)
+    # Each group has a GPU of its own on every node (a GPU is one group's at a time).
+    with running_stack(
+        args.workdir, node=NODES[0], more_nodes=NODES[1:], bandwidth_gbps=5.0,
+        sim_gpus=args.groups, schedulers=args.replicas, gateways=args.replicas,
+    ) as stack:  # fmt: skip
+        pool = JobPool(stack, settings)
+        try:
+            pool.settings.until = time.time() + args.minutes * 60
+            for g, group in enumerate(groups):
+                for j in range(args.jobs_per_group):
+                    pool.start(group, f"g{g}-j{j}", job_nodes(g, j), [g])
+            # The records under the workdir carry Unix times; this line ties them to the log's.
+            log(
+                started,
+                f"stack and {len(pool.processes)} jobs started; faults for {args.minutes:g} min "
+                f"(t=0 is Unix time {started:.3f}; records in {stack.workdir})",
+            )
+            faults = run_faults(stack, pool, args.kinds.split(","), rng, started, crashes)
+            log(started, f"time's up after {len(faults)} faults; the jobs finish their last turns")
+            stuck = settle(stack, pool, groups, started, crashes)
+            why_stuck = explain_stuck(stack, groups, stuck, stack.workdir)
+        finally:
+            pool.stop()
+        stack.stop_all()  # before the report; the records stay until the with ends
+        counts = Counter(f.kind for f in faults)
+        log(started, "faults: " + ", ".join(f"{kind} {counts[kind]}" for kind in KINDS))
+        return report(faults, pool, stack, stuck, crashes, why_stuck)
 
 
 def explain_stuck(
@@ -253,8 +242,7 @@ def scripted(runs: int) -> bool:
     for name in SCRIPTED:
         results = []
         for run in range(runs):
-            with tempfile.TemporaryDirectory() as scratch:
-                result = run_scripted(name, Path(scratch))
+            result = run_scripted(name)
             print(
                 f"{name} #{run + 1}: next grant after {result.seconds_to_next_grant:.2f} s, "
                 f"lost {result.lost_requests}, overlaps {result.overlaps}",
@@ -300,11 +288,7 @@ def main() -> None:
         parser.error(f"--kinds: unknown {', '.join(sorted(unknown))}; choose from {KINDS}")
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
-        clean = run(args, args.workdir)
-    else:
-        with tempfile.TemporaryDirectory(prefix="timeshare-chaos-") as scratch:
-            clean = run(args, Path(scratch))
-    sys.exit(0 if clean else 1)
+    sys.exit(0 if run(args) else 1)
 
 
 if __name__ == "__main__":

@@ -4,30 +4,18 @@
     python -m bench floors layers          # 25 workflows each, 3 rounds of 30 s
     python -m bench floors layers --quick  # one round of 20 s
 
-``hops``: how long the pair's update awaiting one activity takes, and, from
-its history, the two dispatches inside it: the activity's (scheduled to
-started) and the workflow task's after it (completed to the next task
-started). Each run is a new process with its own workers and connection to
-one embedded server, so the spread between runs is the server's and the
-SDK's, with none of timeshare's code in the path.
+``hops``: the pair's update awaiting one activity, and from its history the
+two dispatches inside it; each run a new process with its own workers and
+connection, so the spread between runs is the server's and the SDK's.
 
 ``layers``: what a hand-over costs the workflow worker, layer by layer
-(bench.parts.floor_layers), side by side in one window on one server: the
-pair floor `worker_cpu_ratio` divides by, then the hand-over-shaped layers
-up to timeshare's own GroupWorkflow, each in a worker process of its own
-(activations inline as the scheduler's; ``--floor-defaults``: the pair's on
-the SDK's thread pool), as many workflows each, paced as bench.scale paces
-its groups. Each round gives CPU milliseconds per hand-over (per pair for
-the floor) and each layer's ratio to the floor; the last line the medians
-over the rounds: ``pair_floor_cpu_ms`` (``pair_floor_inline``), per layer
-``<layer>_ratio``, and ``group_over_shape`` (what timeshare adds to the
-protocol's bare shape).
+(bench.parts.floor_layers), each layer's worker in a process of its own,
+side by side in one window, paced as bench.scale paces its groups; the
+figures: docs/benchmarks.md, "a hand-over, layer by layer".
 
-``worker`` is a layer's workflow worker, which the others start in a process
-of their own as the scheduler's runs: optionally in the scheduler's sandbox,
-with activations inline, on the scheduler's client and worker settings
-(``--settings scheduler``: timeshare's data converter, no compression, one
-external-storage visit at a time) rather than the SDK's.
+``worker`` (not listed), which the others start: a layer's workflow worker,
+optionally in the scheduler's sandbox, with activations inline, on the
+scheduler's settings (``--settings scheduler``) rather than the SDK's.
 """
 
 from __future__ import annotations
@@ -42,13 +30,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from temporalio.api.enums.v1 import EventType
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from bench.parts.floor_layers import LAYERS, PAIR, WORKFLOWS
-from bench.parts.floors import READY_LINE, Events, PacedFloor, PacedFloorCpu, time_floors
+from bench.parts.floors import READY_LINE, PacedFloor, PacedFloorCpu, time_floors
+from bench.parts.handover_segments import Event
 from bench.parts.procstat import load_average
 from timeshare.models import GroupPolicy
 from timeshare.status import table
@@ -69,23 +57,21 @@ MAX_PERIOD = GroupPolicy().lease_seconds / 2
 
 async def one_run(address: str, iterations: int) -> tuple[float, float, float]:
     """(update+activity p50, activity dispatch p50, dispatch back p50), ms."""
-    timings, events = await time_floors(await connect_temporal(address, "default"), iterations)
-    dispatch = hops(events, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
-                    EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED)  # fmt: skip
-    back = hops(events, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
-                EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED)  # fmt: skip
-    total = statistics.median(timings["update+activity"])
+    times = await time_floors(await connect_temporal(address, "default"), iterations)
+    dispatch = hops(times.events, "ACTIVITY_TASK_SCHEDULED", "ACTIVITY_TASK_STARTED")
+    back = hops(times.events, "ACTIVITY_TASK_COMPLETED", "WORKFLOW_TASK_STARTED")
+    total = statistics.median(times.wall_ms["update+activity"])
     return total, statistics.median(dispatch), statistics.median(back)
 
 
-def hops(events: Events, start: int, end: int) -> list[float]:
+def hops(events: list[Event], start: str, end: str) -> list[float]:
     """Milliseconds from each ``start`` event to the first ``end`` after it."""
     found = []
-    for index, (at, kind) in enumerate(events):
-        if kind == start:
-            after = next((t for t, k in events[index + 1 :] if k == end), None)
+    for index, event in enumerate(events):
+        if event.kind == start:
+            after = next((e.at for e in events[index + 1 :] if e.kind == end), None)
             if after is not None:
-                found.append(after - at)
+                found.append((after - event.at) * 1000)
     return found
 
 

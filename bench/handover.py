@@ -1,12 +1,16 @@
-"""Hand-over and re-acquire latency on one node, beside Temporal's floors, hop by hop.
+"""Hand-over latency on one node beside Temporal's floors, hop by hop; on two nodes; the sim's own.
 
-Hand-over latency: re-acquire with nobody waiting, and a hand-over from A's
-yield to waiting B's acquire returning, on one node with zero-byte switches
-(sim backend), next to Temporal's own floors measured on the same server,
-and where a hand-over's time goes hop by hop (bench.parts.handover_segments).
+Re-acquire with nobody waiting, and A's yield to waiting B's acquire
+returning (zero-byte switches, sim backend); hops: bench.parts.handover_segments.
 
     python -m bench handover           # 200 iterations each
     python -m bench handover --quick   # 40
+    python -m bench handover --sim-switch /dev/shm   # the sim backend's own switch, alone
+    python -m bench handover --two-nodes              # two nodes against one, 40 each
+    python -m bench handover --two-nodes --state-gib 0   # the orchestration alone
+
+What each figure means: docs/benchmarks.md, "Hand-over latency" and
+"Switches on two nodes".
 """
 
 from __future__ import annotations
@@ -16,19 +20,18 @@ import asyncio
 import tempfile
 import threading
 import time
-from datetime import UTC
 from pathlib import Path
-
-from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
 
 import timeshare
 from bench.parts.floors import time_floors
-from bench.parts.handover_segments import SEGMENTS, Event, all_segments
-from bench.parts.stats import p50_p90_p99
+from bench.parts.handover_segments import SEGMENTS, Event, all_segments, history_events
+from bench.parts.stack import running_stack
+from bench.parts.stats import p50_p90_p99, percentile
+from timeshare.activities.backends.base import BackendConfig
+from timeshare.activities.backends.sim import SimBackend
+from timeshare.models import GroupPolicy
 from timeshare.names import group_workflow_id
 from timeshare.status import table
-from timeshare.testing import LocalStack
 from timeshare.workers.common.service import connect_temporal
 from timeshare.workers.temporal.dev_server import (
     TRANSFER_QUEUE_READS_PER_SECOND,
@@ -36,6 +39,12 @@ from timeshare.workers.temporal.dev_server import (
 )
 
 GROUP = "handover"
+# A pause between the sim's switches, as a hand-over leaves between its switches.
+SIM_PAUSE_SECONDS = 0.003
+NODES = ["node-a", "node-b"]
+# --two-nodes: 2 x 107 ms of simulated transfer per node and switch (checkpoint, restore).
+STATE_GIB = 2.0
+BANDWIDTH_GBPS = 20.0
 
 
 def measure_reacquire(job: timeshare.Job, iterations: int) -> list[float]:
@@ -96,18 +105,6 @@ def measure_handover(
     return timings
 
 
-async def group_events(client: Client) -> list[Event]:
-    handle = client.get_workflow_handle(group_workflow_id(GROUP))
-    return [
-        Event(
-            event.event_time.ToDatetime(tzinfo=UTC).timestamp(),
-            EventType.Name(event.event_type).removeprefix("EVENT_TYPE_"),
-            event.activity_task_scheduled_event_attributes.activity_type.name,
-        )
-        async for event in handle.fetch_history_events()
-    ]
-
-
 def print_segments(found: list[list[float]], handovers: int) -> None:
     """The p50 of each hop; the hops do not add up to the hand-over's p50
     (each has its own median, and the few tenths of a millisecond between
@@ -122,44 +119,121 @@ def print_segments(found: list[list[float]], handovers: int) -> None:
     print(table(["hop", "p50 ms", "p90 ms"], rows))
 
 
+async def switch_times(directory: Path, switches: int) -> list[float]:
+    """Milliseconds of each of the sim's switches (checkpoint + restore) between two jobs."""
+    with tempfile.TemporaryDirectory(dir=directory) as state, tempfile.TemporaryDirectory() as log:
+        sim = SimBackend(
+            BackendConfig(
+                node="n", sim_state_bytes=0, sim_state_path=str(Path(state) / "sim-state.json"),
+                sim_record_path=str(Path(log) / "residency.jsonl"),
+            )
+        )  # fmt: skip
+        await sim.restore("g", "a")
+        times = []
+        for n in range(switches):
+            leaving, coming = ("a", "b") if n % 2 == 0 else ("b", "a")
+            start = time.perf_counter()
+            await sim.checkpoint("g", leaving)
+            await sim.restore("g", coming)
+            times.append((time.perf_counter() - start) * 1000)
+            await asyncio.sleep(SIM_PAUSE_SECONDS)
+        return times
+
+
+def sim_switch(directory: Path, switches: int) -> None:
+    times = asyncio.run(switch_times(directory, switches))
+    p50, p90 = percentile(times, 50), percentile(times, 90)
+    print(f"{switches} zero-byte switches, SIMULATED GPU, state in {directory}: "
+          f"p50 {p50:.2f} ms, p90 {p90:.2f} ms")  # fmt: skip
+    print(f"sim_switch_p50_ms={p50:.2f} sim_switch_p90_ms={p90:.2f}")
+
+
+def two_nodes(iterations: int, state_gib: float, bandwidth_gbps: float) -> None:
+    spans = {1: NODES[:1], 2: NODES}
+    handover_ms: dict[int, list[float]] = {n: [] for n in spans}
+    switch_ms: dict[int, list[float]] = {n: [] for n in spans}
+    with running_stack(
+        node=NODES[0], more_nodes=NODES[1:], state_gib=state_gib, bandwidth_gbps=bandwidth_gbps,
+        sim_gpus=len(spans),
+    ) as stack:  # fmt: skip
+        print(f"stack ready; {iterations} hand-overs each", flush=True)
+        with timeshare.connect(stack.address) as client:
+            # Each group on a GPU of its own: a GPU is one group's at a time.
+            pairs = {
+                n: [
+                    client.join(f"span-{n}", f"job-{x}", nodes, GroupPolicy(gpus=[n - 1]))
+                    for x in "ab"
+                ]
+                for n, nodes in spans.items()
+            }
+            for _ in range(iterations):
+                for n, (a, b) in pairs.items():
+                    seconds: list[float] = []
+                    handover_ms[n] += measure_handover(client, a, b, 1, seconds)
+                    switch_ms[n] += [s * 1000 for s in seconds]
+    rows = []
+    for n, nodes in spans.items():
+        handover, switch = p50_p90_p99(handover_ms[n]), p50_p90_p99(switch_ms[n])
+        rows.append([str(n), ",".join(nodes), f"{switch[0]:.1f}", f"{switch[1]:.1f}",
+                     f"{handover[0]:.1f}", f"{handover[1]:.1f}"])  # fmt: skip
+    print()
+    print(f"{state_gib:g} GiB per job and node at {bandwidth_gbps:g} GB/s (SIMULATED)")
+    print(table(["nodes", "on", "switch p50 ms", "p90", "hand-over p50 ms", "p90"], rows))
+    s1, s2 = p50_p90_p99(switch_ms[1])[0], p50_p90_p99(switch_ms[2])[0]
+    h1, h2 = p50_p90_p99(handover_ms[1])[0], p50_p90_p99(handover_ms[2])[0]
+    print(
+        f"switch_1node_p50_ms={s1:.1f} switch_2node_p50_ms={s2:.1f} switch_ratio={s2 / s1:.2f} "
+        f"handover_1node_p50_ms={h1:.1f} handover_2node_p50_ms={h2:.1f} "
+        f"handover_ratio={h2 / h1:.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Hand-over latency against Temporal's floors.")
-    parser.add_argument("--quick", action="store_true", help="40 iterations instead of 200")
-    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--quick", action="store_true", help="40 iterations, --two-nodes 10")
+    parser.add_argument("--iterations", type=int, help="default 200, --two-nodes 40")
     parser.add_argument(
         "--transfer-reads", type=int, metavar="N",
         help="the embedded Temporal reads its transfer queue at most N times a second "
         f"(default {TRANSFER_QUEUE_READS_PER_SECOND}; Temporal's own default is 20)",
     )  # fmt: skip
+    parser.add_argument("--sim-switch", type=Path, metavar="DIR",
+                        help="only the sim's own switch, its state file in DIR")  # fmt: skip
+    parser.add_argument("--switches", type=int, default=400, help="--sim-switch: how many")
+    parser.add_argument("--two-nodes", action="store_true", help="two nodes against one")
+    parser.add_argument("--state-gib", type=float, default=STATE_GIB,
+                        help="--two-nodes: per job and node")  # fmt: skip
+    parser.add_argument("--bandwidth-gbps", type=float, default=BANDWIDTH_GBPS)
     args = parser.parse_args()
-    iterations = 40 if args.quick else args.iterations
+    full, quick = (40, 10) if args.two_nodes else (200, 40)
+    iterations = quick if args.quick else args.iterations or full
+    if args.sim_switch:
+        sim_switch(args.sim_switch, args.switches)
+        return
+    if args.two_nodes:
+        two_nodes(iterations, args.state_gib, args.bandwidth_gbps)
+        return
     reads = args.transfer_reads or TRANSFER_QUEUE_READS_PER_SECOND
-    with tempfile.TemporaryDirectory() as scratch:
-        stack = LocalStack(
-            Path(scratch), state_gib=0.0,
-            temporal_options=[f"--dynamic-config={TRANSFER_READS_SETTING}={reads}"],
-        )  # fmt: skip
-        try:
-            stack.start_all()
-            print(f"stack ready; {iterations} iterations each; transfer queue read at most "
-                  f"{reads} times a second", flush=True)  # fmt: skip
-            with timeshare.connect(stack.address) as client:
-                a = client.join(GROUP, "job-a", [stack.node])
-                b = client.join(GROUP, "job-b", [stack.node])
-                reacquire = measure_reacquire(a, iterations)
-                print("re-acquire done", flush=True)
-                wall_clock: list[tuple[float, float]] = []
-                handover = measure_handover(client, a, b, iterations, wall_clock=wall_clock)
-                print("hand-over done", flush=True)
+    dynamic_config = f"--dynamic-config={TRANSFER_READS_SETTING}={reads}"
+    with running_stack(state_gib=0.0, temporal_options=[dynamic_config]) as stack:
+        print(f"stack ready; {iterations} iterations each; transfer queue read at most "
+              f"{reads} times a second", flush=True)  # fmt: skip
+        with timeshare.connect(stack.address) as client:
+            a = client.join(GROUP, "job-a", [stack.node])
+            b = client.join(GROUP, "job-b", [stack.node])
+            reacquire = measure_reacquire(a, iterations)
+            print("re-acquire done", flush=True)
+            wall_clock: list[tuple[float, float]] = []
+            handover = measure_handover(client, a, b, iterations, wall_clock=wall_clock)
+            print("hand-over done", flush=True)
 
-            async def floors_and_history() -> tuple[dict[str, list[float]], list[Event]]:
-                temporal = await connect_temporal(stack.temporal, "default")
-                timings, _ = await time_floors(temporal, iterations)
-                return timings, await group_events(temporal)
+        async def floors_and_history() -> tuple[dict[str, list[float]], list[Event]]:
+            temporal = await connect_temporal(stack.temporal, "default")
+            times = await time_floors(temporal, iterations)
+            group = temporal.get_workflow_handle(group_workflow_id(GROUP))
+            return times.wall_ms, await history_events(group)
 
-            floor, events = asyncio.run(floors_and_history())
-        finally:
-            stack.stop_all()
+        floor, events = asyncio.run(floors_and_history())
     rows = []
     for name, values in (
         ("re-acquire (no node action)", reacquire),

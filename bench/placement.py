@@ -1,43 +1,45 @@
-"""The placement advisor's predictions against real runs of the groups it plans.
-
-The placement advisor checked against real runs: plan a set of jobs, run
-the planned groups for real on the sim stack (gateway, workflow, one sim
-agent per GPU set, each job a synthetic job following its profile's
-iteration), and compare the model's predictions with what was measured.
+"""The placement advisor's predictions against real runs of the groups it plans, and its speed.
 
 First the stack's own costs are measured (CALIBRATION: groups of the same
 sizes as the plan's, running a reference profile of their own on the same
-agents at the same time); the plan is made with them; then the planned
-groups run together, and the model predicts each group's finite run from the
-moment each job really started. "in-run" repeats the prediction with the
-costs the planned run itself showed (plain means over all its groups): how
-much of the error is the stack's latencies drifting (the host is shared;
-the load average is printed) rather than the model.
+agents at the same time); the jobs are planned with them; the planned groups
+run together on the sim stack (one sim agent per GPU set, each job a
+synthetic job following its profile's iteration), and the model predicts
+each group's finite run from the moment each job really started. "in-run"
+repeats the prediction with the costs the planned run itself showed (plain
+means over all its groups): how much of the error is the stack's latencies
+drifting (the host is shared; the load average is printed), not the model.
 
     python -m bench placement           # 10 iterations per job, about 3 minutes
     python -m bench placement --quick   # 4 iterations, about 1.5 minutes
+    python -m bench placement --speed   # how fast it models and plans: CPU only, no stack
 
 The last line: max_util_error (largest |predicted - measured| busy fraction
-of a group, as a fraction: 0.03 is 3 points) and max_slowdown_error (largest
-|predicted - measured| / measured slowdown of a job).
+of a group: 0.03 is 3 points) and max_slowdown_error (largest |predicted -
+measured| / measured slowdown of a job).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import tempfile
+import random
+import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import timeshare
 from bench.parts.placement_costs import CostSamples
+from bench.parts.stack import running_stack
+from timeshare.models import GroupPolicy
 from timeshare.placement.evaluate import Evaluator
 from timeshare.placement.figures import GroupPrediction, whole_run
 from timeshare.placement.load import load_plan_input
 from timeshare.placement.model import GroupModel
 from timeshare.placement.plan import PlanFile, make_plan
 from timeshare.placement.search import PlanError
-from timeshare.placement.spec import JobSpec, Phase, PlanInput, StackCosts
+from timeshare.placement.spec import GpuSets, JobSpec, Phase, PlanInput, StackCosts
 from timeshare.status import table
 from timeshare.synthetic import SyntheticJobReport, load_report
 from timeshare.testing import LocalStack
@@ -48,6 +50,9 @@ CALIBRATION = [Phase(gpu=0.4), Phase(cpu=1.0), Phase(gpu=0.2)]
 CALIBRATION_STATE_GIB = 2.0
 CALIBRATION_ITERATIONS = 5
 START_SPACING_SECONDS = 0.2
+# Seconds of each phase, drawn uniformly between these.
+SPEED_PHASE_BOUNDS = [(0.5, 6.0), (2.0, 12.0), (0.3, 4.0)]
+SPEED_SETS = GpuSets(count=100, gpu_memory_gib=80, host_memory_gib=512, bandwidth_gbps=25)
 
 
 def iteration_option(phases: list[Phase]) -> str:
@@ -140,50 +145,92 @@ def costs_line(costs: StackCosts) -> str:
                      for name, value in costs.model_dump().items())  # fmt: skip
 
 
+def mixed_jobs(count: int, seed: int = 7) -> list[JobSpec]:
+    """RL-like jobs: sample, reward, train, with duty cycles from about 10 % to 60 %."""
+    chooser = random.Random(seed)
+    jobs = []
+    for index in range(count):
+        sample, reward, train = (chooser.uniform(*bounds) for bounds in SPEED_PHASE_BOUNDS)
+        iteration = [Phase(gpu=sample), Phase(cpu=reward), Phase(gpu=train)]
+        state_gib = chooser.choice([8.0, 16.0, 24.0, 40.0])
+        jobs.append(JobSpec(name=f"job-{index}", state_gib=state_gib, iteration=iteration))
+    return jobs
+
+
+def seconds_of(action: Callable[[], object], repeat: int = 1) -> tuple[float, float]:
+    """The minimum and median seconds of ``repeat`` runs."""
+    seconds = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        action()
+        seconds.append(time.perf_counter() - start)
+    return min(seconds), statistics.median(seconds)
+
+
+def speed() -> None:
+    four = mixed_jobs(4)
+    model_min, model_median = seconds_of(
+        lambda: GroupModel(four, SPEED_SETS, GroupPolicy(), StackCosts()).run(100), repeat=7
+    )
+    print(f"model, 4 jobs x 100 iterations: {model_min:.3f} s (median {model_median:.3f} s)")
+    ten = PlanInput(jobs=mixed_jobs(10), gpu_sets=SPEED_SETS, max_slowdown=1.5)
+    exact, _ = seconds_of(lambda: make_plan(Evaluator(ten)))
+    print(f"exact search, 10 jobs: {exact:.1f} s")
+    hundred = PlanInput(jobs=mixed_jobs(100), gpu_sets=SPEED_SETS, max_slowdown=1.5)
+    plans: list[PlanFile] = []
+    heuristic, _ = seconds_of(lambda: plans.append(make_plan(Evaluator(hundred))))
+    s = plans[0].summary
+    print(
+        f"heuristic search, 100 jobs: {heuristic:.1f} s ({s.sets_used} sets, busy "
+        f"{s.plan_util:.0%}; dedicated {s.sets_dedicated} sets, busy {s.dedicated_util:.0%})"
+    )
+    print(f"model_4x100_s={model_min:.3f} exact_10_s={exact:.1f} heuristic_100_s={heuristic:.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Placement predictions against real runs.")
     parser.add_argument("--quick", action="store_true", help="4 iterations per job, not 10")
     parser.add_argument("--file", type=Path, default=EXAMPLE, help="jobs and GPU sets (YAML)")
     parser.add_argument("--keep", type=Path, help="keep the logs and the jobs' records here")
+    parser.add_argument("--speed", action="store_true", help="how fast it plans (CPU only)")
     args = parser.parse_args()
+    if args.speed:
+        speed()
+        return
     iterations = 4 if args.quick else 10
     load_before = os.getloadavg()[0]
     plan_input = load_plan_input(args.file)
     sets = plan_input.gpu_sets
     first = make_plan(Evaluator(plan_input))
     nodes = [g.node for g in first.groups]
-    with tempfile.TemporaryDirectory() as scratch:
-        workdir = args.keep or Path(scratch)
-        workdir.mkdir(parents=True, exist_ok=True)
-        stack = LocalStack(
-            workdir, node=nodes[0], more_nodes=nodes[1:], backend="sim",
-            state_gib=CALIBRATION_STATE_GIB, bandwidth_gbps=sets.bandwidth_gbps,
-            capacity_gib=sets.gpu_memory_gib,
-            job_state_gib={j.name: j.state_gib or 0.0 for j in plan_input.jobs},
-        )  # fmt: skip
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    with running_stack(
+        args.keep, node=nodes[0], more_nodes=nodes[1:], backend="sim",
+        state_gib=CALIBRATION_STATE_GIB, bandwidth_gbps=sets.bandwidth_gbps,
+        capacity_gib=sets.gpu_memory_gib,
+        job_state_gib={j.name: j.state_gib or 0.0 for j in plan_input.jobs},
+    ) as stack:  # fmt: skip
+        workdir = stack.workdir
+        costs = calibrate(stack, first, plan_input, workdir)
+        print(f"measured stack costs: {costs_line(costs)}", flush=True)
+        plan_input = plan_input.model_copy(update={"costs": costs})
         try:
-            stack.start_all()
-            costs = calibrate(stack, first, plan_input, workdir)
-            print(f"measured stack costs: {costs_line(costs)}", flush=True)
-            plan_input = plan_input.model_copy(update={"costs": costs})
-            try:
-                plan = make_plan(Evaluator(plan_input))
-            except PlanError as error:
-                raise SystemExit(
-                    f"bench.placement: with the stack's costs as measured now: {error}; "
-                    "the machine is busy, try again when it is quieter"
-                ) from None
-            for group in plan.groups:
-                if group.node not in stack.nodes:
-                    stack.more_nodes.append(group.node)
-                    stack.start(stack.agent(group.node))
-            by_name = {j.name: j for j in plan_input.jobs}
-            groups = [(g.group, g.node, [by_name[j] for j in g.jobs]) for g in plan.groups]
-            print(f"running {len(groups)} planned groups, {iterations} iterations per job",
-                  flush=True)  # fmt: skip
-            results = run_groups(stack, groups, iterations, plan_input.policy.co_residency, workdir)
-        finally:
-            stack.stop_all()
+            plan = make_plan(Evaluator(plan_input))
+        except PlanError as error:
+            raise SystemExit(
+                f"bench.placement: with the stack's costs as measured now: {error}; "
+                "the machine is busy, try again when it is quieter"
+            ) from None
+        for group in plan.groups:
+            if group.node not in stack.nodes:
+                stack.more_nodes.append(group.node)
+                stack.start(stack.agent(group.node))
+        by_name = {j.name: j for j in plan_input.jobs}
+        groups = [(g.group, g.node, [by_name[j] for j in g.jobs]) for g in plan.groups]
+        print(f"running {len(groups)} planned groups, {iterations} iterations per job",
+              flush=True)  # fmt: skip
+        results = run_groups(stack, groups, iterations, plan_input.policy.co_residency, workdir)
     print(f"load average (1 min) at the start {load_before:.1f}, at the end "
           f"{os.getloadavg()[0]:.1f}, on {os.cpu_count()} cores", flush=True)  # fmt: skip
     report(plan_input, plan, groups, results, iterations, costs)

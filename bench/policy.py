@@ -1,28 +1,13 @@
 """Scheduling policies on the real stack: fair share, priority waits, trainer-first steps.
 
-Scheduling policies measured on the real stack (sim backend, one node,
-**simulated** GPU): who gets the GPU, how long each waits.
+Sim backend, one node, **simulated** GPU: who gets the GPU, how long each waits.
 
     python -m bench policy            # 40 s per scenario
     python -m bench policy --quick    # 12 s per scenario
     python -m bench policy --seconds S
 
-1. fairness: three jobs always want the GPU, one holding 0.6 s turns and two
-   holding 0.1 s turns; Jain's index of their GPU-seconds under FIFO and fair.
-   Then the blog's own case, two jobs, one holding 0.4 s turns and one 0.07 s:
-   the ratio of their GPU-seconds under the default policy (fair share holds
-   the turn open for the short job when it yields behind its share) and with
-   that anticipation off (fair_anticipation_seconds=0: they alternate, as any
-   ordering of waiters would), hand-overs, and the GPU's idle milliseconds per
-   hand-over while a job waited (the window's cost).
-2. priority: three low-priority jobs keep the GPU busy; a high-priority job
-   asks for a 0.2 s turn every second; p50 waits, against the same load with
-   everyone at one priority.
-3. trainer-first (llm-d's batch-interleaving scenario): a trainer alternates a
-   0.5 s train step on the GPU with 0.5 s on the CPU while two batch-inference
-   jobs want the GPU all the time in 0.5 s turns. Trainer step time alone,
-   with FIFO, with phase priority ("train" +10), and with phase priority plus
-   preemption of lower priority after 0.1 s.
+The scenarios (fairness, two busy jobs, priority, trainer-first) and their
+figures: docs/benchmarks.md, "Scheduling policies".
 """
 
 from __future__ import annotations
@@ -30,13 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import timeshare.aio
+from bench.parts.stack import running_stack
 from bench.parts.stats import percentile
 from timeshare.models import GroupPolicy
 from timeshare.status import table
@@ -57,16 +41,18 @@ def jain(values: list[float]) -> float:
 
 
 async def busy(job: timeshare.aio.Job, hold: float, until: float, log: Log, gap: float = 0.0,
-               phase: str = "") -> None:  # fmt: skip
-    """Ask again as soon as the turn is given back (plus ``gap`` off the GPU)."""
+               phase: str = "", every: float = 0.0) -> None:  # fmt: skip
+    """Ask again as soon as the turn is given back, plus ``gap`` off the GPU,
+    or ``every`` seconds from the last ask; each ask to the next is a step."""
     clock = asyncio.get_running_loop().time
     while clock() < until:
         asked = clock()
         async with job.turn(phase=phase):
             log.wait(job.name, clock() - asked)
             await asyncio.sleep(hold)
-        if gap:
-            await asyncio.sleep(gap)
+        if gap or every:
+            await asyncio.sleep(max(gap, every - (clock() - asked)))
+        log.steps.append(clock() - asked)
 
 
 async def fairness(stack: LocalStack, ordering: str, seconds: float) -> float:
@@ -132,20 +118,10 @@ async def priority(stack: LocalStack, prioritised: bool, seconds: float) -> tupl
     async with timeshare.aio.connect(stack.address) as api:
         lows = [await api.join(group, f"low-{i}", [stack.node]) for i in range(3)]
         high = await api.join(group, "high", [stack.node], priority=5 if prioritised else 0)
-        clock = asyncio.get_running_loop().time
-        until = clock() + seconds
+        until = asyncio.get_running_loop().time() + seconds
         log = Log()
-
-        async def every_second() -> None:
-            while clock() < until:
-                started = clock()
-                asked = clock()
-                async with high.turn():
-                    log.wait("high", clock() - asked)
-                    await asyncio.sleep(0.2)
-                await asyncio.sleep(max(0.0, 1.0 - (clock() - started)))
-
-        await asyncio.gather(every_second(), *(busy(j, 0.3, until, log, gap=0.05) for j in lows))
+        await asyncio.gather(busy(high, 0.2, until, log, every=1.0),
+                             *(busy(j, 0.3, until, log, gap=0.05) for j in lows))  # fmt: skip
         for job in [*lows, high]:
             await job.leave()
     low_waits = [w for job, waits in log.waits.items() if job != "high" for w in waits]
@@ -169,19 +145,10 @@ async def trainer_first(stack: LocalStack, variant: str, seconds: float) -> floa
         batch = [] if variant == "alone" else [
             await api.join(group, f"batch-{i}", [stack.node]) for i in range(2)
         ]  # fmt: skip
-        clock = asyncio.get_running_loop().time
-        until = clock() + seconds
-        log = Log()
-
-        async def train() -> None:
-            while clock() < until:
-                started = clock()
-                async with trainer.turn(phase="train"):
-                    await asyncio.sleep(0.5)
-                await asyncio.sleep(0.5)
-                log.steps.append(clock() - started)
-
-        await asyncio.gather(train(), *(busy(j, 0.5, until, log, phase="rollout") for j in batch))
+        until = asyncio.get_running_loop().time() + seconds
+        log = Log()  # the trainer's alone
+        rollouts = [busy(j, 0.5, until, Log(), phase="rollout") for j in batch]
+        await asyncio.gather(busy(trainer, 0.5, until, log, gap=0.5, phase="train"), *rollouts)
         for job in [trainer, *batch]:
             await job.leave()
     return sum(log.steps) / len(log.steps)
@@ -225,13 +192,8 @@ def main() -> None:
     args = parser.parse_args()
     seconds = args.seconds or (12.0 if args.quick else 40.0)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as scratch:
-        stack = LocalStack(Path(scratch), state_gib=0.0)
-        try:
-            stack.start_all()
-            figures = asyncio.run(run(stack, seconds))
-        finally:
-            stack.stop_all()
+    with running_stack(state_gib=0.0) as stack:
+        figures = asyncio.run(run(stack, seconds))
     print()
     print(table(
         ["measure", "value"],

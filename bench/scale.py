@@ -1,41 +1,21 @@
-"""Many groups on one stack: hand-over p99, scheduler CPU against Temporal's floor, idle cost.
+"""Many groups on one stack: hand-over p99, CPU against Temporal's floor, idle cost, replicas.
 
-Scale: many groups on the scheduler worker(s), gateway(s) and embedded dev
-server, sim backend, one node, zero-byte switches. In one run, on one server:
+Sim backend, one node, zero-byte switches. In one run, on one server: the
+floor workflow's worker CPU (bench.parts.floors), the history idle jobs
+write (bench.parts.idle_history), what turn watches cost
+(bench.parts.watch_cost), the load (bench.parts.scale_load) at growing
+sizes, then at 50 groups (or the first size) once more with the floor paced
+the same way beside it in the same window (bench.parts.floors.PacedFloor).
 
-1. the floor workflow's worker CPU per trivial update and per update awaiting
-   one remote activity (bench.parts.floors, its worker in a process of its own);
-2. the history idle jobs write (bench.parts.idle_history): now, and with the
-   heartbeat every 10 s of clients before the turn watch;
-3. groups of 3 jobs, each group handing over once every ``--period`` seconds
-   (bench.parts.scale_load), at growing sizes; the full run searches upward until
-   the p99 hand-over passes 1 s or a lease is lost;
-4. paced, the load at 50 groups (or the first size) once more, with the
-   floor workflow paced the same way beside it in the same window
-   (bench.parts.floors.PacedFloor: as many workflows, one pair of updates each per
-   period).
+``--compare-replicas``: only the paced load (the first of ``--sizes``, or
+100 groups), on one scheduler and gateway, then on two of each: the cores
+each process kept busy, and the share of the workflow tasks each scheduler
+completed (by the worker identity Temporal records).
 
-    python -m bench scale                     # 50, 100, 150, ... groups, 30 s each
-    python -m bench scale --quick             # 10 and 50 groups, 20 s each
-    python -m bench scale --period 0          # as fast as the jobs can (the old load)
-    python -m bench scale --replicas 2        # two schedulers and two gateways
-    python -m bench scale --profile DIR       # py-spy of the schedulers at 50 groups
-    python -m bench scale --floor-inline      # the paced floor's activations inline too
-    python -m bench scale --floor-publishes   # the paced floor upserts as a hand-over does
-    python -m bench scale --floor-handovers   # and a hand-over-shaped floor beside both
-    python -m bench scale --floor-handovers group   # or GroupWorkflow itself, driven directly
-
-worker_cpu_ratio: the scheduler's CPU per hand-over over the floor worker's
-per pair (a trivial update plus an update awaiting a remote activity), both
-from step 4's one window. On this shared VM the CPU one unit of work costs
-moves by ±20 % from minute to minute, more than what is compared, so the two
-are measured at the same moment. worker_cpu_ratio_back_to_back is the ratio
-measured the other way: the scheduler in step 3's window over step 1's floor
-(updates sent back to back to one workflow, minutes apart). Both count
-hand-overs alone: each group's first grant comes before the window, its last
-yield after it (worker_cpu_ratio_with_edges counts them too). At 50 groups
-(or the first size) it also prints what the server did per hand-over, from
-Temporal's own request counters (bench.parts.temporal_operations).
+worker_cpu_ratio sets the scheduler against the floor from that one window:
+on this shared VM the CPU a unit of work costs moves by ±20 % from minute to
+minute, more than what is compared. Its other forms, the options and every
+figure: docs/benchmarks.md, "Scale".
 """
 
 from __future__ import annotations
@@ -45,10 +25,7 @@ import asyncio
 import contextlib
 import os
 import platform
-import tempfile
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 
@@ -60,9 +37,10 @@ from bench.parts.idle_history import IdleHistory, measure_idle_history
 from bench.parts.procstat import load_average
 from bench.parts.profiling import Profiler, read_profile
 from bench.parts.scale_load import LoadResult, run_load
+from bench.parts.stack import running_stack
 from bench.parts.temporal_operations import TemporalOperations
 from bench.parts.watch_cost import WatchCost, measure_watch_cost
-from bench.parts.window_history import window_events, workflow_tasks
+from bench.parts.window_history import count_events, task_worker, window_events, workflow_tasks
 from timeshare.models import MAX_GPUS_PER_NODE
 from timeshare.status import table
 from timeshare.testing import LocalStack
@@ -74,6 +52,7 @@ P99_LIMIT_MS = 1000.0
 SEARCH_STEP = 50
 # Each group has a simulated GPU of its own, and a node has at most this many.
 SEARCH_MAX = (MAX_GPUS_PER_NODE // SEARCH_STEP) * SEARCH_STEP
+REPLICAS_GROUPS = 100
 
 
 def stack_pids(stack: LocalStack) -> dict[str, int]:
@@ -112,10 +91,9 @@ def print_idle(idle: IdleHistory) -> None:
          f"{idle.default_policy.per_job_hour():.1f}"],
     ]  # fmt: skip
     print(table(["idle jobs", "jobs", "events", "renewals", "events per job-hour"], rows))
-    kinds = ", ".join(f"{kind} {n}" for kind, n in idle.before.events.most_common())
-    print(f"events in the 'before' window: {kinds}")
-    kinds = ", ".join(f"{kind} {n}" for kind, n in idle.now.events.most_common())
-    print(f"events in the 'now' window: {kinds}")
+    for name, window in (("before", idle.before), ("now", idle.now)):
+        kinds = ", ".join(f"{kind} {n}" for kind, n in window.events.most_common())
+        print(f"events in the '{name}' window: {kinds}")
 
 
 def print_watch(watch: WatchCost) -> None:
@@ -133,10 +111,10 @@ def print_floor(
     handovers: PacedFloorCpu | None,
 ) -> None:  # fmt: skip
     rows = [
-        ["trivial update", f"{floor.update_cpu_ms:.2f}", f"{floor.update_wall_ms:.1f}",
-         f"{sandboxed.update_cpu_ms:.2f}"],
-        ["update awaiting one remote activity", f"{floor.activity_cpu_ms:.2f}",
-         f"{floor.activity_wall_ms:.1f}", f"{sandboxed.activity_cpu_ms:.2f}"],
+        [what, f"{floor.cpu_ms[name]:.2f}", f"{floor.wall_ms[name]:.1f}",
+         f"{sandboxed.cpu_ms[name]:.2f}"]
+        for what, name in (("trivial update", "update"),
+                           ("update awaiting one remote activity", "update+activity"))
     ]  # fmt: skip
     if paced is not None:
         how = ", activations inline" if paced.inline else ""
@@ -191,10 +169,10 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
         temporal, stack.temporal, args.floor_iterations, workdir,
         args.profile / "floor-worker-sandboxed.txt" if args.profile else None, sandboxed=True,
     )  # fmt: skip
-    print(f"floor: update {floor.update_cpu_ms:.2f} ms CPU, "
-          f"update+activity {floor.activity_cpu_ms:.2f} ms CPU; Temporal's "
-          f"{floor.server_update_cpu_ms:.2f} and {floor.server_activity_cpu_ms:.2f} ms",
-          flush=True)  # fmt: skip
+    cpu, server = floor.cpu_ms, floor.server_cpu_ms
+    print(f"floor: update {cpu['update']:.2f} ms CPU, update+activity "
+          f"{cpu['update+activity']:.2f} ms CPU; Temporal's {server['update']:.2f} and "
+          f"{server['update+activity']:.2f} ms", flush=True)  # fmt: skip
     idle = await measure_idle_history(
         temporal, stack.address, stack.node, args.idle_groups, 3, args.idle_seconds,
         args.idle_lease,
@@ -227,7 +205,7 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
         result = await run_load(
             stack.addresses, stack_pids(stack), groups, args.jobs_per_group, stack.node,
             args.period, args.seconds, args.seed,
-            during=both(profiling, operations[groups].window()),
+            during=[profiling, operations[groups].window()],
         )  # fmt: skip
         results.append(result)
         print(f"{groups} groups: {result.handovers_per_s:.1f} hand-overs/s, p99 "
@@ -279,10 +257,7 @@ async def load_beside_floor(
         load = await run_load(
             stack.addresses, stack_pids(stack), reference.groups, args.jobs_per_group,
             stack.node, args.period, args.seconds, args.seed, name="beside",
-            during=both(
-                floor.window(args.seconds),
-                handovers.window(args.seconds) if handovers else contextlib.nullcontext(),
-            ),
+            during=[paced.window(args.seconds) for paced in (floor, handovers) if paced],
         )  # fmt: skip
     assert floor.result is not None
     print(f"beside the paced floor: scheduler "
@@ -308,13 +283,6 @@ def print_history(history: Counter[str], result: LoadResult) -> None:
           "3 workflow tasks, 2 updates, 1 activity):")  # fmt: skip
     rows = [[kind, f"{n / max(1, result.handovers):.2f}"] for kind, n in history.most_common(14)]
     print(table(["event", "per hand-over"], rows))
-
-
-@contextlib.contextmanager
-def both(first: AbstractContextManager[object], second: AbstractContextManager[object]
-         ) -> Iterator[None]:  # fmt: skip
-    with first, second:
-        yield
 
 
 def print_operations(operations: TemporalOperations, result: LoadResult) -> None:
@@ -428,6 +396,54 @@ def report(
     )
 
 
+async def replicas_load(
+    stack: LocalStack, groups: int, args: argparse.Namespace
+) -> tuple[LoadResult, dict[str, float]]:
+    """The paced load, and the share of its workflow tasks each scheduler completed."""
+    pids = stack_pids(stack)
+    result = await run_load(
+        stack.addresses, pids, groups, args.jobs_per_group, stack.node, args.period,
+        args.seconds, args.seed, name=f"replicas{stack.schedulers}",
+    )  # fmt: skip
+    client = await connect_temporal(stack.temporal, "default")
+    tasks = await count_events(client, result.group_names, task_worker)
+    # The SDK's default identity is "<pid>@<host>".
+    by_part = {
+        part: sum(n for who, n in tasks.items() if who.startswith(f"{pids[part]}@"))
+        for part in stack.scheduler_parts
+    }
+    return result, {part: n / max(1, sum(tasks.values())) for part, n in by_part.items()}
+
+
+def compare_replicas(args: argparse.Namespace) -> None:
+    groups = args.sizes[0] if args.sizes else REPLICAS_GROUPS
+    rows = []
+    for replicas in (1, 2):
+        with running_stack(
+            state_gib=0.0, schedulers=replicas, gateways=replicas, sim_gpus=groups
+        ) as stack:
+            result, shares = asyncio.run(replicas_load(stack, groups, args))
+        print(f"{replicas} replica(s): {result.handovers_per_s:.1f} hand-overs/s, p99 "
+              f"{result.p99_ms:.0f} ms (load {load_average()})", flush=True)  # fmt: skip
+        parts = (*stack.scheduler_parts, *stack.gateway_parts, "temporal", "agent")
+        rows.append([
+            str(replicas), str(result.handovers), f"{result.handovers_per_s:.1f}",
+            f"{result.p99_ms:.0f}", str(result.evictions + len(result.lost)),
+            ", ".join(f"{part} {result.cpu_share(part):.2f}" for part in parts),
+            ", ".join(f"{part} {share * 100:.0f} %" for part, share in shares.items()),
+        ])  # fmt: skip
+    pace = (
+        f"a hand-over per group every {args.period:g} s" if args.period else "as fast as possible"
+    )
+    print(f"\n{groups} groups of {args.jobs_per_group} jobs, {pace}, {args.seconds:g} s")
+    print(table(["replicas", "hand-overs", "hand-overs/s", "p99 ms", "leases lost",
+                 "cores busy", "workflow tasks completed"], rows))  # fmt: skip
+    one, two = rows
+    ratio = float(two[2]) / max(0.1, float(one[2]))
+    print(f"handovers_per_s_1={one[2]} handovers_per_s_2={two[2]} p99_ms_1={one[3]} "
+          f"p99_ms_2={two[3]} rate_ratio={ratio:.2f}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Hand-overs and their cost as groups grow.")
     parser.add_argument("--quick", action="store_true", help="10 and 50 groups, shorter windows")
@@ -436,6 +452,8 @@ def main() -> None:
         help="seconds between a group's hand-overs (0: as fast as possible; default %(default)s)",
     )  # fmt: skip
     parser.add_argument("--replicas", type=int, default=1, help="schedulers and gateways each")
+    parser.add_argument("--compare-replicas", action="store_true",
+                        help="only the load: one scheduler and gateway, then two")  # fmt: skip
     parser.add_argument("--sizes", type=lambda s: [int(n) for n in s.split(",")],
                         help="group counts, comma-separated (default: search upward)")  # fmt: skip
     parser.add_argument("--seconds", type=float, help="per size (default 30, quick 20)")
@@ -481,18 +499,15 @@ def main() -> None:
     args.idle_seconds = args.idle_seconds or (30.0 if args.quick else 60.0)
     args.floor_iterations = args.floor_iterations or (50 if args.quick else 200)
     args.watch_seconds = args.watch_seconds or (5.0 if args.quick else 10.0)
-    with tempfile.TemporaryDirectory() as scratch:
-        workdir = Path(scratch)
-        stack = LocalStack(
-            workdir, state_gib=0.0, schedulers=args.replicas, gateways=args.replicas,
-            sim_gpus=MAX_GPUS_PER_NODE,
-        )  # fmt: skip
-        try:
-            stack.start_all()
-            print(f"stack ready (load {load_average()})", flush=True)
-            asyncio.run(run(args, stack, workdir))
-        finally:
-            stack.stop_all()
+    if args.compare_replicas:
+        compare_replicas(args)
+        return
+    with running_stack(
+        state_gib=0.0, schedulers=args.replicas, gateways=args.replicas,
+        sim_gpus=MAX_GPUS_PER_NODE,
+    ) as stack:  # fmt: skip
+        print(f"stack ready (load {load_average()})", flush=True)
+        asyncio.run(run(args, stack, stack.workdir))
 
 
 if __name__ == "__main__":

@@ -1,22 +1,10 @@
 """GPU busy fraction with and without sharing, for synthetic RL jobs on the real stack.
 
-Utilisation gained: synthetic RL jobs through the real stack (gateway,
-workflow, agent, sim backend), with and without sharing one GPU.
-
-Default profile, after the llm-d time-slicing blog: two GRPO-like jobs whose
-GPUs are busy 40 % of the time on dedicated GPUs (sampler and trainer on the
-GPU, reward on the CPU), and a switch that costs a few per cent of an
-iteration. Also sweeps 2, 3 and 4 jobs at duty cycles of 40 % and 25 %; then
-the same jobs with co-residency (the simulated GPU has room for two jobs'
-state: a switch is a lock and an unlock until a third job needs the room),
-and with workload hooks asking for discard mode (half of each job's state,
-its KV cache say, is dropped instead of moved, and rebuilt at once). The
-jobs give each turn back with Job.yield_nowait, starting their CPU phase at
-once; the full run repeats the default profile with blocking yields
-(Job.yield_, the answer awaited first) beside it.
-
-The agent runs `app+sim`: the app layer calls the hooks of jobs that serve
-them and does nothing for the others.
+Default profile, after the llm-d time-slicing blog: two GRPO-like jobs busy
+40 % of the time on dedicated GPUs (sampler and trainer on the GPU, reward
+on the CPU). Then sweeps of job counts and duty cycles, with co-residency,
+with hooks asking for discard mode (the agent runs `app+sim`) and with
+blocking yields: docs/benchmarks.md, "Utilisation gained".
 
     python -m bench utilization           # about 5 minutes
     python -m bench utilization --quick   # about 1 minute
@@ -28,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel
 
+from bench.parts.stack import running_stack
 from timeshare.status import table
 from timeshare.synthetic import SyntheticJobReport, load_report
 from timeshare.testing import LocalStack
@@ -179,20 +167,15 @@ def idle_while_waiting(reports: list[SyntheticJobReport], step: float = 0.001) -
 def run_profiles(profiles: list[Profile], iterations: int, timeline: bool = False) -> list[Result]:
     """Each profile in turn, on one stack."""
     results = []
-    with tempfile.TemporaryDirectory() as scratch:
-        stack = LocalStack(
-            Path(scratch), backend="app+sim", state_gib=STATE_GIB, bandwidth_gbps=BANDWIDTH_GBPS,
-            capacity_gib=CAPACITY_GIB,
-        )  # fmt: skip
-        try:
-            stack.start_all()
-            for profile in profiles:
-                results.append(measure(stack, profile, iterations, Path(scratch), timeline))
-                r = results[-1]
-                print(f"{profile.jobs} jobs at {profile.duty:.0%} {profile.variant}: "
-                      f"{r.baseline_util:.0%} -> {r.shared_util:.0%}", flush=True)  # fmt: skip
-        finally:
-            stack.stop_all()
+    with running_stack(
+        backend="app+sim", state_gib=STATE_GIB, bandwidth_gbps=BANDWIDTH_GBPS,
+        capacity_gib=CAPACITY_GIB,
+    ) as stack:  # fmt: skip
+        for profile in profiles:
+            results.append(measure(stack, profile, iterations, stack.workdir, timeline))
+            r = results[-1]
+            print(f"{profile.jobs} jobs at {profile.duty:.0%} {profile.variant}: "
+                  f"{r.baseline_util:.0%} -> {r.shared_util:.0%}", flush=True)  # fmt: skip
     return results
 
 

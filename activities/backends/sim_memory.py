@@ -4,8 +4,8 @@ A real GPU's memory outlives the agent (the job's processes hold it) but not
 the machine, so the faithful place is a tmpfs: /dev/shm, when it is there and
 writable. It is cheaper too: the agent rewrites the file at every simulated
 move on its one event loop, and on a disk each rewrite waits for the file
-system's journal (bench.sim_switch: 1.5 ms per zero-byte switch on tmpfs
-against 2.4-4.9 ms on this project's disk).
+system's journal (`python -m bench handover --sim-switch DIR`: 1.5 ms per
+zero-byte switch on tmpfs against 2.4-4.9 ms on this project's disk).
 
 The folder is named after the stack's data directory, so a stack started
 again with the same directory finds what its GPUs held, and two stacks on one

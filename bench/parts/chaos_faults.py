@@ -27,6 +27,7 @@ from pydantic import BaseModel
 
 from bench.parts import chaos_check as check
 from bench.parts.chaos_pool import JobPool, JobSettings
+from bench.parts.stack import running_stack
 from timeshare.models import GroupStatus
 from timeshare.testing import LocalStack, overlaps
 
@@ -147,8 +148,8 @@ SCRIPTED: dict[str, Callable[[LocalStack, JobPool], Fault]] = {
 }
 
 
-def run_scripted(name: str, workdir: Path) -> ScriptedResult:
-    stack = LocalStack(workdir, state_gib=0.2, bandwidth_gbps=1.0)
+def run_scripted(name: str, workdir: Path | None = None) -> ScriptedResult:
+    """``workdir``: keep the stack's logs and records there (default: a scratch folder)."""
     # A short lease only where a dead client must lose it: a lease shorter
     # than an outage of the scheduler or of Temporal would evict live jobs
     # whose heartbeats could not get through.
@@ -157,25 +158,25 @@ def run_scripted(name: str, workdir: Path) -> ScriptedResult:
         lease_seconds=3.0 if name == HOLDER_AND_WAITER else 15.0, agent_timeout_seconds=3.0,
         continue_as_new_every=0,
     )  # fmt: skip
-    pool = JobPool(stack, settings)
-    try:
-        stack.start_all()
-        settings.until = time.time() + ASKING_SECONDS
-        for job in JOBS:
-            pool.start(GROUP, job, [stack.node], [])
-        stack.wait_for(GROUP, "held")
-        fault = SCRIPTED[name](stack, pool)
-        deadline = time.monotonic() + 300
-        while pool.running() and time.monotonic() < deadline:
-            time.sleep(0.2)
-    finally:
-        pool.stop()
-        stack.stop_all()
-    after = check.recovery_seconds([fault.at], check.grant_times(pool.processes))
-    return ScriptedResult(
-        fault=name,
-        seconds_to_next_grant=after[0] if after else math.nan,
-        lost_requests=len(check.lost(pool.processes)),
-        overlaps=overlaps(stack.record()),
-        failed_jobs=check.errors(pool.processes),
-    )
+    with running_stack(workdir, state_gib=0.2, bandwidth_gbps=1.0) as stack:
+        pool = JobPool(stack, settings)
+        try:
+            settings.until = time.time() + ASKING_SECONDS
+            for job in JOBS:
+                pool.start(GROUP, job, [stack.node], [])
+            stack.wait_for(GROUP, "held")
+            fault = SCRIPTED[name](stack, pool)
+            deadline = time.monotonic() + 300
+            while pool.running() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            pool.stop()
+        stack.stop_all()  # before the counts; the records stay until the with ends
+        after = check.recovery_seconds([fault.at], check.grant_times(pool.processes))
+        return ScriptedResult(
+            fault=name,
+            seconds_to_next_grant=after[0] if after else math.nan,
+            lost_requests=len(check.lost(pool.processes)),
+            overlaps=overlaps(stack.record()),
+            failed_jobs=check.errors(pool.processes),
+        )

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from bench.parts.chaos_check import JobRecord
 from timeshare.testing import LocalStack
@@ -41,18 +41,15 @@ class JobPool:
 
     def start(self, group: str, job: str, nodes: list[str], gpus: list[int]) -> JobProcess:
         """A job of ``group`` on ``nodes``, whose group uses GPUs ``gpus`` of each."""
-        s = self.settings
         events = self.stack.workdir / "events" / f"{job}.{len(self.processes)}.jsonl"
         events.parent.mkdir(exist_ok=True)
         address = self.stack.job_address(len(self.processes))
+        settings = asdict(self.settings)  # each setting is the job's option of its name
         command = [
             sys.executable, "-m", "bench.parts.chaos_job", f"--group={group}", f"--job={job}",
-            f"--nodes={','.join(nodes)}", f"--address={address}",
-            f"--events={events}", f"--until={s.until}", f"--work-seconds={s.work_seconds}",
-            f"--gap-seconds={s.gap_seconds}", f"--lease-seconds={s.lease_seconds}",
-            f"--agent-timeout-seconds={s.agent_timeout_seconds}",
-            f"--continue-as-new-every={s.continue_as_new_every}",
+            f"--nodes={','.join(nodes)}", f"--address={address}", f"--events={events}",
             f"--gpus={','.join(str(gpu) for gpu in gpus)}",
+            *(f"--{name.replace('_', '-')}={value}" for name, value in settings.items()),
         ]  # fmt: skip
         process = self.stack.launch(job, command)
         started = JobProcess(

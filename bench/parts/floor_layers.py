@@ -4,27 +4,19 @@ to timeshare's own GroupWorkflow. Each layer runs on a task queue of its own
 (its worker a ``python -m bench floors worker`` process), so that side by
 side each worker's CPU is its own layer's.
 
-- ``pair``: Temporal's own floor, no hand-over: a trivial update (as a
-  waiter's acquire arrives) and an update awaiting one activity on another
-  task queue (what a one-node switch costs at least). With ``publishes``
-  each pair also upserts the search attributes a hand-over changes, which
-  the turn watch reads (timeshare.workers.gateway.turn_watch).
-- ``shape``: the switch protocol (docs/user-guide.md) and nothing else: the waiter's
-  acquire is an update that stays open until its grant; the holder's yield
-  returns at once; the main loop then runs one activity on another task
-  queue (the switch) and grants the next waiter, whose acquire completes in
-  that same workflow task. Strings in and out.
-- ``messages``: the same, with the scheduler's pydantic messages on every
-  boundary (AcquireInput and AcquireResult, YieldInput and YieldOutput,
-  SwitchInput and SwitchOutput), as the project's rules ask.
-- ``published``: and the two search-attribute upserts of a hand-over that
-  the turn watch reads: a waiter arrived (the holder is now contended and
-  renews its lease), and the new holder.
-- ``group``: timeshare's GroupWorkflow itself, sent the same updates by the
-  benchmark directly (no gateway), its switch served by a no-op activity.
-  Its worker runs on the scheduler's client and worker settings (timeshare's
-  data converter, no gRPC compression, one external-storage visit at a
-  time: ``--settings scheduler``); the other layers keep the SDK's defaults.
+- ``pair``: no hand-over: a trivial update (as a waiter's acquire arrives)
+  and an update awaiting one activity on another task queue (what a
+  one-node switch costs at least); with ``publishes`` also the search
+  attribute upserts a hand-over makes for the turn watch.
+- ``shape``: the switch protocol (docs/user-guide.md) and nothing else,
+  strings in and out: the waiter's acquire stays open until its grant, the
+  holder's yield returns at once, then one activity (the switch) and the
+  grant, in that same workflow task.
+- ``messages``: the same with the scheduler's pydantic messages on every
+  boundary; ``published``: and the two upserts the turn watch reads.
+- ``group``: GroupWorkflow itself, sent the same updates directly (no
+  gateway), its switch a no-op activity, its worker on the scheduler's
+  settings (``--settings scheduler``); the others keep the SDK's defaults.
 """
 
 from __future__ import annotations
@@ -147,60 +139,21 @@ async def start_floor(
 
 @workflow.defn(name="HandOverFloorWorkflow")
 class HandOverFloorWorkflow:
-    """The ``shape`` layer."""
+    """The ``shape`` layer (strings in and out), with ``typed`` the
+    ``messages`` one, and with ``publishes`` too the ``published`` one."""
 
     @workflow.init
-    def __init__(self) -> None:
-        self._holder = ""
-        self._waiting: list[str] = []
-        self._done = False
-
-    @workflow.run
-    async def run(self) -> None:
-        while True:
-            await workflow.wait_condition(
-                lambda: self._done or (not self._holder and bool(self._waiting))
-            )
-            if self._done:
-                return
-            await workflow.execute_activity(
-                "floor_noop",
-                task_queue=activity_queue(workflow.info().task_queue),
-                start_to_close_timeout=SWITCH_TIMEOUT,
-            )
-            self._holder = self._waiting.pop(0)
-
-    @workflow.update
-    async def acquire(self, job: str) -> None:
-        self._waiting.append(job)
-        await workflow.wait_condition(lambda: self._holder == job)
-
-    @workflow.update(name="yield")
-    def yield_turn(self, job: str) -> None:
-        if self._holder == job:
-            self._holder = ""
-
-    @workflow.signal
-    def finish(self) -> None:
-        self._done = True
-
-
-@workflow.defn(name="MessagesFloorWorkflow")
-class MessagesFloorWorkflow:
-    """The ``messages`` layer, and with ``publishes`` the ``published`` one."""
-
-    @workflow.init
-    def __init__(self, publishes: bool) -> None:
+    def __init__(self, typed: bool = False, publishes: bool = False) -> None:
         self._publishes = publishes
         self._holder = ""
         self._last_holder = ""
-        self._waiting: list[AcquireInput] = []
+        self._waiting: list[AcquireInput | str] = []
         self._grants: dict[str, Grant] = {}
         self._epoch = 0
         self._done = False
 
     @workflow.run
-    async def run(self, publishes: bool) -> None:
+    async def run(self, typed: bool = False, publishes: bool = False) -> None:
         while True:
             await workflow.wait_condition(
                 lambda: self._done or (not self._holder and bool(self._waiting))
@@ -208,16 +161,22 @@ class MessagesFloorWorkflow:
             if self._done:
                 return
             request = self._waiting[0]
+            queue = activity_queue(workflow.info().task_queue)
+            if isinstance(request, str):
+                await workflow.execute_activity(
+                    "floor_noop", task_queue=queue, start_to_close_timeout=SWITCH_TIMEOUT
+                )
+                self._holder = request
+                self._waiting.pop(0)
+                continue
             # As a group's one-job GPU: the last holder leaves it.
             evict = [self._last_holder] if self._last_holder else []
             move = NodeMove(node="floor-node", admit=request.job, evict=evict)
             output: SwitchOutput = await workflow.execute_activity(
                 "switch",
                 SwitchInput(group=workflow.info().workflow_id, epoch=self._epoch + 1, move=move),
-                result_type=SwitchOutput,
-                task_queue=activity_queue(workflow.info().task_queue),
-                start_to_close_timeout=SWITCH_TIMEOUT,
-            )
+                result_type=SwitchOutput, task_queue=queue, start_to_close_timeout=SWITCH_TIMEOUT,
+            )  # fmt: skip
             self._waiting.pop(0)
             self._epoch += 1
             self._holder = self._last_holder = request.job
@@ -231,18 +190,19 @@ class MessagesFloorWorkflow:
                 workflow.upsert_search_attributes([HOLDER.value_set(request.job), depth])
 
     @workflow.update
-    async def acquire(self, input: AcquireInput) -> AcquireResult:
+    async def acquire(self, input: AcquireInput | str) -> AcquireResult | None:
         self._waiting.append(input)
         if self._publishes:
             workflow.upsert_search_attributes([QUEUE_DEPTH.value_set(len(self._waiting))])
-        await workflow.wait_condition(lambda: self._holder == input.job)
-        return AcquireResult(grant=self._grants[input.job])
+        job = input if isinstance(input, str) else input.job
+        await workflow.wait_condition(lambda: self._holder == job)
+        return None if isinstance(input, str) else AcquireResult(grant=self._grants[job])
 
     @workflow.update(name="yield")
-    def yield_turn(self, input: YieldInput) -> YieldOutput:
-        if self._holder == input.job:
+    def yield_turn(self, input: YieldInput | str) -> YieldOutput | None:
+        if self._holder == (input if isinstance(input, str) else input.job):
             self._holder = ""
-        return YieldOutput(held_seconds=0.0)
+        return None if isinstance(input, str) else YieldOutput(held_seconds=0.0)
 
     @workflow.signal
     def finish(self) -> None:
@@ -306,11 +266,10 @@ class Layer:
         if self.kind == "pair":
             return await start_floor(client, self.task_queue, self.publishes)
         if self.kind != "group":
-            workflow_name = "MessagesFloorWorkflow" if self.typed else "HandOverFloorWorkflow"
-            args = [self.publishes] if self.typed else []
             return await client.start_workflow(
-                workflow_name, args=args, id=name, task_queue=self.task_queue
-            )
+                HandOverFloorWorkflow.run, args=[self.typed, self.publishes], id=name,
+                task_queue=self.task_queue,
+            )  # fmt: skip
         policy = GroupPolicy(gpus=[0])
         handle = await client.start_workflow(
             GroupWorkflow.run,
@@ -381,4 +340,4 @@ LAYERS = {
         Layer("group", "group"),
     )
 }
-WORKFLOWS = [FloorWorkflow, HandOverFloorWorkflow, MessagesFloorWorkflow, GroupWorkflow]
+WORKFLOWS = [FloorWorkflow, HandOverFloorWorkflow, GroupWorkflow]

@@ -2,12 +2,10 @@
 workflow worker in a process of its own (``python -m bench floors worker``),
 as the scheduler runs, its CPU read from /proc.
 
-time_floors times the pair's two updates from a worker in the benchmark's
-process; measure_floor_cpu reads the pair's worker CPU per update, the
-updates sent back to back to one workflow; PacedFloor paces a layer's
-workflows as bench.scale's paced load paces its groups (many workflows, a
-hand-over, or a pair, each per period), so that the two are compared under
-the same load.
+time_pair sends the pair's two updates back to back to one workflow:
+time_floors from workers in the benchmark's process, measure_floor_cpu
+reading the workflow worker's CPU per update. PacedFloor paces a layer's
+workflows as bench.scale's paced load paces its groups.
 """
 
 from __future__ import annotations
@@ -15,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import statistics
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from bench.parts.floor_layers import (
     floor_noop,
     start_floor,
 )
+from bench.parts.handover_segments import Event, history_events
 from bench.parts.procstat import cpu_seconds, tree_cpu_seconds
 from bench.parts.profiling import Profiler
 from timeshare.workers.common.children import spawn, stop_process
@@ -45,59 +45,73 @@ from timeshare.workflows.visibility import HOLDER
 
 READY_SECONDS = 60.0
 READY_LINE = "floor worker: ready"
-# A history's events: (milliseconds, event type).
-Events = list[tuple[float, int]]
 
 
-async def time_floors(client: Client, iterations: int) -> tuple[dict[str, list[float]], Events]:
-    """Milliseconds per round trip of each of the pair's updates, from
-    workers in this process on a task queue of their own, and the
-    workflow's history."""
+@dataclass
+class PairTimes:
+    """The pair's updates, each sent ``iterations`` times in a row to one workflow."""
+
+    wall_ms: dict[str, list[float]]  # each round trip
+    # Milliseconds of each counter (CPU seconds read by the caller) per update.
+    counted_ms: dict[str, list[float]]
+    events: list[Event]  # the workflow's history
+
+
+async def time_pair(
+    client: Client, queue: str, iterations: int, counters: Callable[[], list[float]] = list
+) -> PairTimes:
+    """Send each of the pair's updates to a new floor workflow on ``queue``
+    (warmed up first: cached, sticky)."""
+    handle = await start_floor(client, queue)
+    for _ in range(3):
+        for _, update in FLOORS:
+            await handle.execute_update(update)
+    wall: dict[str, list[float]] = {name: [] for name, _ in FLOORS}
+    counted = {}
+    for name, update in FLOORS:
+        before = counters()
+        for _ in range(iterations):
+            start = time.perf_counter()
+            await handle.execute_update(update)
+            wall[name].append((time.perf_counter() - start) * 1000)
+        counted[name] = [
+            (c - b) * 1000 / iterations for c, b in zip(counters(), before, strict=True)
+        ]
+    await handle.signal(FloorWorkflow.finish)
+    await handle.result()
+    return PairTimes(wall, counted, await history_events(handle))
+
+
+async def time_floors(client: Client, iterations: int) -> PairTimes:
+    """The pair from workers in this process, on a task queue of their own."""
     queue = f"{PAIR.task_queue}-{uuid.uuid4().hex[:6]}"
-    timings: dict[str, list[float]] = {name: [] for name, _ in FLOORS}
     async with (
         Worker(client, task_queue=queue, workflows=[FloorWorkflow],
                workflow_runner=UnsandboxedWorkflowRunner()),
         Worker(client, task_queue=activity_queue(queue), activities=[floor_noop]),
     ):  # fmt: skip
-        handle = await start_floor(client, queue)
-        for name, update in FLOORS:
-            for _ in range(3):
-                await handle.execute_update(update)  # warm up
-            for _ in range(iterations):
-                start = time.perf_counter()
-                await handle.execute_update(update)
-                timings[name].append((time.perf_counter() - start) * 1000)
-        await handle.signal(FloorWorkflow.finish)
-        await handle.result()
-        events = [
-            (event.event_time.ToMicroseconds() / 1000, int(event.event_type))
-            async for event in handle.fetch_history_events()
-        ]
-    return timings, events
+        return await time_pair(client, queue, iterations)
 
 
 @dataclass
 class FloorCpu:
-    """Milliseconds of the floor workflow worker's CPU per update, and of wall time."""
+    """The pair's updates sent back to back: milliseconds of the floor
+    workflow worker's CPU and of the Temporal server's (where its process was
+    named) per update, and the mean round trip, each by update name."""
 
-    update_cpu_ms: float
-    activity_cpu_ms: float
-    update_wall_ms: float
-    activity_wall_ms: float
-    # The Temporal server's CPU per update, where its process was named.
-    server_update_cpu_ms: float = 0.0
-    server_activity_cpu_ms: float = 0.0
+    cpu_ms: dict[str, float]
+    server_cpu_ms: dict[str, float]
+    wall_ms: dict[str, float]
 
     @property
     def per_handover_floor_ms(self) -> float:
         # A hand-over is at least an update that returns at once (the yield)
         # and one that awaits a switch activity (the waiter's acquire).
-        return self.update_cpu_ms + self.activity_cpu_ms
+        return sum(self.cpu_ms.values())
 
     @property
     def per_handover_server_floor_ms(self) -> float:
-        return self.server_update_cpu_ms + self.server_activity_cpu_ms
+        return sum(self.server_cpu_ms.values())
 
 
 @dataclass
@@ -271,43 +285,25 @@ async def measure_floor_cpu(
 ) -> FloorCpu:
     """The floor workflow's worker runs in a process of its own, the activity's
     worker here (as the scheduler's activities run in the agent's process).
-    ``profile``: py-spy the worker over the measured updates, to this file.
+    ``profile``: py-spy the worker over the updates, to this file.
     ``sandboxed``: the workflow runs in a sandbox like the scheduler's.
     ``server_pid``: the Temporal server's process, whose CPU is read too."""
     log = workdir / f"floor-worker{'-sandboxed' if sandboxed else ''}.log"
     worker = start_floor_worker(temporal, log, sandboxed)
     profiling = Profiler(worker.pid, profile) if profile is not None else contextlib.nullcontext()
+
+    def counters() -> list[float]:
+        server = tree_cpu_seconds(server_pid) if server_pid is not None else 0.0
+        return [cpu_seconds(worker.pid), server]
+
     try:
-        cpu: dict[str, float] = {}
-        wall: dict[str, float] = {}
-        server: dict[str, float] = {}
-
-        def server_cpu() -> float:
-            return tree_cpu_seconds(server_pid) if server_pid is not None else 0.0
-
         async with PAIR.activity_worker(client, 100):
-            handle = await start_floor(client, PAIR.task_queue)
-            for _ in range(3):
-                for _, update in FLOORS:
-                    await handle.execute_update(update)  # warm up: cached, sticky
             with profiling:
-                for name, update in FLOORS:
-                    before, started = cpu_seconds(worker.pid), time.perf_counter()
-                    server_before = server_cpu()
-                    for _ in range(iterations):
-                        await handle.execute_update(update)
-                    wall[name] = (time.perf_counter() - started) * 1000 / iterations
-                    cpu[name] = (cpu_seconds(worker.pid) - before) * 1000 / iterations
-                    server[name] = (server_cpu() - server_before) * 1000 / iterations
-            await handle.signal(FloorWorkflow.finish)
-            await handle.result()
+                times = await time_pair(client, PAIR.task_queue, iterations, counters)
     finally:
         stop_process(worker)
     return FloorCpu(
-        update_cpu_ms=cpu["update"],
-        activity_cpu_ms=cpu["update+activity"],
-        update_wall_ms=wall["update"],
-        activity_wall_ms=wall["update+activity"],
-        server_update_cpu_ms=server["update"],
-        server_activity_cpu_ms=server["update+activity"],
+        {name: counted[0] for name, counted in times.counted_ms.items()},
+        {name: counted[1] for name, counted in times.counted_ms.items()},
+        {name: statistics.mean(wall) for name, wall in times.wall_ms.items()},
     )

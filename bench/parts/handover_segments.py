@@ -17,6 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle
 
 SEGMENTS = (
     "yield call to the scheduler's task",
@@ -37,6 +41,17 @@ class Event:
     at: float
     kind: str
     activity: str = ""
+
+
+async def history_events(handle: WorkflowHandle[Any, Any]) -> list[Event]:
+    return [
+        Event(
+            event.event_time.ToMicroseconds() / 1e6,
+            EventType.Name(event.event_type).removeprefix("EVENT_TYPE_"),
+            event.activity_task_scheduled_event_attributes.activity_type.name,
+        )
+        async for event in handle.fetch_history_events()
+    ]
 
 
 class IncompleteHandover(ValueError):

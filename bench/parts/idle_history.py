@@ -21,7 +21,6 @@ end of each window; only the events in between count.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections import Counter
@@ -184,10 +183,7 @@ async def measure_idle_history(
         for job in jobs:
             await job.stop_heartbeats()
         beats = [
-            asyncio.get_running_loop().create_task(
-                _beat(job, rng.uniform(0, OLD_HEARTBEAT_SECONDS))
-            )
-            for job in jobs
+            asyncio.ensure_future(_beat(j, rng.uniform(0, OLD_HEARTBEAT_SECONDS))) for j in jobs
         ]
         await marks.mark()
         before = WindowCount(jobs=len(jobs), seconds=seconds)
@@ -195,7 +191,6 @@ async def measure_idle_history(
         await marks.since(before)
         for beat in beats:
             beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
+        await asyncio.gather(*beats, return_exceptions=True)
         await bounded([job.leave for job in [*jobs, *default_jobs]])
     return IdleHistory(idle_lease_seconds, now, default_count, before)

@@ -29,24 +29,22 @@ STALL = 5.0
 
 class CostSamples:
     def __init__(self) -> None:
-        self.message: list[float] = []
-        self.acquire: list[float] = []
-        self.yield_: list[float] = []
-        self.plan: list[float] = []
-        self.switch: list[float] = []
-        self.grant: list[float] = []
-        self.overrun: list[float] = []
+        # The samples of each of StackCosts' figures, by its name less "_seconds".
+        self.samples = {
+            name.removesuffix("_seconds"): list[float]() for name in StackCosts.model_fields
+        }
 
     def add(
         self, reports: Sequence[SyntheticJobReport], history: GroupHistory, bandwidth: float
     ) -> None:
         """``bandwidth``: the sim agent's bytes a second."""
+        samples = self.samples
         for report in reports:
             iteration = report.spec.iteration or []
             for index, phase in enumerate(report.phases):
                 nominal = iteration[index % len(iteration)].seconds if iteration else None
                 if nominal is not None:
-                    self.overrun.append(phase.end - phase.start - nominal)
+                    samples["overrun"].append(phase.end - phase.start - nominal)
         client = {(r.spec.job, t.epoch): t for r in reports for t in r.turns}
         switches = {s.epoch: s for s in history.switches if s.ok}
         turns = sorted(history.turns, key=lambda t: t.epoch)
@@ -54,10 +52,10 @@ class CostSamples:
             mine = client.get((turn.job, turn.epoch))
             if mine is None:
                 continue
-            self.message.append(turn.requested_at - mine.requested)
-            self.yield_.append(mine.yielded - mine.work_end)
+            samples["message"].append(turn.requested_at - mine.requested)
+            samples["yield"].append(mine.yielded - mine.work_end)
             if turn.epoch not in switches and turn.granted_at - turn.requested_at < 1e-3:
-                self.acquire.append(mine.granted - mine.requested)
+                samples["acquire"].append(mine.granted - mine.requested)
         for previous, turn in itertools.pairwise(turns):
             switch = switches.get(turn.epoch)
             mine = client.get((turn.job, turn.epoch))
@@ -65,10 +63,10 @@ class CostSamples:
                 continue
             if turn.requested_at < previous.released_at:
                 # It waited: the switch is planned on the holder's yield.
-                self.plan.append(switch.started_at - previous.released_at)
+                samples["plan"].append(switch.started_at - previous.released_at)
             transfer = switch.bytes_moved / bandwidth
-            self.switch.append(switch.finished_at - switch.started_at - transfer)
-            self.grant.append(mine.granted - switch.finished_at)
+            samples["switch"].append(switch.finished_at - switch.started_at - transfer)
+            samples["grant"].append(mine.granted - switch.finished_at)
 
     def costs(self, capped: bool = True) -> StackCosts:
         """``capped`` False: the plain means, which add up to exactly what
@@ -81,18 +79,11 @@ class CostSamples:
             cap = STALL * max(0.0, statistics.median(samples)) if capped else float("inf")
             return max(0.0, statistics.fmean(min(sample, cap) for sample in samples))
 
-        return StackCosts(
-            message_seconds=mean(self.message, defaults.message_seconds),
-            acquire_seconds=mean(self.acquire, defaults.acquire_seconds),
-            yield_seconds=mean(self.yield_, defaults.yield_seconds),
-            plan_seconds=mean(self.plan, defaults.plan_seconds),
-            switch_seconds=mean(self.switch, defaults.switch_seconds),
-            grant_seconds=mean(self.grant, defaults.grant_seconds),
-            overrun_seconds=mean(self.overrun, defaults.overrun_seconds),
-        )
+        return StackCosts(**{
+            f"{name}_seconds": mean(samples, getattr(defaults, f"{name}_seconds"))
+            for name, samples in self.samples.items()
+        })  # fmt: skip
 
     def counts(self) -> str:
-        return (
-            f"{len(self.acquire)} immediate acquires, {len(self.yield_)} yields, "
-            f"{len(self.switch)} switches"
-        )
+        acquires, yields, switches = (len(self.samples[n]) for n in ("acquire", "yield", "switch"))
+        return f"{acquires} immediate acquires, {yields} yields, {switches} switches"

@@ -166,12 +166,12 @@ async def run_load(
     seconds: float,
     seed: int = 1,
     name: str = "scale",
-    during: AbstractContextManager[object] | None = None,
+    during: Sequence[AbstractContextManager[object]] = (),
 ) -> LoadResult:
     """``groups`` groups of ``jobs_per_group`` jobs (group g on GPU g of ``node``:
     the agent needs that many), spread over the gateways at
     ``addresses``; ``period`` 0: as fast as possible. ``processes``: the pids
-    whose CPU the result reports; ``during`` is entered for the window (after
+    whose CPU the result reports; ``during``'s are entered for the window (after
     the joins, before the leaves)."""
     clients = [timeshare.aio.connect(address) for address in addresses]
     try:
@@ -194,7 +194,9 @@ async def run_load(
             await bounded([_guarding(log, partial(first_turn, jobs, log))
                            for jobs, log in zip(members, logs, strict=True)])  # fmt: skip
             edge_cpu = edges.used()
-        with during or contextlib.nullcontext():
+        with contextlib.ExitStack() as window:
+            for context in during:
+                window.enter_context(context)
             meter = CpuMeter(processes)
             opened = time.time()
             started = time.monotonic()

@@ -44,9 +44,9 @@ def test_an_unknown_benchmark_gets_one_line_naming_the_choices() -> None:
 
 
 def test_a_benchmark_gets_its_own_arguments_under_the_command_run() -> None:
-    result = bench("sim_switch", "--help")
+    result = bench("handover", "--help")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("usage: python -m bench sim_switch ")
+    assert result.stdout.startswith("usage: python -m bench handover ")
 
 
 def test_the_benchmark_results_stay_a_page_a_user_reads() -> None:

@@ -88,3 +88,21 @@ def test_temporal_request_counters_are_summed_per_service_and_operation() -> Non
         ("service_requests", "history", "UpdateWorkflowExecution"): 9,
         ("persistence_requests", "history", "UpdateWorkflowExecution"): 4,
     }
+
+
+def test_the_replicas_comparison_prints_both_runs() -> None:
+    """`--compare-replicas`: the load alone on one scheduler and gateway,
+    then on two of each; each run's workflow tasks shared among its schedulers."""
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "scale", "--compare-replicas", "--sizes=2",
+         "--seconds=3", "--period=1"],
+        capture_output=True, text=True, cwd=REPO, timeout=280,
+    )  # fmt: skip
+    output = run.stdout + run.stderr[-3000:]
+    assert run.returncode == 0, output
+    figures = dict(item.split("=", 1) for item in run.stdout.strip().splitlines()[-1].split())
+    assert {"handovers_per_s_1", "handovers_per_s_2", "p99_ms_1", "p99_ms_2", "rate_ratio"} <= set(
+        figures
+    ), output
+    # Alone, the one scheduler completed every workflow task it was counted for.
+    assert "scheduler 100 %" in run.stdout and "scheduler-2 " in run.stdout, output

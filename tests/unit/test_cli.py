@@ -101,7 +101,7 @@ def test_llmd_token_derives_the_jobs_token_from_the_gateways_secret(
 
 
 def test_the_benchmarks_zero_byte_sim_state_is_accepted() -> None:
-    """`python -m bench handover`, `bench.scale` and `bench.multinode --state-gib 0`
+    """`python -m bench handover` (`--two-nodes --state-gib 0` too) and `bench.scale`
     start their agents with no simulated state, to time the orchestration alone."""
     args = cli.build_parser().parse_args(["agent", "--sim-state-gib", "0"])
     assert args.sim_state_gib == 0.0

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from bench.sim_switch import switch_times
+from bench.handover import switch_times
 from timeshare.activities.backends.base import BackendConfig
 from timeshare.activities.backends.sim import SimBackend
 from timeshare.activities.residency import extra, plan_room

@@ -1,6 +1,7 @@
 """The layout a reader relies on: the scheduling core and placement import
 nothing of Temporal and no node or process code, no hand-written source
-file is over 600 lines, git holds no symbolic link, and pyproject.toml
+file is over 600 lines, the benchmarks stay under 4,500 lines in all, git
+holds no symbolic link, and pyproject.toml
 installs every package of the tree. Read from the sources (imports, line
 counts, git's index), so a new import, a grown file or a link fails here
 before review."""
@@ -22,6 +23,8 @@ NODE_AND_PROCESS_CODE = ("timeshare.activities", "timeshare.workers", "timeshare
 # imports is walked like the rest (no Temporal, no other node code).
 PURE_NODE_CODE = {"timeshare.activities.residency"}
 LONGEST_LINES = 600
+# The benchmarks in proportion to what they measure: a new one reuses bench.parts.
+BENCH_LINES = 4500
 # Written by tools, not by hand.
 GENERATED = ("timeshare/v1/",)
 
@@ -164,6 +167,18 @@ def varint(data: bytes, offset: int) -> tuple[int, int]:
         byte = data[offset]
         value = ((value + 1) << 7) | (byte & 0x7F)
     return value, offset + 1
+
+
+def bench_lines(modes: dict[str, int]) -> int:
+    """Lines of the benchmarks' Python files that git tracks (`git ls-files bench`)."""
+    tracked = [path for path in modes if path.startswith("bench/") and path.endswith(".py")]
+    return sum(len((REPO / path).read_text().splitlines()) for path in tracked)
+
+
+def test_the_benchmarks_stay_under_4500_lines() -> None:
+    modes = git_index_modes()
+    assert "bench/__main__.py" in modes  # the count reads the files git tracks
+    assert bench_lines(modes) < BENCH_LINES
 
 
 def test_git_holds_no_symbolic_link() -> None:
