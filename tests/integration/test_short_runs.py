@@ -9,8 +9,9 @@ import threading
 import time
 from pathlib import Path
 
-from bench.parts.short_runs import JobOutcome, fresh_up, run_group, take_turns
+from bench.short_runs import JobOutcome, run_group, take_turns
 from timeshare.testing import LocalStack
+from timeshare.testing.up_stack import fresh_up
 from timeshare.workers.gateway.errors import MESSAGE_SECONDS
 
 JOBS, TURNS = 3, 10
