@@ -120,20 +120,38 @@ def finished(process: subprocess.Popen[bytes], seconds: float) -> int | None:
         return None
 
 
+@dataclass
+class Ran:
+    """How a step's process ended: its exit status (None: killed at its limit)."""
+
+    status: int | None
+    seconds: float
+    limit: float
+
+
+def run_step(context: Context, wanted: float, command: list[str], log: Path) -> Ran | None:
+    """The step's process under its limit; None when the check's budget is spent."""
+    limit = context.limit(wanted)
+    if limit is None:
+        return None
+    begun = time.monotonic()
+    status = finished(started(command, log, context.env), limit)
+    return Ran(status, time.monotonic() - begun, limit)
+
+
 # -- the probe -------------------------------------------------------------------
 
 
 def run_probe(context: Context) -> StepResult:
-    limit = context.limit(PROBE_SECONDS)
-    if limit is None:
-        return context.not_run("probe")
     log = context.out / "probe.log"
     command = [sys.executable, "-m", "timeshare.gpu_check.probe", f"--out={context.out}",
                f"--bytes={context.rank_bytes}", f"--ranks={RANKS}"]  # fmt: skip
     command += ["--emulated", "--repeats=2"] if context.emulated else ["--repeats=3"]
-    begun = time.monotonic()
-    status = finished(started(command, log, context.env), limit)
-    result = StepResult(name="probe", status="ok", seconds=time.monotonic() - begun, log=str(log))
+    ran = run_step(context, PROBE_SECONDS, command, log)
+    if ran is None:
+        return context.not_run("probe")
+    status = ran.status
+    result = StepResult(name="probe", status="ok", seconds=ran.seconds, log=str(log))
     path = context.out / "probe.json"
     report = json.loads(path.read_text()) if path.exists() else {}
     result.fields["readings"] = str(len(report.get("readings", [])))
@@ -146,7 +164,7 @@ def run_probe(context: Context) -> StepResult:
             result.fields[context.prefix + name] = figure(value)
     result.fields["report"] = str(context.out / "probe.md")
     if status is None:
-        result.status, result.reason = "timed_out", f"the probe ran past {limit:.0f} s"
+        result.status, result.reason = "timed_out", f"the probe ran past {ran.limit:.0f} s"
     elif status != 0 or report.get("failures"):
         result.status = "failed"
         result.reason = "; ".join(report.get("failures", [])) or f"the probe exited {status}"
@@ -157,21 +175,19 @@ def run_probe(context: Context) -> StepResult:
 
 
 def run_conformance(context: Context) -> StepResult:
-    limit = context.limit(CONFORMANCE_SECONDS)
-    if limit is None:
-        return context.not_run("conformance")
     log = context.out / "conformance.log"
     command = [sys.executable, "-m", "timeshare.gpu_check.conformance",
                f"--out={context.out / 'conformance'}"]  # fmt: skip
-    begun = time.monotonic()
-    status = finished(started(command, log, context.env), limit)
-    result = StepResult(name="conformance", status="ok", seconds=time.monotonic() - begun,
-                        log=str(log))  # fmt: skip
+    ran = run_step(context, CONFORMANCE_SECONDS, command, log)
+    if ran is None:
+        return context.not_run("conformance")
+    status = ran.status
+    result = StepResult(name="conformance", status="ok", seconds=ran.seconds, log=str(log))
     counts = conformance_counts(log)
     result.fields.update({key: str(value) for key, value in counts.items()})
     result.fields["report"] = str(log)
     if status is None:
-        result.status, result.reason = "timed_out", f"the checks ran past {limit:.0f} s"
+        result.status, result.reason = "timed_out", f"the checks ran past {ran.limit:.0f} s"
     elif status != 0 or counts["failed"] or not counts["passed"]:
         failures = [line for line in log.read_text().splitlines() if "status=failed" in line]
         result.status = "failed"
@@ -201,17 +217,15 @@ def conformance_counts(log: Path) -> dict[str, int]:
 def run_blog(context: Context) -> list[StepResult]:
     """Two RL-shaped jobs alone, then sharing the GPU with each backend: a
     result per backend (timeshare.gpu_check.blog)."""
-    limit = context.limit(BLOG_SECONDS)
-    if limit is None:
-        return [context.not_run("blog")]
     log, results = context.out / "blog.log", context.out / "blog.jsonl"
     results.unlink(missing_ok=True)
     command = [sys.executable, "-m", "timeshare.gpu_check.blog", f"--gib={context.gib}",
                f"--iterations={context.iterations}",
                f"--results={results}", *(["--emulated"] if context.emulated else [])]  # fmt: skip
-    begun = time.monotonic()
-    status = finished(started(command, log, context.env), limit)
-    seconds = time.monotonic() - begun
+    ran = run_step(context, BLOG_SECONDS, command, log)
+    if ran is None:
+        return [context.not_run("blog")]
+    status, seconds = ran.status, ran.seconds
     lines = results.read_text().splitlines() if results.exists() else []
     outcomes = [BlogOutcome.model_validate_json(line) for line in lines]
     steps = [
@@ -227,7 +241,7 @@ def run_blog(context: Context) -> list[StepResult]:
     ]
     failure: tuple[Status, str] | None = None
     if status is None:
-        failure = ("timed_out", f"the blog's scenario ran past {limit:.0f} s")
+        failure = ("timed_out", f"the blog's scenario ran past {ran.limit:.0f} s")
     elif not steps:
         failure = ("failed", f"the blog's scenario exited {status}, no result")
     if failure is not None:
