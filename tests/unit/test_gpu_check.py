@@ -5,6 +5,7 @@ emulator: tests/integration/test_gpu_check.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from pathlib import Path
 
@@ -92,3 +93,35 @@ def test_the_checks_options_name_every_switch_scenario_in_order() -> None:
     # The options are read without the check's modules (every `timeshare` command
     # builds them); they must still name the scenarios the check runs.
     assert list(SWITCH_SCENARIOS) == [scenario.name for scenario in SCENARIOS]
+
+
+def test_a_missing_python_part_is_named_with_the_extra_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from timeshare.gpu_check import main
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec",
+        lambda name, *rest: None if name == "cuda.bindings" else found(name, *rest),
+    )  # fmt: skip
+    args = main.parse_arguments(["--emulator", f"--out={tmp_path}"])
+    assert main.run(args) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == (
+        "timeshare gpu-check: cuda.bindings is not installed: pip install 'timeshare[gpu-check]'"
+    )
+    assert not list(tmp_path.iterdir())  # nothing started
+
+
+def test_a_host_without_the_utility_or_torch_skips_only_their_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from timeshare.gpu_check import main
+
+    monkeypatch.setattr(main.shutil, "which", lambda name: None)
+    monkeypatch.setattr(main, "torch_with_cuda", lambda: False)
+    gaps = main.host_gaps(emulated=False)
+    assert set(gaps) == {"cuda-checkpoint", "blog", "hooks"}
+    assert "cuda-checkpoint utility is not on PATH" in gaps["cuda-checkpoint"]
+    assert gaps["blog"] == gaps["hooks"] == "PyTorch with CUDA is not installed on this host"
