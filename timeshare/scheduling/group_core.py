@@ -96,8 +96,8 @@ class GroupCore:
         """Refuse a message before it is handled (QueueError), changing nothing."""
         queue = self.queue
         match message:
-            case ev.Join(job=job, nodes=nodes):
-                queue.check_join(job, nodes)
+            case ev.Join(job=job, nodes=nodes, backfill=backfill):
+                queue.check_join(job, nodes, backfill)
             case ev.Leave(job=job, token_hash=token_hash):
                 # Leaving is idempotent: a job already gone is fine.
                 if job in self.state.jobs:
@@ -117,7 +117,13 @@ class GroupCore:
 
     def _join(self, event: ev.Join, now: float) -> list[Command]:
         created = self.queue.join(
-            event.job, event.nodes, event.token_hash, now, event.weight, event.priority
+            event.job,
+            event.nodes,
+            event.token_hash,
+            now,
+            event.weight,
+            event.priority,
+            event.backfill,
         )
         policy = self.state.policy
         output = JoinOutput(

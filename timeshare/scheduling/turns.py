@@ -260,6 +260,10 @@ class Turns(QueueBase):
         when = self._clock if now is None else now
         return ordering.in_grant_order(eligible, self.state.jobs, self.state.policy, when)[0]
 
+    def _backfill_behind(self, planned: Waiter, first: Waiter | None) -> bool:
+        jobs = self.state.jobs
+        return first is not None and jobs[planned.job].backfill and not jobs[first.job].backfill
+
     def _charge(self, job: str, turn: StoredGrant, now: float) -> float:
         """Charge the job for the GPU time of its turn (switch time is no one's)."""
         held = max(0.0, now - turn.granted_at)
@@ -293,7 +297,10 @@ class Turns(QueueBase):
             self.state.anticipation = None
         if switched is not None and self.policies:
             planned = [w for w in self._eligible() if w.ticket == switched[0]]
-            waiter = planned[0] if planned else waiter
+            # A backfill job switched in is not granted past a regular job
+            # that asked meanwhile.
+            if planned and not self._backfill_behind(planned[0], waiter):
+                waiter = planned[0]
         if not self.needs_switch() or waiter is None or self.moves_for(waiter.job):
             return
         self.state.queue.remove(waiter)
