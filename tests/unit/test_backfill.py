@@ -15,6 +15,7 @@ from timeshare.scheduling.base import QueueError
 from timeshare.scheduling.group_core import GroupCore
 from timeshare.scheduling.rules import RULES_ANTICIPATION, RULES_LEGACY
 from timeshare.scheduling.state import GroupState, StoredPolicy, StoredSwitch
+from timeshare.status import jobs_table, policy_line
 
 NODE = "n1"
 GRACE = 5.0
@@ -158,3 +159,10 @@ def test_the_group_status_names_its_backfill_jobs() -> None:
 def test_a_backfill_grace_out_of_range_is_refused() -> None:
     with pytest.raises(ValueError):
         GroupPolicy(backfill_grace_seconds=-1.0)
+
+
+def test_timeshare_status_marks_backfill_jobs_and_shows_the_grace() -> None:
+    status = group_with(("a",), ("bf",)).status(0.0)
+    table = jobs_table(status)
+    assert "bf (backfill)" in table and "a (backfill)" not in table
+    assert f"backfill preempted {GRACE:g} s after a regular ask" in policy_line(status)
