@@ -1,16 +1,22 @@
 """Backfill jobs through a real stack (gateway, scheduler, a simulated
 node): a backfill job that ignores should_yield is preempted after its
-group's grace, and the regular job that asked gets the GPU. The core's
+group's grace (evicted, with the reason, where its node moves state only
+through the job's own hooks), and the regular job that asked gets the GPU. The core's
 decisions are in tests/unit/test_backfill.py."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 import timeshare.aio
 from tests.conftest import SimNodes
 from tests.integration.test_gateway import queued
 from tests.polling import wait_until_async
+from timeshare.activities.backends.app import AppBackend
+from timeshare.activities.backends.base import BackendConfig
+from timeshare.errors import Aborted
 from timeshare.models import GroupPolicy
 
 
@@ -45,3 +51,24 @@ async def test_a_backfill_job_that_does_not_yield_is_preempted_and_the_regular_j
     await regular.yield_()
     await regular.leave()
     await backfill.leave()
+
+
+async def test_a_backfill_job_moved_only_by_its_hooks_is_evicted_after_the_grace(
+    api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    group, node = f"g-{unique}", f"n-{unique}"
+    await sim_nodes.start_backend(node, AppBackend(BackendConfig(node=node)))
+    policy = GroupPolicy(backfill_grace_seconds=1.0)
+    backfill = await api.join(group, "bf", [node], policy=policy, backfill=True)
+    regular = await api.join(group, "a", [node])
+    await backfill.acquire()
+    granted = await asyncio.wait_for(regular.acquire(), timeout=60)
+    status = await api.get_group(group)
+    assert status.holder == "a" and granted.epoch > 0
+    assert [j.job for j in status.jobs] == ["a"]
+    # Its next call hears why.
+    with pytest.raises(Aborted) as evicted:
+        await backfill.heartbeat()
+    assert "did not yield within 1 s" in str(evicted.value)
+    await regular.yield_()
+    await regular.leave()
