@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from timeshare.models import GroupPolicy, HeartbeatOutput, JoinOutput
+from timeshare.models import GroupPolicy, HeartbeatOutput, JoinOutput, KeepTurnOutput
 from timeshare.refusals import Refusal
 from timeshare.scheduling import commands as cmd
 from timeshare.scheduling import events as ev
@@ -21,13 +21,17 @@ NODE = "n1"
 GRACE = 5.0
 
 
-def group_with(regular: tuple[str, ...], backfill: tuple[str, ...]) -> GroupCore:
-    policy = StoredPolicy.stored(GroupPolicy(backfill_grace_seconds=GRACE))
-    group = GroupCore(GroupState(group="g", policy=policy, rules=RULES_ANTICIPATION))
+def group_with(
+    regular: tuple[str, ...], backfill: tuple[str, ...], policy: GroupPolicy | None = None
+) -> GroupCore:
+    policy = policy or GroupPolicy(backfill_grace_seconds=GRACE)
+    state = GroupState(group="g", policy=StoredPolicy.stored(policy), rules=RULES_ANTICIPATION)
+    group = GroupCore(state)
     for job in regular + backfill:
-        answer = reply(
-            group.handle(ev.Join(job, [NODE], f"hash-{job}", backfill=job in backfill), 0)
-        )
+        # Backfill jobs of a high priority: still below every regular job.
+        joined = ev.Join(job, [NODE], f"hash-{job}", priority=10 * (job in backfill),
+                         backfill=job in backfill)  # fmt: skip
+        answer = reply(group.handle(joined, 0))
         assert isinstance(answer, JoinOutput)
     return group
 
@@ -141,6 +145,22 @@ def test_a_regular_holder_is_never_asked_to_yield_for_a_backfill_job() -> None:
     settle(group, 20.0)
     assert holder(group) == "a"
     assert not should_yield(group, "a", 20.0)
+
+
+def test_a_turn_limit_or_a_higher_priority_never_asks_a_regular_holder_to_yield_to_backfill() -> (
+    None
+):
+    policy = GroupPolicy(max_turn_seconds=1.0, preempt_lower_after_seconds=1.0)
+    group = group_with(("a",), ("bf",), policy)
+    ask(group, "a", 1.0)
+    settle(group, 1.0)
+    ask(group, "bf", 2.0)
+    settle(group, 20.0)
+    assert holder(group) == "a" and group.state.preemptions == 0
+    assert not should_yield(group, "a", 20.0)
+    epoch = group.state.turn.epoch if group.state.turn else 0
+    kept = reply(group.handle(ev.KeepTurn("a", "hash-a", epoch, "train"), 21.0))
+    assert isinstance(kept, KeepTurnOutput) and not kept.asked_to_yield
 
 
 def test_a_group_from_before_policies_refuses_a_backfill_job() -> None:

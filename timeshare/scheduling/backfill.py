@@ -31,6 +31,16 @@ def asked_to_yield_from(
     return max(turn.granted_at, min(asks)) if asks else None
 
 
+def contenders(
+    turn: StoredGrant, jobs: Mapping[str, JobEntry], waiters: Iterable[Waiter]
+) -> list[Waiter]:
+    """The waiters that may ask the holder to give way (a turn limit,
+    preemption by priority): a regular holder never gives way to a backfill job."""
+    holder = jobs.get(turn.job)
+    regular_holder = holder is not None and not holder.backfill
+    return [w for w in waiters if not (regular_holder and jobs[w.job].backfill)]
+
+
 def moved_only_by_hooks(entry: JobEntry, switches: Iterable[StoredSwitch]) -> bool:
     """Whether any of the job's nodes last switched with its workload hooks
     alone (a node never seen switching counts as transparent)."""

@@ -151,7 +151,7 @@ class Deadlines(QueueBase):
         holder = ordering.holder_priority(jobs[turn.job], turn, policy)
         times = [
             ordering.outranks_holder_from(waiter, jobs[waiter.job], holder, policy)
-            for waiter in self._eligible()
+            for waiter in backfill.contenders(turn, jobs, self._eligible())
             if waiter.job != turn.job
         ]
         return min((t for t in times if t is not None), default=None)
@@ -161,8 +161,10 @@ class Deadlines(QueueBase):
         limit: past the limit with someone waiting."""
         turn = self.state.turn
         limit = self.state.policy.max_turn_seconds
-        eligible = self._eligible()
-        if turn is None or limit <= 0 or not eligible:
+        if turn is None or limit <= 0:
+            return None
+        eligible = backfill.contenders(turn, self.state.jobs, self._eligible())
+        if not eligible:
             return None
         return max(turn.granted_at + limit, eligible[0].since)
 

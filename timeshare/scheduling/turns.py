@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from timeshare.history import HISTORY_TURNS
 from timeshare.refusals import Refusal
-from timeshare.scheduling import ordering
+from timeshare.scheduling import backfill, ordering
 from timeshare.scheduling.base import (
     QueueBase,
     QueueError,
@@ -192,6 +192,10 @@ class Turns(QueueBase):
         nothing moved: tried on a copy of the state, so that nothing the
         workflow holds (a switch plan under way) is replaced."""
         probe = type(self)(self.state.model_copy(deep=True))
+        turn = probe.state.turn
+        if turn is not None:
+            # A regular holder never lets a backfill job go first.
+            probe.state.queue = backfill.contenders(turn, probe.state.jobs, probe.state.queue)
         probe._clock = self._clock
         probe.release(job, epoch, now)
         grant = probe.request(job, f"keep-turn-probe-{epoch}", now)
