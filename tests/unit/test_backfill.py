@@ -163,6 +163,26 @@ def test_a_turn_limit_or_a_higher_priority_never_asks_a_regular_holder_to_yield_
     assert isinstance(kept, KeepTurnOutput) and not kept.asked_to_yield
 
 
+def test_a_regular_job_asking_again_as_it_yields_goes_before_a_backfill_job() -> None:
+    """The backfill job is already on its own node: it would need no switch."""
+    group = group_with((), ())
+    for job, node, backfill in (("a", "n1", False), ("bf", "n2", True)):
+        group.handle(ev.Join(job, [node], f"hash-{job}", backfill=backfill), 0.0)
+    ask(group, "bf", 1.0)
+    settle(group, 1.0)
+    epoch = group.state.turn.epoch if group.state.turn else 0
+    group.handle(ev.Yield("bf", "hash-bf", epoch), 2.0)
+    ask(group, "a", 3.0)
+    settle(group, 3.0)
+    assert holder(group) == "a"
+    ask(group, "bf", 4.0)
+    epoch = group.state.turn.epoch if group.state.turn else 0
+    group.handle(ev.Acquire("a", "hash-a", "a-next", yield_epoch=epoch), 5.0)
+    settle(group, 5.0)
+    assert holder(group) == "a"
+    assert [w.job for w in group.state.queue] == ["bf"]
+
+
 def test_a_group_from_before_policies_refuses_a_backfill_job() -> None:
     group = GroupCore(GroupState(group="g", rules=RULES_LEGACY))
     with pytest.raises(QueueError) as refused:

@@ -139,7 +139,7 @@ class GroupCore:
         job = event.job
         # Given back by this message, not by an earlier one of the same request.
         given_back = event.yield_epoch and self.state.released.get(job) != event.yield_epoch
-        yielded = self._give_back(job, event.yield_epoch, now) if given_back else None
+        yielded = self._give_back(job, event.yield_epoch, now, True) if given_back else None
         grant = self.queue.request(
             job, event.request_id, now, event.call_id, event.trace_context, event.phase
         )
@@ -157,10 +157,10 @@ class GroupCore:
     def _yield(self, event: ev.Yield, now: float) -> list[Command]:
         return self._answered(self._give_back(event.job, event.epoch, now), now)
 
-    def _give_back(self, job: str, epoch: int, now: float) -> YieldOutput:
+    def _give_back(self, job: str, epoch: int, now: float, asks_again: bool = False) -> YieldOutput:
         turn = self.state.turn
         phase = turn.phase if turn is not None and turn.job == job else ""
-        held = self.queue.release(job, epoch, now)
+        held = self.queue.release(job, epoch, now, asks_again)
         return YieldOutput(held_seconds=held, phase=phase)
 
     def _keep_turn(self, event: ev.KeepTurn, now: float) -> list[Command]:

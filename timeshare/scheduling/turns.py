@@ -192,17 +192,14 @@ class Turns(QueueBase):
         nothing moved: tried on a copy of the state, so that nothing the
         workflow holds (a switch plan under way) is replaced."""
         probe = type(self)(self.state.model_copy(deep=True))
-        turn = probe.state.turn
-        if turn is not None:
-            # A regular holder never lets a backfill job go first.
-            probe.state.queue = backfill.contenders(turn, probe.state.jobs, probe.state.queue)
         probe._clock = self._clock
-        probe.release(job, epoch, now)
+        probe.release(job, epoch, now, asks_again=True)
         grant = probe.request(job, f"keep-turn-probe-{epoch}", now)
         return grant is not None and grant.switch_seconds == 0.0
 
-    def release(self, job: str, epoch: int, now: float) -> float:
-        """Record a yield; nothing moves on the nodes. Returns seconds held."""
+    def release(self, job: str, epoch: int, now: float, asks_again: bool = False) -> float:
+        """Record a yield; nothing moves on the nodes. Returns seconds held.
+        ``asks_again``: the same message asks for the next turn (next_turn)."""
         self.check_release(job, epoch)
         self.touch(job, now)
         entry = self.state.jobs.get(job)
@@ -226,8 +223,15 @@ class Turns(QueueBase):
         self.state.turn = None
         self.state.since = now
         self._anticipate(job, turn, now)
-        self._grant_ready(now)
+        if not (asks_again and self._only_backfill_waits(turn)):
+            # A regular job asking again goes before the backfill jobs that
+            # wait: its request, next, grants.
+            self._grant_ready(now)
         return held
+
+    def _only_backfill_waits(self, turn: StoredGrant) -> bool:
+        eligible = self._eligible()
+        return bool(eligible) and not backfill.contenders(turn, self.state.jobs, eligible)
 
     def _epoch_known_to(self, job: str) -> int:
         """The epoch the job itself was told: a resumed turn keeps its first epoch."""
