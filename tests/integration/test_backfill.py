@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+import timeshare
 import timeshare.aio
 from tests.conftest import SimNodes
 from tests.integration.test_gateway import queued
@@ -21,15 +22,23 @@ from timeshare.models import GroupPolicy
 
 
 async def test_a_backfill_job_that_does_not_yield_is_preempted_and_the_regular_job_granted(
-    api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str
+    api: timeshare.aio.Client, gateway: str, sim_nodes: SimNodes, unique: str
 ) -> None:
     group, node = f"g-{unique}", f"n-{unique}"
     await sim_nodes.start(node)
     policy = GroupPolicy(backfill_grace_seconds=1.0, co_residency="off")
     backfill = await api.join(group, "bf", [node], policy=policy, backfill=True)
     regular = await api.join(group, "a", [node])
-    status = await api.get_group(group)
-    assert {j.job: j.backfill for j in status.jobs} == {"a": False, "bf": True}
+
+    def join_from_the_blocking_client() -> dict[str, bool]:
+        with timeshare.connect(gateway) as client:
+            other = client.join(group, "bf-sync", [node], backfill=True)
+            jobs = {j.job: j.backfill for j in client.get_group(group).jobs}
+            other.leave()
+            return jobs
+
+    jobs = await asyncio.to_thread(join_from_the_blocking_client)
+    assert jobs == {"a": False, "bf": True, "bf-sync": True}
 
     held = await backfill.acquire()
     assert not (await backfill.heartbeat()).should_yield
