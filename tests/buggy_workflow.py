@@ -23,12 +23,12 @@ class GroupWorkflowWithABug(GroupWorkflow):
         queue = self._core.queue
         release_turn = queue.release
 
-        def release_with_a_bug(job: str, epoch: int, now: float) -> float:
+        def release_with_a_bug(job: str, epoch: int, now: float, asks_again: bool = False) -> float:
             if job == BUGGY_JOB:
                 queue.state.paused = True
                 queue.state.jobs[job].turns += 100
                 raise KeyError("a bug in the scheduler")
-            return release_turn(job, epoch, now)
+            return release_turn(job, epoch, now, asks_again)
 
         queue.release = release_with_a_bug  # type: ignore[method-assign]
 

@@ -26,7 +26,7 @@ from tests.cuda_backends import running_workers
 from tests.gateways import start_gateway
 from tests.needs import skip_what_the_machine_lacks
 from tests.service_loop import ServiceLoop
-from timeshare.activities.backends.base import BackendConfig
+from timeshare.activities.backends.base import Backend, BackendConfig
 from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.backends.sim import SimBackend
 from timeshare.activities.backends.sim_memory import sim_state_path
@@ -194,6 +194,15 @@ class SimNodes:
             sim_gpus=gpus,
         )
         backend = SimBackend(config)
+        await self._serve(node, backend, processes)
+        self.backends[node] = backend
+        return backend
+
+    async def start_backend(self, node: str, backend: Backend) -> None:
+        """A node whose agent runs another backend (the app backend: hooks alone)."""
+        await self.service_loop.call(self._serve(node, backend, None))
+
+    async def _serve(self, node: str, backend: Backend, processes: ProcessTable | None) -> None:
         agent = SwitchActivities(node, backend, processes)
         agent.on_release.append(partial(drop_claim, self.client, node))
         worker = Worker(
@@ -202,9 +211,7 @@ class SimNodes:
             activities=[agent.switch, agent.release],
         )
         await worker.__aenter__()
-        self.backends[node] = backend
         self.workers[node] = worker
-        return backend
 
     async def stop_node(self, node: str) -> None:
         """The node's agent goes away (its GPU keeps what it held)."""

@@ -307,6 +307,7 @@ def join_request(
     policy: GroupPolicy | None,
     weight: float = 1.0,
     priority: int = 0,
+    backfill: bool = False,
 ) -> pb.JoinRequest:
     if math.isnan(weight) or not 0 < weight <= 1000:
         raise InvalidArgument(f"weight must be above 0 and at most 1000, got {weight}")
@@ -317,6 +318,7 @@ def join_request(
         policy=pb.GroupPolicy(**policy.model_dump()) if policy is not None else None,
         weight=weight,
         priority=priority,
+        backfill=backfill,
     )
 
 
@@ -369,6 +371,7 @@ def group_status(message: pb.GroupStatus) -> GroupStatus:
                 weight=j.weight or 1.0,
                 priority=j.priority,
                 share_seconds=j.share_seconds,
+                backfill=j.backfill,
             )
             for j in message.jobs
         ],

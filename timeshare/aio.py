@@ -73,8 +73,9 @@ class Client:
         register: bool = False,
         weight: float = 1.0,
         priority: int = 0,
+        backfill: bool = False,
     ) -> Job:
-        request = protocol.join_request(group, job, nodes, policy, weight, priority)
+        request = protocol.join_request(group, job, nodes, policy, weight, priority, backfill)
         response = await self._join(request)
         handle = Job(self, protocol.job_ref(request, response))
         self._jobs.append(handle)

@@ -69,15 +69,18 @@ class Client:
         register: bool = False,
         weight: float = 1.0,
         priority: int = 0,
+        backfill: bool = False,
     ) -> Job:
         """Join ``group`` as ``job`` (defaults: TIMESHARE_GROUP, TIMESHARE_JOB); ``nodes``
         defaults to TIMESHARE_NODES, else the only node. ``policy`` applies if this join
         creates the group. ``weight`` scales the job's fair share of GPU time; a higher
-        ``priority`` goes first. The handle keeps the job's lease alive from a background
-        thread until ``leave()`` or ``close()``.
+        ``priority`` goes first; a ``backfill`` job gets the GPUs only while no regular
+        job holds or waits for them, and is asked to yield (``should_yield``) as soon as
+        one asks (docs/user-guide.md, "Backfill jobs"). The handle keeps the job's lease
+        alive from a background thread until ``leave()`` or ``close()``.
         ``register=True`` also registers this process with the local agent: only for a
         process that both uses the GPU and asks for turns (see register_process)."""
-        request = protocol.join_request(group, job, nodes, policy, weight, priority)
+        request = protocol.join_request(group, job, nodes, policy, weight, priority, backfill)
         handle = Job(self, protocol.job_ref(request, self._join(request)))
         self._jobs.append(handle)
         # Registrations of this process's job processes present this token.

@@ -60,6 +60,10 @@ class GroupPolicy(BaseModel):
     # A waiter that outranks the holder asks it to yield at once, and after
     # this long preempts it (0: never).
     preempt_lower_after_seconds: float = Field(default=0.0, ge=0.0, le=86400.0)
+    # A backfill job holding the GPU is asked to yield as soon as a regular
+    # job asks, and preempted (or, where only its own hooks could move its
+    # state, evicted) if it still holds this long after.
+    backfill_grace_seconds: float = Field(default=10.0, ge=0.0, le=86400.0)
     # A switch that keeps failing is given up after this long: the job whose
     # state cannot be moved is evicted (its processes run again, never
     # killed), and the waiting job gets the GPU if it fits, else an error
@@ -109,6 +113,8 @@ class JoinInput(BaseModel):
     # Fair share counts GPU time divided by weight; priority goes first.
     weight: float = Field(default=1.0, gt=0.0, le=1000.0)
     priority: int = Field(default=0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)
+    # A backfill job runs only while no regular job holds or waits for the GPU.
+    backfill: bool = False
 
 
 class JoinOutput(BaseModel):
@@ -250,6 +256,7 @@ class JobStatus(BaseModel):
     priority: int = 0
     # GPU-seconds divided by weight, as fair share counts them.
     share_seconds: float = 0.0
+    backfill: bool = False
 
 
 class GroupStatus(BaseModel):

@@ -57,6 +57,8 @@ def policy_line(group: GroupStatus) -> str:
         parts.append(f"aging every {p.aging_seconds:g} s")
     if p.preempt_lower_after_seconds:
         parts.append(f"preempts lower priority after {p.preempt_lower_after_seconds:g} s")
+    if any(j.backfill for j in group.jobs):
+        parts.append(f"backfill preempted {p.backfill_grace_seconds:g} s after a regular ask")
     if p.max_turn_seconds:
         parts.append(f"turn limit {p.max_turn_seconds:g} s (+{p.preempt_grace_seconds:g} s grace)")
     parts.append(f"lease {p.lease_seconds:g} s while others wait, {p.idle_lease_seconds:g} s idle")
@@ -67,7 +69,7 @@ def jobs_table(group: GroupStatus) -> str:
     now = time.time()
     rows = [
         [
-            j.job + (" (preempted)" if j.preempted else ""),
+            j.job + (" (backfill)" if j.backfill else "") + (" (preempted)" if j.preempted else ""),
             ",".join(j.nodes),
             str(j.priority),
             f"{j.weight:g}",

@@ -38,9 +38,11 @@ class SyntheticJobSpec(BaseModel):
     # A profile's iteration instead of sample, reward, train: phases "gpu" and
     # "cpu", each GPU phase's acquire named as the profile names it.
     iteration: list[Phase] | None = None
-    # As the job joins: its weight and priority under the group's policies.
+    # As the job joins: its weight and priority under the group's policies,
+    # and whether it runs as backfill (only while no regular job holds or waits).
     weight: float = 1.0
     priority: int = 0
+    backfill: bool = False
     # Applied if this job's join creates the group.
     policy: GroupPolicy | None = None
     # Serve workload hooks to the agent, asking to be evicted this way.
@@ -121,7 +123,8 @@ def run_synthetic_job(
 
         def join() -> timeshare.Job:
             return client.join(spec.group, spec.job, spec.nodes, spec.policy,
-                               weight=spec.weight, priority=spec.priority)  # fmt: skip
+                               weight=spec.weight, priority=spec.priority,
+                               backfill=spec.backfill)  # fmt: skip
 
         job = join()
         # A restarted job process starts afresh: drop any turn a previous

@@ -465,7 +465,9 @@ def _rules_of_a_new_group() -> int:
 
 
 def _join(input: JoinInput) -> ev.Join:
-    return ev.Join(input.job, input.nodes, input.token_hash, input.weight, input.priority)
+    return ev.Join(
+        input.job, input.nodes, input.token_hash, input.weight, input.priority, input.backfill
+    )
 
 
 def _acquire(input: AcquireInput) -> ev.Acquire:

@@ -1,6 +1,6 @@
 """The scheduling core under random traffic, through its one door: a
 Hypothesis state machine hands GroupCore.handle joins, asks, yields, leaves,
-heartbeats, evictions, time passing, switch outcomes (through, or failing in
+heartbeats, evictions, time passing, backfill joins, switch outcomes (through, or failing in
 each way a node reports), releases ending and restarts (the state carried
 through its schema into a new core, as continue-as-new does), under every
 Rules version a recorded group can have. It carries out the core's commands
@@ -167,6 +167,11 @@ class GroupMachine(RuleBasedStateMachine):
     @rule(job=jobs, nodes=st.sampled_from(NODE_SETS), step=STEPS)
     def join(self, job: str, nodes: list[str], step: float) -> None:
         self.message(ev.Join(job, nodes, token(job), weight=WEIGHTS[job]), step)
+
+    @rule(job=jobs, nodes=st.sampled_from(NODE_SETS), step=STEPS)
+    def join_as_backfill(self, job: str, nodes: list[str], step: float) -> None:
+        """Refused by groups from before policies."""
+        self.message(ev.Join(job, nodes, token(job), weight=WEIGHTS[job], backfill=True), step)
 
     @rule(step=STEPS)
     def every_member_asks(self, step: float) -> None:
@@ -381,8 +386,14 @@ class GroupMachine(RuleBasedStateMachine):
         # was decided when it was planned.
         came_by_switch = turn.ticket in self.planned_contended
         planned = self.planned_contended.pop(turn.ticket, None)
+        backfill = {job for job, entry in state.jobs.items() if entry.backfill}
+        if turn.job in backfill:
+            regular_waiting = {w.job for w in state.queue} - backfill
+            assert not regular_waiting, (turn, state.queue)
+        # Fair share's bound speaks of regular jobs alone.
         contended = (
             self.version >= RULES_POLICIES
+            and not backfill
             and self.others_all_wait(turn.job)
             and (planned == frozenset(state.jobs) if came_by_switch else True)
         )

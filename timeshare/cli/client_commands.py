@@ -147,6 +147,10 @@ def _synthetic_job_command(commands: Subparsers) -> None:
     job.add_argument("--prefetch", choices=["auto", "off"], help="group policy, likewise")
     job.add_argument("--weight", type=WEIGHT, default=1.0, help="the job's weight (fair share)")
     job.add_argument("--priority", type=PRIORITY, default=0, help="the job's priority")
+    job.add_argument(
+        "--backfill", action="store_true",
+        help="join as backfill: use the GPUs only while no regular job holds or waits for them",
+    )  # fmt: skip
     job.add_argument("--ordering", choices=["fair", "fifo"], help="group policy, likewise")
     job.add_argument(
         "--hooks", choices=["offload", "discard"],
@@ -280,6 +284,7 @@ def run_synthetic_job(args: argparse.Namespace) -> int:
         agent_socket=args.agent_socket,
         weight=args.weight,
         priority=args.priority,
+        backfill=args.backfill,
         blocking_yields=args.blocking_yields,
     )
     # SIGTERM unwinds like Ctrl-C, so the job leaves its group on the way out.

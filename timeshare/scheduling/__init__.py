@@ -30,5 +30,8 @@ Rules:
   why;
 - with a turn limit, a holder that others wait for is asked to yield, and
   after a grace period is preempted: its state is checkpointed (the job does
-  not notice) and it waits at the back of the queue to resume its turn.
+  not notice) and it waits at the back of the queue to resume its turn;
+- a backfill job is granted only while no regular job holds or waits; a
+  regular job that asks asks the backfill holder to yield at once, and
+  preempts it after the group's backfill grace (backfill.py).
 """

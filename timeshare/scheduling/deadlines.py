@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from timeshare.scheduling import ordering
+from timeshare.scheduling import backfill, ordering
 from timeshare.scheduling.base import (
     QueueBase,
 )
@@ -49,6 +49,12 @@ class Deadlines(QueueBase):
         turn = self.state.turn
         _, preempt_at = self._yield_times()
         if turn is not None and preempt_at is not None and now >= preempt_at:
+            entry = self.state.jobs[turn.job]
+            if entry.backfill and backfill.moved_only_by_hooks(entry, self.state.recent_switches):
+                reason = backfill.eviction_reason(self.state.policy.backfill_grace_seconds)
+                self.evict(turn.job, reason, now)
+                done.append(f"evicted backfill job {turn.job}: {reason}")
+                return done
             self._preempt(turn, now)
             done.append(f"preempted {turn.job} after {now - turn.granted_at:.0f} s")
         return done
@@ -114,7 +120,9 @@ class Deadlines(QueueBase):
     def _yield_times(self) -> tuple[float | None, float | None]:
         """When the holder is (or was) asked to yield, and when it is
         preempted: the turn limit with others waiting, or a waiter that
-        outranks it (preempt_lower_after_seconds)."""
+        outranks it (preempt_lower_after_seconds), or a regular job waiting
+        for a backfill holder (asked at once; preempted after
+        backfill_grace_seconds: scheduling/backfill.py)."""
         turn = self.state.turn
         if turn is None:
             return None, None
@@ -132,6 +140,10 @@ class Deadlines(QueueBase):
             if outranked is not None:
                 asked.append(outranked)
                 preempt.append(outranked + policy.preempt_lower_after_seconds)
+        regular_asked = backfill.asked_to_yield_from(turn, self.state.jobs, self._eligible())
+        if regular_asked is not None:
+            asked.append(regular_asked)
+            preempt.append(regular_asked + policy.backfill_grace_seconds)
         return min(asked, default=None), min(preempt, default=None)
 
     def _outranked_from(self, turn: StoredGrant) -> float | None:
@@ -139,7 +151,7 @@ class Deadlines(QueueBase):
         holder = ordering.holder_priority(jobs[turn.job], turn, policy)
         times = [
             ordering.outranks_holder_from(waiter, jobs[waiter.job], holder, policy)
-            for waiter in self._eligible()
+            for waiter in backfill.contenders(turn, jobs, self._eligible())
             if waiter.job != turn.job
         ]
         return min((t for t in times if t is not None), default=None)
@@ -149,8 +161,10 @@ class Deadlines(QueueBase):
         limit: past the limit with someone waiting."""
         turn = self.state.turn
         limit = self.state.policy.max_turn_seconds
-        eligible = self._eligible()
-        if turn is None or limit <= 0 or not eligible:
+        if turn is None or limit <= 0:
+            return None
+        eligible = backfill.contenders(turn, self.state.jobs, self._eligible())
+        if not eligible:
             return None
         return max(turn.granted_at + limit, eligible[0].since)
 

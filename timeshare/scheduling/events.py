@@ -16,6 +16,7 @@ class Join:
     token_hash: str
     weight: float = 1.0
     priority: int = 0
+    backfill: bool = False
 
 
 @dataclass(frozen=True)

@@ -96,8 +96,8 @@ class GroupCore:
         """Refuse a message before it is handled (QueueError), changing nothing."""
         queue = self.queue
         match message:
-            case ev.Join(job=job, nodes=nodes):
-                queue.check_join(job, nodes)
+            case ev.Join(job=job, nodes=nodes, backfill=backfill):
+                queue.check_join(job, nodes, backfill)
             case ev.Leave(job=job, token_hash=token_hash):
                 # Leaving is idempotent: a job already gone is fine.
                 if job in self.state.jobs:
@@ -117,7 +117,13 @@ class GroupCore:
 
     def _join(self, event: ev.Join, now: float) -> list[Command]:
         created = self.queue.join(
-            event.job, event.nodes, event.token_hash, now, event.weight, event.priority
+            event.job,
+            event.nodes,
+            event.token_hash,
+            now,
+            event.weight,
+            event.priority,
+            event.backfill,
         )
         policy = self.state.policy
         output = JoinOutput(
@@ -133,7 +139,7 @@ class GroupCore:
         job = event.job
         # Given back by this message, not by an earlier one of the same request.
         given_back = event.yield_epoch and self.state.released.get(job) != event.yield_epoch
-        yielded = self._give_back(job, event.yield_epoch, now) if given_back else None
+        yielded = self._give_back(job, event.yield_epoch, now, True) if given_back else None
         grant = self.queue.request(
             job, event.request_id, now, event.call_id, event.trace_context, event.phase
         )
@@ -151,10 +157,10 @@ class GroupCore:
     def _yield(self, event: ev.Yield, now: float) -> list[Command]:
         return self._answered(self._give_back(event.job, event.epoch, now), now)
 
-    def _give_back(self, job: str, epoch: int, now: float) -> YieldOutput:
+    def _give_back(self, job: str, epoch: int, now: float, asks_again: bool = False) -> YieldOutput:
         turn = self.state.turn
         phase = turn.phase if turn is not None and turn.job == job else ""
-        held = self.queue.release(job, epoch, now)
+        held = self.queue.release(job, epoch, now, asks_again)
         return YieldOutput(held_seconds=held, phase=phase)
 
     def _keep_turn(self, event: ev.KeepTurn, now: float) -> list[Command]:

@@ -18,7 +18,13 @@ from timeshare.scheduling.state import JobEntry
 
 
 class Membership(QueueBase):
-    def check_join(self, job: str, nodes: list[str]) -> None:
+    def check_join(self, job: str, nodes: list[str], backfill: bool = False) -> None:
+        if backfill and not self.policies:
+            raise QueueError(
+                Refusal.FAILED_PRECONDITION,
+                f"group {self.state.group!r} was created before scheduling policies: "
+                "it takes no backfill jobs",
+            )
         if not nodes:
             raise QueueError(Refusal.INVALID_ARGUMENT, f"job {job!r} names no nodes")
         if len(nodes) > MAX_NODES_PER_JOB:
@@ -48,11 +54,12 @@ class Membership(QueueBase):
         now: float,
         weight: float = 1.0,
         priority: int = 0,
+        backfill: bool = False,
     ) -> bool:
         """Add or refresh a job; returns True when the job is new. A newcomer's
         share starts level with the least-served member's, so that it cannot
         take the GPU for as long as the others have had it."""
-        self.check_join(job, nodes)
+        self.check_join(job, nodes, backfill)
         self._clock = now
         self.state.evicted_jobs.pop(job, None)
         # Back before its agents let its processes go: they need not.
@@ -66,6 +73,7 @@ class Membership(QueueBase):
                 last_seen=now,
                 weight=weight,
                 priority=priority,
+                backfill=backfill,
                 share_seconds=ordering.level_share(
                     e.share_seconds for e in self.state.jobs.values()
                 ),
@@ -74,7 +82,7 @@ class Membership(QueueBase):
         entry.nodes = list(nodes)
         entry.token_hash = token_hash
         entry.last_seen = now
-        entry.weight, entry.priority = weight, priority
+        entry.weight, entry.priority, entry.backfill = weight, priority, backfill
         return False
 
     def authenticate(self, job: str, token_hash: str) -> JobEntry:

@@ -1,8 +1,9 @@
 """Who goes next in a group with scheduling policies, and from when the holder
 is asked to give way. Pure functions of the queue's state; time is passed in.
 
-The next turn goes to the eligible waiter with the highest effective
-priority; among equals, with ordering "fair", to the one whose job has used
+The next turn goes to a regular (not backfill) waiter before any backfill
+one; then to the eligible waiter with the highest effective priority;
+among equals, with ordering "fair", to the one whose job has used
 the least GPU time for its weight (``share_seconds``), else (and then) to the
 first that asked. A waiter's effective priority is its job's priority, plus
 the group's ``phase_priority`` for the phase it asked for, plus one for every
@@ -51,10 +52,12 @@ def in_grant_order(
 ) -> list[Waiter]:
     """The waiters in the order they would be granted now."""
 
-    def key(waiter: Waiter) -> tuple[int, float, int]:
+    def key(waiter: Waiter) -> tuple[bool, int, float, int]:
         entry = jobs[waiter.job]
         share = entry.share_seconds if policy.ordering == "fair" else 0.0
-        return (-effective_priority(entry, waiter, policy, now), share, waiter.ticket)
+        # Backfill jobs come after every regular one, whatever their priority.
+        priority = effective_priority(entry, waiter, policy, now)
+        return (entry.backfill, -priority, share, waiter.ticket)
 
     return sorted(waiters, key=key)
 

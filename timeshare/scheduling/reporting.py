@@ -106,6 +106,7 @@ class Reporting(QueueBase):
                     weight=entry.weight,
                     priority=entry.priority,
                     share_seconds=entry.share_seconds,
+                    backfill=entry.backfill,
                 )
                 for name, entry in sorted(s.jobs.items())
             ],

@@ -65,6 +65,7 @@ class StoredPolicy(StoredModel):
     preempt_lower_after_seconds: float = 0.0
     switch_give_up_seconds: float = 120.0
     fair_anticipation_seconds: float = 0.03
+    backfill_grace_seconds: float = 10.0
 
     @property
     def idle_lease(self) -> float:
@@ -169,6 +170,8 @@ class JobEntry(StoredModel):
     ask_gaps: dict[str, float] = Field(default_factory=dict)
     # Its state was brought back ahead of its request: its next grant says so.
     restored_ahead: bool = False
+    # Runs only while no regular job holds or waits (scheduling/backfill.py).
+    backfill: bool = False
 
 
 class Waiter(StoredModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from timeshare.history import HISTORY_TURNS
 from timeshare.refusals import Refusal
-from timeshare.scheduling import ordering
+from timeshare.scheduling import backfill, ordering
 from timeshare.scheduling.base import (
     QueueBase,
     QueueError,
@@ -193,12 +193,13 @@ class Turns(QueueBase):
         workflow holds (a switch plan under way) is replaced."""
         probe = type(self)(self.state.model_copy(deep=True))
         probe._clock = self._clock
-        probe.release(job, epoch, now)
+        probe.release(job, epoch, now, asks_again=True)
         grant = probe.request(job, f"keep-turn-probe-{epoch}", now)
         return grant is not None and grant.switch_seconds == 0.0
 
-    def release(self, job: str, epoch: int, now: float) -> float:
-        """Record a yield; nothing moves on the nodes. Returns seconds held."""
+    def release(self, job: str, epoch: int, now: float, asks_again: bool = False) -> float:
+        """Record a yield; nothing moves on the nodes. Returns seconds held.
+        ``asks_again``: the same message asks for the next turn (next_turn)."""
         self.check_release(job, epoch)
         self.touch(job, now)
         entry = self.state.jobs.get(job)
@@ -222,8 +223,15 @@ class Turns(QueueBase):
         self.state.turn = None
         self.state.since = now
         self._anticipate(job, turn, now)
-        self._grant_ready(now)
+        if not (asks_again and self._only_backfill_waits(turn)):
+            # A regular job asking again goes before the backfill jobs that
+            # wait: its request, next, grants.
+            self._grant_ready(now)
         return held
+
+    def _only_backfill_waits(self, turn: StoredGrant) -> bool:
+        eligible = self._eligible()
+        return bool(eligible) and not backfill.contenders(turn, self.state.jobs, eligible)
 
     def _epoch_known_to(self, job: str) -> int:
         """The epoch the job itself was told: a resumed turn keeps its first epoch."""
@@ -260,6 +268,10 @@ class Turns(QueueBase):
         when = self._clock if now is None else now
         return ordering.in_grant_order(eligible, self.state.jobs, self.state.policy, when)[0]
 
+    def _backfill_behind(self, planned: Waiter, first: Waiter | None) -> bool:
+        jobs = self.state.jobs
+        return first is not None and jobs[planned.job].backfill and not jobs[first.job].backfill
+
     def _charge(self, job: str, turn: StoredGrant, now: float) -> float:
         """Charge the job for the GPU time of its turn (switch time is no one's)."""
         held = max(0.0, now - turn.granted_at)
@@ -293,7 +305,10 @@ class Turns(QueueBase):
             self.state.anticipation = None
         if switched is not None and self.policies:
             planned = [w for w in self._eligible() if w.ticket == switched[0]]
-            waiter = planned[0] if planned else waiter
+            # A backfill job switched in is not granted past a regular job
+            # that asked meanwhile.
+            if planned and not self._backfill_behind(planned[0], waiter):
+                waiter = planned[0]
         if not self.needs_switch() or waiter is None or self.moves_for(waiter.job):
             return
         self.state.queue.remove(waiter)

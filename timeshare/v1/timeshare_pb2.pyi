@@ -66,6 +66,7 @@ class GroupPolicy(_message.Message):
     PREFETCH_FIELD_NUMBER: _builtins.int
     SWITCH_GIVE_UP_SECONDS_FIELD_NUMBER: _builtins.int
     FAIR_ANTICIPATION_SECONDS_FIELD_NUMBER: _builtins.int
+    BACKFILL_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     lease_seconds: _builtins.float
     """A holder that others wait for and that sends nothing (renewals
     included) for this long is evicted, and the turn moves on (30).
@@ -119,6 +120,11 @@ class GroupPolicy(_message.Message):
     long (sized from how soon it asked again before; 0.03; 0: never). Set
     explicitly (optional): an unset field keeps the default, 0 turns it off.
     """
+    backfill_grace_seconds: _builtins.float
+    """A backfill job holding the GPUs is asked to yield as soon as a regular
+    job asks, and preempted if it still holds this long after (10; 0: at
+    once). Set explicitly (optional): an unset field keeps the default.
+    """
     @_builtins.property
     def phase_priority(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Added to the job's priority for a request of that phase."""
@@ -149,13 +155,19 @@ class GroupPolicy(_message.Message):
         prefetch: _builtins.str = ...,
         switch_give_up_seconds: _builtins.float = ...,
         fair_anticipation_seconds: _builtins.float | None = ...,
+        backfill_grace_seconds: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_fair_anticipation_seconds", b"_fair_anticipation_seconds", "fair_anticipation_seconds", b"fair_anticipation_seconds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backfill_grace_seconds", b"_backfill_grace_seconds", "_fair_anticipation_seconds", b"_fair_anticipation_seconds", "backfill_grace_seconds", b"backfill_grace_seconds", "fair_anticipation_seconds", b"fair_anticipation_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_fair_anticipation_seconds", b"_fair_anticipation_seconds", "agent_timeout_seconds", b"agent_timeout_seconds", "aging_seconds", b"aging_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "fair_anticipation_seconds", b"fair_anticipation_seconds", "fair_credit_seconds", b"fair_credit_seconds", "gpus", b"gpus", "idle_lease_seconds", b"idle_lease_seconds", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "ordering", b"ordering", "phase_priority", b"phase_priority", "preempt_grace_seconds", b"preempt_grace_seconds", "preempt_lower_after_seconds", b"preempt_lower_after_seconds", "prefetch", b"prefetch", "switch_give_up_seconds", b"switch_give_up_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backfill_grace_seconds", b"_backfill_grace_seconds", "_fair_anticipation_seconds", b"_fair_anticipation_seconds", "agent_timeout_seconds", b"agent_timeout_seconds", "aging_seconds", b"aging_seconds", "backfill_grace_seconds", b"backfill_grace_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "fair_anticipation_seconds", b"fair_anticipation_seconds", "fair_credit_seconds", b"fair_credit_seconds", "gpus", b"gpus", "idle_lease_seconds", b"idle_lease_seconds", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "ordering", b"ordering", "phase_priority", b"phase_priority", "preempt_grace_seconds", b"preempt_grace_seconds", "preempt_lower_after_seconds", b"preempt_lower_after_seconds", "prefetch", b"prefetch", "switch_give_up_seconds", b"switch_give_up_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__backfill_grace_seconds: _TypeAlias = _typing.Literal["backfill_grace_seconds"]  # noqa: Y015
+    _WhichOneofArgType__backfill_grace_seconds: _TypeAlias = _typing.Literal["_backfill_grace_seconds", b"_backfill_grace_seconds"]  # noqa: Y015
     _WhichOneofReturnType__fair_anticipation_seconds: _TypeAlias = _typing.Literal["fair_anticipation_seconds"]  # noqa: Y015
     _WhichOneofArgType__fair_anticipation_seconds: _TypeAlias = _typing.Literal["_fair_anticipation_seconds", b"_fair_anticipation_seconds"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__backfill_grace_seconds) -> _WhichOneofReturnType__backfill_grace_seconds | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__fair_anticipation_seconds) -> _WhichOneofReturnType__fair_anticipation_seconds | None: ...
 
 Global___GroupPolicy: _TypeAlias = GroupPolicy  # noqa: Y015
@@ -170,12 +182,17 @@ class JoinRequest(_message.Message):
     POLICY_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
+    BACKFILL_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     job: _builtins.str
     weight: _builtins.float
     """Fair share counts the job's GPU time divided by its weight (0: 1.0)."""
     priority: _builtins.int
     """Higher goes first; fair share applies among equals (default 0)."""
+    backfill: _builtins.bool
+    """A backfill job gets the GPUs only while no regular job holds or waits
+    for them, and gives them back at once when one asks.
+    """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Nodes whose GPUs the job uses. Empty: the only live node, if exactly one."""
@@ -193,10 +210,11 @@ class JoinRequest(_message.Message):
         policy: Global___GroupPolicy | None = ...,
         weight: _builtins.float = ...,
         priority: _builtins.int = ...,
+        backfill: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "job", b"job", "nodes", b"nodes", "policy", b"policy", "priority", b"priority", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backfill", b"backfill", "group", b"group", "job", b"job", "nodes", b"nodes", "policy", b"policy", "priority", b"priority", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -662,6 +680,7 @@ class JobStatus(_message.Message):
     WEIGHT_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     SHARE_SECONDS_FIELD_NUMBER: _builtins.int
+    BACKFILL_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     turns: _builtins.int
     waited_seconds: _builtins.float
@@ -673,6 +692,8 @@ class JobStatus(_message.Message):
     priority: _builtins.int
     share_seconds: _builtins.float
     """GPU-seconds used divided by weight, as fair share counts them."""
+    backfill: _builtins.bool
+    """Joined as backfill (JoinRequest.backfill)."""
     @_builtins.property
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -688,10 +709,11 @@ class JobStatus(_message.Message):
         weight: _builtins.float = ...,
         priority: _builtins.int = ...,
         share_seconds: _builtins.float = ...,
+        backfill: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["held_seconds", b"held_seconds", "job", b"job", "last_seen", b"last_seen", "nodes", b"nodes", "preempted", b"preempted", "priority", b"priority", "share_seconds", b"share_seconds", "turns", b"turns", "waited_seconds", b"waited_seconds", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backfill", b"backfill", "held_seconds", b"held_seconds", "job", b"job", "last_seen", b"last_seen", "nodes", b"nodes", "preempted", b"preempted", "priority", b"priority", "share_seconds", b"share_seconds", "turns", b"turns", "waited_seconds", b"waited_seconds", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -121,6 +121,7 @@ def group_status(status: GroupStatus) -> pb.GroupStatus:
                 weight=job.weight,
                 priority=job.priority,
                 share_seconds=job.share_seconds,
+                backfill=job.backfill,
             )
             for job in status.jobs
         ],

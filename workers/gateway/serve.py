@@ -107,6 +107,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
             token_hash=token_hash(token),
             weight=convert.weight(request.weight),
             priority=convert.priority(request.priority),
+            backfill=request.backfill,
         )
         joined = await join_claiming_gpus(self._client, group, message, policy)
         return pb.JoinResponse(

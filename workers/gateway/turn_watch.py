@@ -36,7 +36,9 @@ from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH, YIELD_EPOCH_MEMO
 # in a group whose policy can ask (a turn limit, preemption by priority).
 POLL_SECONDS = 0.25
 # In any other group a watch only tells the holder that others wait, so
-# that it renews its lease: polled this often, or a sixth of the lease.
+# that it renews its lease, and a backfill holder that a regular job asks:
+# polled this often, or a sixth of the lease, or a quarter of the backfill
+# grace, whichever is sooner.
 SLOW_POLL_SECONDS = 5.0
 # Groups whose poll interval a gateway remembers (their policies are fixed).
 REMEMBERED_GROUPS = 10_000
@@ -52,7 +54,12 @@ WATCH_POLL_MEMO = "watch_poll_seconds"
 def poll_seconds(policy: GroupPolicy) -> float:
     """How often a watch of a group with this policy is polled."""
     asks = policy.max_turn_seconds > 0 or policy.preempt_lower_after_seconds > 0
-    return POLL_SECONDS if asks else min(SLOW_POLL_SECONDS, policy.lease_seconds / 6)
+    if asks:
+        return POLL_SECONDS
+    # A backfill holder (any group may have one) hears the request to yield
+    # well within its grace.
+    slow = min(SLOW_POLL_SECONDS, policy.lease_seconds / 6, policy.backfill_grace_seconds / 4)
+    return max(POLL_SECONDS, slow)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,83 @@
+"""Backfill jobs through a real stack (gateway, scheduler, a simulated
+node): a backfill job that ignores should_yield is preempted after its
+group's grace (evicted, with the reason, where its node moves state only
+through the job's own hooks), and the regular job that asked gets the GPU. The core's
+decisions are in tests/unit/test_backfill.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import timeshare
+import timeshare.aio
+from tests.conftest import SimNodes
+from tests.integration.test_gateway import queued
+from tests.polling import wait_until_async
+from timeshare.activities.backends.app import AppBackend
+from timeshare.activities.backends.base import BackendConfig
+from timeshare.errors import Aborted
+from timeshare.models import GroupPolicy
+
+
+async def test_a_backfill_job_that_does_not_yield_is_preempted_and_the_regular_job_granted(
+    api: timeshare.aio.Client, gateway: str, sim_nodes: SimNodes, unique: str
+) -> None:
+    group, node = f"g-{unique}", f"n-{unique}"
+    await sim_nodes.start(node)
+    policy = GroupPolicy(backfill_grace_seconds=1.0, co_residency="off")
+    backfill = await api.join(group, "bf", [node], policy=policy, backfill=True)
+    regular = await api.join(group, "a", [node])
+
+    def join_from_the_blocking_client() -> dict[str, bool]:
+        with timeshare.connect(gateway) as client:
+            other = client.join(group, "bf-sync", [node], backfill=True)
+            jobs = {j.job: j.backfill for j in client.get_group(group).jobs}
+            other.leave()
+            return jobs
+
+    jobs = await asyncio.to_thread(join_from_the_blocking_client)
+    assert jobs == {"a": False, "bf": True, "bf-sync": True}
+
+    held = await backfill.acquire()
+    assert not (await backfill.heartbeat()).should_yield
+    asking = asyncio.create_task(regular.acquire())
+    await queued(api, group, ["a"])
+
+    async def asked_to_yield() -> bool:
+        return (await backfill.heartbeat()).should_yield or asking.done()
+
+    await wait_until_async(asked_to_yield, "the backfill holder to be asked to yield", every=0.05)
+    # The backfill job goes on computing, never yielding: after the grace it
+    # is preempted and the regular job holds the GPU, its state restored.
+    granted = await asyncio.wait_for(asking, timeout=60)
+    assert granted.epoch > held.epoch
+    status = await api.get_group(group)
+    assert status.holder == "a" and status.preemptions == 1
+    assert {j.job: j.preempted for j in status.jobs} == {"a": False, "bf": True}
+    assert sim_nodes.backends[node].resident(group) == ["a"]
+    await regular.yield_()
+    await regular.leave()
+    await backfill.leave()
+
+
+async def test_a_backfill_job_moved_only_by_its_hooks_is_evicted_after_the_grace(
+    api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    group, node = f"g-{unique}", f"n-{unique}"
+    await sim_nodes.start_backend(node, AppBackend(BackendConfig(node=node)))
+    policy = GroupPolicy(backfill_grace_seconds=1.0)
+    backfill = await api.join(group, "bf", [node], policy=policy, backfill=True)
+    regular = await api.join(group, "a", [node])
+    await backfill.acquire()
+    granted = await asyncio.wait_for(regular.acquire(), timeout=60)
+    status = await api.get_group(group)
+    assert status.holder == "a" and granted.epoch > 0
+    assert [j.job for j in status.jobs] == ["a"]
+    # Its next call hears why.
+    with pytest.raises(Aborted) as evicted:
+        await backfill.heartbeat()
+    assert "did not yield within 1 s" in str(evicted.value)
+    await regular.yield_()
+    await regular.leave()
