@@ -119,7 +119,7 @@ def test_a_host_without_the_utility_or_torch_skips_only_their_steps(
 ) -> None:
     from timeshare.gpu_check import main
 
-    monkeypatch.setattr(main.shutil, "which", lambda name: None)
+    monkeypatch.setattr("timeshare.gpu_check.main.shutil.which", lambda name: None)
     monkeypatch.setattr(main, "torch_with_cuda", lambda: False)
     gaps = main.host_gaps(emulated=False)
     assert set(gaps) == {"cuda-checkpoint", "blog", "hooks"}
