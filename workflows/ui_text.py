@@ -53,6 +53,11 @@ def current_details(summary: GroupSummary) -> str:
         "",
         field("holder", holder),
         field("queue", ", ".join(plain(job) for job in summary.queue) or "-"),
+        *(
+            [field("backfill", ", ".join(plain(job) for job in summary.backfill))]
+            if summary.backfill
+            else []
+        ),
         field("state", f"{summary.state}, epoch {summary.epoch}, {summary.switches} switches"),
     ]
     if summary.degraded_cause:

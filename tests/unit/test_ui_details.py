@@ -23,10 +23,12 @@ def test_a_degraded_group_names_its_cause_on_a_line_of_its_own() -> None:
         ordering="fifo",
         phase_priority=(("rollout", -1), ("train", 2)),
         resident=(("n1", "a"), ("n2", "c")),
+        backfill=("c",),
     )
     assert current_details(summary).splitlines()[2:] == [
         "- **holder**: a (train), asked to yield",
         "- **queue**: b, c",
+        "- **backfill**: c",
         "- **state**: degraded, epoch 3, 5 switches",
         # Markup in a cause is shown as written, and a line break as a space.
         r"- **degraded**: switch failing: node n1: \*boom\* \| again (attempt 2)",

@@ -33,6 +33,8 @@ class GroupSummary:
     # Attempts of the switch failing now, and their last cause (0: none fails).
     failing_attempts: int = 0
     failing_cause: str = ""
+    # The group's backfill jobs, which go only while no regular job holds or waits.
+    backfill: tuple[str, ...] = ()
 
 
 class Reporting(QueueBase):
@@ -67,6 +69,7 @@ class Reporting(QueueBase):
             resident=tuple(sorted(s.resident.items())),
             failing_attempts=s.failing.attempts if s.failing and s.degraded_cause else 0,
             failing_cause=s.failing.cause if s.failing and s.degraded_cause else "",
+            backfill=tuple(sorted(job for job, entry in s.jobs.items() if entry.backfill)),
         )
 
     def _queue_in_grant_order(self, now: float) -> list[str]:
