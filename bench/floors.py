@@ -121,11 +121,7 @@ async def one_round(
             for floor in floors.values():
                 windows.enter_context(floor.window(args.seconds))
             await asyncio.sleep(args.seconds)
-    results: dict[str, PacedFloorCpu] = {}
-    for name, floor in floors.items():
-        assert floor.result is not None
-        results[name] = floor.result
-    return results
+    return {name: floor.result for name, floor in floors.items() if floor.result is not None}
 
 
 def ratios(results: dict[str, PacedFloorCpu]) -> dict[str, float]:

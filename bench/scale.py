@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import platform
 from collections import Counter
@@ -40,7 +41,7 @@ from bench.parts.scale_load import LoadResult, run_load
 from bench.parts.stack import running_stack
 from bench.parts.temporal_operations import TemporalOperations
 from bench.parts.watch_cost import WatchCost, measure_watch_cost
-from bench.parts.window_history import count_events, task_worker, window_events, workflow_tasks
+from bench.parts.window_history import count_events, task_worker, window_events
 from timeshare.models import MAX_GPUS_PER_NODE
 from timeshare.status import table
 from timeshare.testing import LocalStack
@@ -90,7 +91,7 @@ def print_idle(idle: IdleHistory) -> None:
          str(idle.default_policy.total), str(idle.default_policy.renewals),
          f"{idle.default_policy.per_job_hour():.1f}"],
     ]  # fmt: skip
-    print(table(["idle jobs", "jobs", "events", "renewals", "events per job-hour"], rows))
+    print("\n" + table(["idle jobs", "jobs", "events", "renewals", "events per job-hour"], rows))
     for name, window in (("before", idle.before), ("now", idle.now)):
         kinds = ", ".join(f"{kind} {n}" for kind, n in window.events.most_common())
         print(f"events in the '{name}' window: {kinds}")
@@ -103,7 +104,7 @@ def print_watch(watch: WatchCost) -> None:
          *(f"{watch.watched[p]:.3f}" for p in parts)],
         [f"{watch.groups} groups, no turn held", *(f"{watch.unwatched[p]:.3f}" for p in parts)],
     ]  # fmt: skip
-    print(table(["no hand-overs: cores busy", *parts], rows))
+    print("\n" + table(["no hand-overs: cores busy", *parts], rows))
 
 
 def print_floor(
@@ -129,7 +130,7 @@ def print_floor(
                      f"{handovers.cpu_ms_per_pair:.2f}", "-", "-"])  # fmt: skip
     headers = ["floor (workflow worker in its own process)", "CPU ms", "wall ms",
                "CPU ms in the scheduler's sandbox"]  # fmt: skip
-    print(table(headers, rows))
+    print("\n" + table(headers, rows))
 
 
 def print_profiles(directory: Path, cpu_ms: dict[str, float]) -> None:
@@ -145,7 +146,7 @@ def print_profiles(directory: Path, cpu_ms: dict[str, float]) -> None:
                    for n in names)]
         for module, _ in modules.most_common(16)
     ]  # fmt: skip
-    print(table(["module in the stack (GIL samples)", *names], rows))
+    print("\n" + table(["module in the stack (GIL samples)", *names], rows))
     for name in names:
         profile = profiles[name]
         print(f"\n{name}: {profile.samples} samples ({profile.seconds:.1f} s holding the GIL); "
@@ -187,15 +188,7 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
           f"gateway {watched['gateway']:.2f} (load {load_average()})", flush=True)  # fmt: skip
     results: list[LoadResult] = []
     operations: dict[int, TemporalOperations] = {}
-    sizes = list(args.sizes) if args.sizes else []
-    next_size = SEARCH_STEP
-    while True:
-        if args.sizes:
-            if not sizes:
-                break
-            groups = sizes.pop(0)
-        else:
-            groups, next_size = next_size, next_size + SEARCH_STEP
+    for groups in args.sizes or itertools.count(SEARCH_STEP, SEARCH_STEP):
         profiling = contextlib.ExitStack()
         if args.profile is not None and groups == REFERENCE_GROUPS:
             for part in (*stack.scheduler_parts, *stack.gateway_parts):
@@ -219,13 +212,11 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
             break
     reference = reference_result(results)
     history = await window_events(temporal, reference)
-    side_by_side: LoadResult | None = None
-    paced: PacedFloorCpu | None = None
-    handovers: PacedFloorCpu | None = None
-    if args.period > 0:
-        side_by_side, paced, handovers = await load_beside_floor(
-            args, stack, temporal, reference, workdir
-        )
+    side_by_side, paced, handovers = (
+        await load_beside_floor(args, stack, temporal, reference, workdir)
+        if args.period > 0
+        else (None, None, None)
+    )
     report(
         args, stack, (floor, sandboxed, paced, handovers), idle, watch, results, operations,
         history, side_by_side,
@@ -264,13 +255,11 @@ async def load_beside_floor(
           f"{load.cpu_ms_per_handover(stack.scheduler_parts):.2f} ms CPU per hand-over, floor "
           f"{floor.result.cpu_ms_per_pair:.2f} ms per pair over {floor.result.pairs} pairs "
           f"(load {load_average()})", flush=True)  # fmt: skip
-    if handovers is not None:
-        assert handovers.result is not None
-        print(f"  and the hand-over floor ({handovers.result.layer}): "
-              f"{handovers.result.cpu_ms_per_pair:.2f} ms per "
-              f"hand-over over {handovers.result.pairs}", flush=True)  # fmt: skip
-        return load, floor.result, handovers.result
-    return load, floor.result, None
+    beside = handovers.result if handovers is not None else None
+    if beside is not None:
+        print(f"  and the hand-over floor ({beside.layer}): {beside.cpu_ms_per_pair:.2f} ms per "
+              f"hand-over over {beside.pairs}", flush=True)  # fmt: skip
+    return load, floor.result, beside
 
 
 def reference_result(results: list[LoadResult]) -> LoadResult:
@@ -279,14 +268,14 @@ def reference_result(results: list[LoadResult]) -> LoadResult:
 
 
 def print_history(history: Counter[str], result: LoadResult) -> None:
-    print(f"history per hand-over at {result.groups} groups, in the window (the floor: "
+    print(f"\nhistory per hand-over at {result.groups} groups, in the window (the floor: "
           "3 workflow tasks, 2 updates, 1 activity):")  # fmt: skip
     rows = [[kind, f"{n / max(1, result.handovers):.2f}"] for kind, n in history.most_common(14)]
     print(table(["event", "per hand-over"], rows))
 
 
 def print_operations(operations: TemporalOperations, result: LoadResult) -> None:
-    print(f"Temporal's requests per hand-over at {result.groups} groups "
+    print(f"\nTemporal's requests per hand-over at {result.groups} groups "
           "(a call counts in each service it passes through):")  # fmt: skip
     if operations.error:
         print(f"  not read: {operations.error}")
@@ -307,29 +296,22 @@ def report(
     side_by_side: LoadResult | None,
 ) -> None:
     floor, sandboxed, paced, handovers = floors
-    print()
     print_floor(floor, sandboxed, paced, handovers)
-    print()
     print_watch(watch)
-    print()
     print_idle(idle)
-    print()
     pace = (
         f"one hand-over per group every {args.period:g} s" if args.period else "as fast as possible"
     )
     replicas = f"{len(stack.scheduler_parts)} scheduler(s), {len(stack.gateway_parts)} gateway(s)"
-    print(f"load: {args.jobs_per_group} jobs per group, {pace}, {args.seconds:g} s per size; "
+    print(f"\nload: {args.jobs_per_group} jobs per group, {pace}, {args.seconds:g} s per size; "
           f"{replicas}")  # fmt: skip
     parts = [*stack.scheduler_parts, *stack.gateway_parts, "temporal", "agent", "bench"]
     print_loads(results, parts, stack.scheduler_parts)
     reference = reference_result(results)
     at_reference = operations[reference.groups]
-    print()
     print_operations(at_reference, reference)
-    print()
     print_history(history, reference)
     if args.profile is not None:
-        print()
         units = {
             "floor-worker": floor.per_handover_floor_ms,
             "floor-worker-sandboxed": sandboxed.per_handover_floor_ms,
@@ -345,7 +327,8 @@ def report(
         if side_by_side is not None and paced is not None
         else (reference, floor.per_handover_floor_ms)
     )
-    ratio = measured.cpu_ms_per_handover(stack.scheduler_parts) / floor_ms
+    beside_ms = measured.cpu_ms_per_handover(stack.scheduler_parts)
+    ratio = beside_ms / floor_ms
     with_edges = measured.cpu_ms_per_handover_with_edges(stack.scheduler_parts) / floor_ms
     temporal_ms = reference.cpu_ms_per_handover(["temporal"])
     temporal_ratio = temporal_ms / max(1e-9, floor.per_handover_server_floor_ms)
@@ -354,20 +337,19 @@ def report(
           f"(ratio {temporal_ratio:.2f})")  # fmt: skip
     if reference.edge_cpu:
         print(f"scheduler CPU per hand-over at {reference.groups} groups: "
-              f"{reference.cpu_ms_per_handover(stack.scheduler_parts):.1f} ms in the window; "
+              f"{worker_ms:.1f} ms in the window; "
               f"{reference.cpu_ms_per_handover_with_edges(stack.scheduler_parts):.1f} ms counting "
               "each group's first grant and last yield too "
               f"(ratio {with_edges:.2f})")  # fmt: skip
     layer_figures = ""
     if handovers is not None and paced is not None:
-        worker_beside = measured.cpu_ms_per_handover(stack.scheduler_parts)
         layer_figures = (
             f"handover_floor_layer={handovers.layer} "
             f"handover_floor_cpu_ms={handovers.cpu_ms_per_pair:.2f} "
             f"handover_floor_ratio={handovers.cpu_ms_per_pair / paced.cpu_ms_per_pair:.2f} "
-            f"worker_cpu_ratio_vs_handover_floor="
-            f"{worker_beside / handovers.cpu_ms_per_pair:.2f} "
+            f"worker_cpu_ratio_vs_handover_floor={beside_ms / handovers.cpu_ms_per_pair:.2f} "
         )
+    handover_count = max(1, reference.handovers)
     under = [r.groups for r in results if r.p99_ms < P99_LIMIT_MS and not (r.evictions or r.lost)]
     last = results[-1]
     print(f"machine: {platform.node()} {platform.platform()}; load average at the end "
@@ -378,21 +360,20 @@ def report(
         f"lost_leases={sum(r.evictions + len(r.lost) for r in results)} "
         f"worker_cpu_ms_per_handover={worker_ms:.2f} "
         f"floor_cpu_ms={floor_ms:.2f} worker_cpu_ratio={ratio:.2f} "
-        f"worker_cpu_ms_per_handover_beside_floor="
-        f"{measured.cpu_ms_per_handover(stack.scheduler_parts):.2f} "
+        f"worker_cpu_ms_per_handover_beside_floor={beside_ms:.2f} "
         f"back_to_back_floor_cpu_ms={floor.per_handover_floor_ms:.2f} "
         f"worker_cpu_ratio_back_to_back={back_to_back:.2f} {layer_figures}"
         f"worker_cpu_ratio_with_edges={with_edges:.2f} "
         f"temporal_cpu_ms_per_handover={temporal_ms:.2f} temporal_cpu_ratio={temporal_ratio:.2f} "
-        f"workflow_tasks_per_handover={workflow_tasks(history) / max(1, reference.handovers):.2f} "
+        f"workflow_tasks_per_handover={history['WORKFLOW_TASK_COMPLETED'] / handover_count:.2f} "
         f"sandboxed_floor_cpu_ms={sandboxed.per_handover_floor_ms:.2f} "
         f"history_events_per_idle_job_hour={idle.now_per_job_hour:.2f} "
         f"history_events_per_idle_job_hour_before={idle.before_per_job_hour:.0f} "
         f"watch_temporal_cores_per_100_groups={watch.watched['temporal'] * 100 / watch.groups:.2f}"
         f" temporal_requests_per_handover="
-        f"{at_reference.total('service_requests', 'frontend') / max(1, reference.handovers):.2f}"
+        f"{at_reference.total('service_requests', 'frontend') / handover_count:.2f}"
         f" temporal_store_requests_per_handover="
-        f"{at_reference.total('persistence_requests') / max(1, reference.handovers):.2f}"
+        f"{at_reference.total('persistence_requests') / handover_count:.2f}"
     )
 
 
