@@ -223,11 +223,10 @@ def main() -> None:
     layers.add_argument("--period", type=float, default=5.0, help="seconds between hand-overs")
     layers.add_argument("--seconds", type=float, help="per round (default 30, quick 20)")
     layers.add_argument("--rounds", type=int, help="default 3, quick 1")
-    layers.add_argument(
-        "--floor-defaults", action="store_true",
-        help="the pair floor's worker on the SDK's defaults (activations on its thread pool), "
-        "as worker_cpu_ratio's floor is; default: inline, as the layers and the scheduler",
-    )  # fmt: skip
+    layers.add_argument("--floor-defaults", action="store_true", help="the pair floor's worker "
+                        "on the SDK's defaults (activations on its thread pool), as "
+                        "worker_cpu_ratio's floor is; default: inline, as the layers and the "
+                        "scheduler")  # fmt: skip
     layers.add_argument("--seed", type=int, default=1)
     worker = what.add_parser("worker")  # started by the others; not listed
     worker.add_argument("--temporal", required=True, help="the Temporal frontend, HOST:PORT")

@@ -192,11 +192,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Hand-over latency against Temporal's floors.")
     parser.add_argument("--quick", action="store_true", help="40 iterations, --two-nodes 10")
     parser.add_argument("--iterations", type=int, help="default 200, --two-nodes 40")
-    parser.add_argument(
-        "--transfer-reads", type=int, metavar="N",
-        help="the embedded Temporal reads its transfer queue at most N times a second "
-        f"(default {TRANSFER_QUEUE_READS_PER_SECOND}; Temporal's own default is 20)",
-    )  # fmt: skip
+    parser.add_argument("--transfer-reads", type=int, metavar="N", help="the embedded Temporal "
+                        "reads its transfer queue at most N times a second (default "
+                        f"{TRANSFER_QUEUE_READS_PER_SECOND}; Temporal's own is 20)")  # fmt: skip
     parser.add_argument("--sim-switch", type=Path, metavar="DIR",
                         help="only the sim's own switch, its state file in DIR")  # fmt: skip
     parser.add_argument("--switches", type=int, default=400, help="--sim-switch: how many")

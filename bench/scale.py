@@ -61,27 +61,24 @@ def stack_pids(stack: LocalStack) -> dict[str, int]:
     return {**{name: p.pid for name, p in stack.processes.items()}, "bench": os.getpid()}
 
 
-def load_row(r: LoadResult, parts: list[str], schedulers: list[str]) -> list[str]:
-    return [
-        str(r.groups), str(r.jobs), str(r.handovers), f"{r.handovers_per_s:.1f}",
-        f"{r.p50_ms:.0f}", f"{r.p99_ms:.0f}", str(r.evictions + len(r.lost)),
-        f"{r.cpu_ms_per_handover(schedulers):.1f}",
-        *(f"{r.cpu_share(part):.2f}" for part in parts),
-    ]  # fmt: skip
-
-
 def print_loads(results: list[LoadResult], parts: list[str], schedulers: list[str]) -> None:
     headers = ["groups", "jobs", "hand-overs", "hand-overs/s", "p50 ms", "p99 ms",
                "leases lost", "scheduler CPU ms/hand-over",
                *(f"{part} cores" for part in parts)]  # fmt: skip
-    print(table(headers, [load_row(r, parts, schedulers) for r in results]))
+    rows = [
+        [str(r.groups), str(r.jobs), str(r.handovers), f"{r.handovers_per_s:.1f}",
+         f"{r.p50_ms:.0f}", f"{r.p99_ms:.0f}", str(r.evictions + len(r.lost)),
+         f"{r.cpu_ms_per_handover(schedulers):.1f}", *(f"{r.cpu_share(p):.2f}" for p in parts)]
+        for r in results
+    ]  # fmt: skip
+    print(table(headers, rows))
 
 
 def print_idle(idle: IdleHistory) -> None:
     lease = f"{idle.idle_lease_seconds:g} s"
     rows = [
         [f"before: heartbeat every 10 s (idle lease {lease})", str(idle.before.jobs),
-         str(idle.before.total), str(idle.before.renewals), f"{idle.before_per_job_hour:.1f}"],
+         str(idle.before.total), str(idle.before.renewals), f"{idle.before.per_job_hour():.1f}"],
         [f"now, idle lease {lease} (renewal every {idle.idle_lease_seconds / 3:g} s), measured",
          str(idle.now.jobs), str(idle.now.total), str(idle.now.renewals),
          f"{idle.now.per_job_hour():.1f}"],
@@ -107,10 +104,8 @@ def print_watch(watch: WatchCost) -> None:
     print("\n" + table(["no hand-overs: cores busy", *parts], rows))
 
 
-def print_floor(
-    floor: FloorCpu, sandboxed: FloorCpu, paced: PacedFloorCpu | None,
-    handovers: PacedFloorCpu | None,
-) -> None:  # fmt: skip
+def print_floor(floor: FloorCpu, sandboxed: FloorCpu, paced: PacedFloorCpu | None,
+                handovers: PacedFloorCpu | None) -> None:  # fmt: skip
     rows = [
         [what, f"{floor.cpu_ms[name]:.2f}", f"{floor.wall_ms[name]:.1f}",
          f"{sandboxed.cpu_ms[name]:.2f}"]
@@ -161,15 +156,14 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
     temporal = await connect_temporal(stack.temporal, "default")
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
-    floor = await measure_floor_cpu(
-        temporal, stack.temporal, args.floor_iterations, workdir,
-        args.profile / "floor-worker.txt" if args.profile else None,
-        server_pid=stack.processes["temporal"].pid,
-    )  # fmt: skip
-    sandboxed = await measure_floor_cpu(
-        temporal, stack.temporal, args.floor_iterations, workdir,
-        args.profile / "floor-worker-sandboxed.txt" if args.profile else None, sandboxed=True,
-    )  # fmt: skip
+    floor, sandboxed = [
+        await measure_floor_cpu(
+            temporal, stack.temporal, args.floor_iterations, workdir,
+            args.profile / f"floor-worker{suffix}.txt" if args.profile else None,
+            sandboxed=bool(suffix), server_pid=stack.processes["temporal"].pid,
+        )
+        for suffix in ("", "-sandboxed")
+    ]  # fmt: skip
     cpu, server = floor.cpu_ms, floor.server_cpu_ms
     print(f"floor: update {cpu['update']:.2f} ms CPU, update+activity "
           f"{cpu['update+activity']:.2f} ms CPU; Temporal's {server['update']:.2f} and "
@@ -178,7 +172,7 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
         temporal, stack.address, stack.node, args.idle_groups, 3, args.idle_seconds,
         args.idle_lease,
     )  # fmt: skip
-    print(f"idle history: {idle.before_per_job_hour:.0f} events/job-hour before, "
+    print(f"idle history: {idle.before.per_job_hour():.0f} events/job-hour before, "
           f"{idle.now_per_job_hour:.2f} now (load {load_average()})", flush=True)  # fmt: skip
     watch = await measure_watch_cost(
         stack.address, stack.node, stack_pids(stack), args.watch_groups, args.watch_seconds
@@ -234,28 +228,27 @@ async def load_beside_floor(
     beside it in the same window: worker_cpu_ratio compares the two. With
     ``--floor-handovers`` a hand-over floor (a layer of bench.parts.floor_layers,
     ``shape`` unless named) runs in that window too, paced as the groups are."""
+    layers = [replace(PAIR, publishes=args.floor_publishes)]
+    layers += [LAYERS[args.floor_handovers]] if args.floor_handovers else []
     async with contextlib.AsyncExitStack() as floors:
-        floor = await floors.enter_async_context(PacedFloor(
-            temporal, stack.temporal, reference.groups, args.period, workdir, args.seed,
-            inline=args.floor_inline, layer=replace(PAIR, publishes=args.floor_publishes),
-        ))  # fmt: skip
-        handovers = None
-        if args.floor_handovers:
-            handovers = await floors.enter_async_context(PacedFloor(
-                temporal, stack.temporal, reference.groups, args.period, workdir, args.seed + 1,
-                inline=args.floor_inline, layer=LAYERS[args.floor_handovers],
-            ))  # fmt: skip
+        paced = [
+            await floors.enter_async_context(PacedFloor(
+                temporal, stack.temporal, reference.groups, args.period, workdir, args.seed + n,
+                inline=args.floor_inline, layer=layer,
+            ))
+            for n, layer in enumerate(layers)
+        ]  # fmt: skip
         load = await run_load(
             stack.addresses, stack_pids(stack), reference.groups, args.jobs_per_group,
             stack.node, args.period, args.seconds, args.seed, name="beside",
-            during=[paced.window(args.seconds) for paced in (floor, handovers) if paced],
+            during=[floor.window(args.seconds) for floor in paced],
         )  # fmt: skip
+    floor, beside = paced[0], paced[1].result if len(paced) > 1 else None
     assert floor.result is not None
     print(f"beside the paced floor: scheduler "
           f"{load.cpu_ms_per_handover(stack.scheduler_parts):.2f} ms CPU per hand-over, floor "
           f"{floor.result.cpu_ms_per_pair:.2f} ms per pair over {floor.result.pairs} pairs "
           f"(load {load_average()})", flush=True)  # fmt: skip
-    beside = handovers.result if handovers is not None else None
     if beside is not None:
         print(f"  and the hand-over floor ({beside.layer}): {beside.cpu_ms_per_pair:.2f} ms per "
               f"hand-over over {beside.pairs}", flush=True)  # fmt: skip
@@ -368,7 +361,7 @@ def report(
         f"workflow_tasks_per_handover={history['WORKFLOW_TASK_COMPLETED'] / handover_count:.2f} "
         f"sandboxed_floor_cpu_ms={sandboxed.per_handover_floor_ms:.2f} "
         f"history_events_per_idle_job_hour={idle.now_per_job_hour:.2f} "
-        f"history_events_per_idle_job_hour_before={idle.before_per_job_hour:.0f} "
+        f"history_events_per_idle_job_hour_before={idle.before.per_job_hour():.0f} "
         f"watch_temporal_cores_per_100_groups={watch.watched['temporal'] * 100 / watch.groups:.2f}"
         f" temporal_requests_per_handover="
         f"{at_reference.total('service_requests', 'frontend') / handover_count:.2f}"
@@ -428,10 +421,8 @@ def compare_replicas(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="Hand-overs and their cost as groups grow.")
     parser.add_argument("--quick", action="store_true", help="10 and 50 groups, shorter windows")
-    parser.add_argument(
-        "--period", type=float, default=5.0,
-        help="seconds between a group's hand-overs (0: as fast as possible; default %(default)s)",
-    )  # fmt: skip
+    parser.add_argument("--period", type=float, default=5.0, help="seconds between a group's "
+                        "hand-overs (0: as fast as possible; default %(default)s)")  # fmt: skip
     parser.add_argument("--replicas", type=int, default=1, help="schedulers and gateways each")
     parser.add_argument("--compare-replicas", action="store_true",
                         help="only the load: one scheduler and gateway, then two")  # fmt: skip
@@ -440,31 +431,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, help="per size (default 30, quick 20)")
     parser.add_argument("--jobs-per-group", type=int, default=3)
     parser.add_argument("--idle-groups", type=int, default=10, help="groups of 3 idle jobs")
-    parser.add_argument(
-        "--idle-seconds", type=float, help="each idle window (default 60, quick 30)"
-    )
-    parser.add_argument(
-        "--idle-lease", type=float, default=30.0,
-        help="the idle jobs' idle lease, scaled to the default's (default %(default)s s)",
-    )  # fmt: skip
+    parser.add_argument("--idle-seconds", type=float, help="idle window (default 60, quick 30)")
+    parser.add_argument("--idle-lease", type=float, default=30.0, help="the idle jobs' idle lease, "
+                        "scaled to the default's (default %(default)s s)")  # fmt: skip
     parser.add_argument("--floor-iterations", type=int, help="default 200, quick 50")
-    parser.add_argument(
-        "--watch-seconds", type=float, help="each watch window (default 10, quick 5)"
-    )
-    parser.add_argument(
-        "--watch-groups", type=int, default=REFERENCE_GROUPS,
-        help="groups whose held turns are watched (default %(default)s)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--floor-inline", action="store_true",
-        help="the paced floor's worker runs activations on its event loop, as the scheduler "
-        "does (default: the SDK's thread pool, its default)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--floor-publishes", action="store_true",
-        help="the paced floor's updates also upsert the search attributes a hand-over "
-        "changes (the waiter's queue depth; the new holder), as the turn watch needs",
-    )  # fmt: skip
+    parser.add_argument("--watch-seconds", type=float, help="watch window (default 10, quick 5)")
+    parser.add_argument("--watch-groups", type=int, default=REFERENCE_GROUPS, help="groups "
+                        "whose held turns are watched (default %(default)s)")  # fmt: skip
+    parser.add_argument("--floor-inline", action="store_true", help="the paced floor's worker "
+                        "runs activations on its event loop, as the scheduler does (default: the "
+                        "SDK's thread pool, its default)")  # fmt: skip
+    parser.add_argument("--floor-publishes", action="store_true", help="the paced floor's updates "
+                        "also upsert the search attributes a hand-over changes (the waiter's queue "
+                        "depth; the new holder), as the turn watch needs")  # fmt: skip
     parser.add_argument(
         "--floor-handovers", nargs="?", const="shape", choices=list(LAYERS), metavar="LAYER",
         help="also pace a hand-over floor in the same window: the layer of "

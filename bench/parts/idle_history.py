@@ -75,10 +75,6 @@ class IdleHistory:
     def now_per_job_hour(self) -> float:
         return self.now.per_job_hour(self.scale)
 
-    @property
-    def before_per_job_hour(self) -> float:
-        return self.before.per_job_hour()
-
 
 async def _join_spread(
     client: timeshare.aio.Client,
