@@ -255,9 +255,8 @@ def report(
             rows.append(["", job.name, f"{steady.predicted_slowdown[job.name]:.3f}x",
                          f"{guess:.3f}x", f"{again.slowdown[job.name]:.3f}x", f"{real:.3f}x",
                          f"{(guess - real) / real:+.1%}"])  # fmt: skip
-    print()
     headers = ["group", "job", "plan (steady)", "predicted", "in-run costs", "measured", "error"]
-    print(table(headers, rows))
+    print("\n" + table(headers, rows))
     print(f"costs in the planned run: {costs_line(in_run)}")
     print(plan.summary.line())
     print(f"max_util_error={max(util_errors):.3f} max_slowdown_error={max(slowdown_errors):.3f}")

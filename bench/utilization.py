@@ -190,9 +190,8 @@ def compare_yields(pairs: int, iterations: int, timeline: bool = False) -> None:
             f"{statistics.median(r.all_running_util for r in runs):.3f}",
             f"{statistics.median(r.shared_iteration_s for r in runs):.3f}",
         ])  # fmt: skip
-    print()
-    print(table(["yields", "busy shared, each run", "median", "median busy, all running",
-                 "median iteration s"], rows))  # fmt: skip
+    print("\n" + table(["yields", "busy shared, each run", "median", "median busy, all running",
+                        "median iteration s"], rows))  # fmt: skip
     nowait = statistics.median(r.shared_util for r in results[0::2])
     waited = statistics.median(r.shared_util for r in results[1::2])
     print(f"pairs={pairs} nowait_util={nowait:.3f} blocking_util={waited:.3f} "
@@ -244,11 +243,10 @@ def main() -> None:
         ]
         for r in results
     ]  # fmt: skip
-    print()
     headers = ["jobs", "duty", "variant", "busy alone", "busy shared", "ideal", "switching",
                "sched. overhead", "iter alone s", "iter shared s", "slowdown",
                "GiB moved/switch", "switches (ahead)", "busy, all running"]  # fmt: skip
-    print(table(headers, rows))
+    print("\n" + table(headers, rows))
     d = results[0]
     by_variant = {
         r.profile.variant: r for r in results if r.profile.jobs == 2 and r.profile.duty == 0.4
