@@ -95,13 +95,10 @@ def run_faults(
         kind = rng.choice(kinds)
         if kind == "job" and not pool.running():
             continue
-        faults.append(inject(kind, stack, pool, rng))
-        fault = faults[-1]
-        log(
-            started,
-            f"fault {len(faults)}: kill -9 {fault.target}; {fault.outcome}; "
-            f"{check.turns_completed(pool.processes)} turns so far",
-        )
+        fault = inject(kind, stack, pool, rng)
+        faults.append(fault)
+        log(started, f"fault {len(faults)}: kill -9 {fault.target}; {fault.outcome}; "
+                     f"{check.turns_completed(pool.processes)} turns so far")  # fmt: skip
 
 
 def groups_with_waiters(stack: LocalStack, groups: list[str]) -> list[str]:
@@ -207,15 +204,13 @@ def run(args: argparse.Namespace) -> bool:
                 for j in range(args.jobs_per_group):
                     pool.start(group, f"g{g}-j{j}", job_nodes(g, j), [g])
             # The records under the workdir carry Unix times; this line ties them to the log's.
-            log(
-                started,
-                f"stack and {len(pool.processes)} jobs started; faults for {args.minutes:g} min "
-                f"(t=0 is Unix time {started:.3f}; records in {stack.workdir})",
-            )
+            log(started, f"stack and {len(pool.processes)} jobs started; faults for "
+                         f"{args.minutes:g} min (t=0 is Unix time {started:.3f}; records in "
+                         f"{stack.workdir})")  # fmt: skip
             faults = run_faults(stack, pool, args.kinds.split(","), rng, started, crashes)
             log(started, f"time's up after {len(faults)} faults; the jobs finish their last turns")
             stuck = settle(stack, pool, groups, started, crashes)
-            why_stuck = explain_stuck(stack, groups, stuck, stack.workdir)
+            why_stuck = explain_stuck(stack, groups, stuck)
         finally:
             pool.stop()
         stack.stop_all()  # before the report; the records stay until the with ends
@@ -224,16 +219,15 @@ def run(args: argparse.Namespace) -> bool:
         return report(faults, pool, stack, stuck, crashes, why_stuck)
 
 
-def explain_stuck(
-    stack: LocalStack, groups: list[str], stuck: list[str], workdir: Path
-) -> list[str]:
+def explain_stuck(stack: LocalStack, groups: list[str], stuck: list[str]) -> list[str]:
     """For a stuck group: its history saved while Temporal still runs, and
     what the schedulers logged about the tasks that failed."""
     names = [g for g in groups if any(line.startswith(f"{g}:") for line in stuck)]
     if not names:
         return []
-    logs = [workdir / f"{part}.log" for part in stack.scheduler_parts]
-    return chaos_stuck.save_histories(stack.temporal, names, workdir) + chaos_stuck.explain(logs)
+    logs = [stack.workdir / f"{part}.log" for part in stack.scheduler_parts]
+    saved = chaos_stuck.save_histories(stack.temporal, names, stack.workdir)
+    return saved + chaos_stuck.explain(logs)
 
 
 def scripted(runs: int) -> bool:
@@ -243,11 +237,8 @@ def scripted(runs: int) -> bool:
         results = []
         for run in range(runs):
             result = run_scripted(name)
-            print(
-                f"{name} #{run + 1}: next grant after {result.seconds_to_next_grant:.2f} s, "
-                f"lost {result.lost_requests}, overlaps {result.overlaps}",
-                flush=True,
-            )
+            print(f"{name} #{run + 1}: next grant after {result.seconds_to_next_grant:.2f} s, lost "
+                  f"{result.lost_requests}, overlaps {result.overlaps}", flush=True)  # fmt: skip
             results.append(result)
         median = statistics.median(r.seconds_to_next_grant for r in results)
         lost += sum(r.lost_requests + len(r.failed_jobs) for r in results)
@@ -270,13 +261,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--groups", type=int, default=3)
     parser.add_argument("--jobs-per-group", type=int, default=3)
-    parser.add_argument(
-        "--kinds", default=",".join(KINDS), help="faults to inject (default %(default)s)"
-    )
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help="faults to inject (default %(default)s)")  # fmt: skip
     parser.add_argument("--workdir", type=Path, help="keep logs and records here")
-    parser.add_argument(
-        "--replicas", type=int, default=1, help="scheduler workers and gateways, each"
-    )
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="scheduler workers and gateways, each")  # fmt: skip
     args = parser.parse_args()
     if args.scripted == (args.minutes is not None):
         parser.error("give either --minutes (random faults) or --scripted")

@@ -121,11 +121,7 @@ async def one_round(
             for floor in floors.values():
                 windows.enter_context(floor.window(args.seconds))
             await asyncio.sleep(args.seconds)
-    results: dict[str, PacedFloorCpu] = {}
-    for name, floor in floors.items():
-        assert floor.result is not None
-        results[name] = floor.result
-    return results
+    return {name: floor.result for name, floor in floors.items() if floor.result is not None}
 
 
 def ratios(results: dict[str, PacedFloorCpu]) -> dict[str, float]:
@@ -227,11 +223,10 @@ def main() -> None:
     layers.add_argument("--period", type=float, default=5.0, help="seconds between hand-overs")
     layers.add_argument("--seconds", type=float, help="per round (default 30, quick 20)")
     layers.add_argument("--rounds", type=int, help="default 3, quick 1")
-    layers.add_argument(
-        "--floor-defaults", action="store_true",
-        help="the pair floor's worker on the SDK's defaults (activations on its thread pool), "
-        "as worker_cpu_ratio's floor is; default: inline, as the layers and the scheduler",
-    )  # fmt: skip
+    layers.add_argument("--floor-defaults", action="store_true", help="the pair floor's worker "
+                        "on the SDK's defaults (activations on its thread pool), as "
+                        "worker_cpu_ratio's floor is; default: inline, as the layers and the "
+                        "scheduler")  # fmt: skip
     layers.add_argument("--seed", type=int, default=1)
     worker = what.add_parser("worker")  # started by the others; not listed
     worker.add_argument("--temporal", required=True, help="the Temporal frontend, HOST:PORT")

@@ -109,8 +109,7 @@ def print_segments(found: list[list[float]], handovers: int) -> None:
     """The p50 of each hop; the hops do not add up to the hand-over's p50
     (each has its own median, and the few tenths of a millisecond between
     one hop's end and the next's start are in none)."""
-    print()
-    print(f"where a hand-over's time goes ({len(found)} of {handovers} hand-overs, "
+    print(f"\nwhere a hand-over's time goes ({len(found)} of {handovers} hand-overs, "
           "from the group's history timestamps):")  # fmt: skip
     rows = []
     for index, name in enumerate(SEGMENTS):
@@ -176,8 +175,7 @@ def two_nodes(iterations: int, state_gib: float, bandwidth_gbps: float) -> None:
         handover, switch = p50_p90_p99(handover_ms[n]), p50_p90_p99(switch_ms[n])
         rows.append([str(n), ",".join(nodes), f"{switch[0]:.1f}", f"{switch[1]:.1f}",
                      f"{handover[0]:.1f}", f"{handover[1]:.1f}"])  # fmt: skip
-    print()
-    print(f"{state_gib:g} GiB per job and node at {bandwidth_gbps:g} GB/s (SIMULATED)")
+    print(f"\n{state_gib:g} GiB per job and node at {bandwidth_gbps:g} GB/s (SIMULATED)")
     print(table(["nodes", "on", "switch p50 ms", "p90", "hand-over p50 ms", "p90"], rows))
     s1, s2 = p50_p90_p99(switch_ms[1])[0], p50_p90_p99(switch_ms[2])[0]
     h1, h2 = p50_p90_p99(handover_ms[1])[0], p50_p90_p99(handover_ms[2])[0]
@@ -192,11 +190,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Hand-over latency against Temporal's floors.")
     parser.add_argument("--quick", action="store_true", help="40 iterations, --two-nodes 10")
     parser.add_argument("--iterations", type=int, help="default 200, --two-nodes 40")
-    parser.add_argument(
-        "--transfer-reads", type=int, metavar="N",
-        help="the embedded Temporal reads its transfer queue at most N times a second "
-        f"(default {TRANSFER_QUEUE_READS_PER_SECOND}; Temporal's own default is 20)",
-    )  # fmt: skip
+    parser.add_argument("--transfer-reads", type=int, metavar="N", help="the embedded Temporal "
+                        "reads its transfer queue at most N times a second (default "
+                        f"{TRANSFER_QUEUE_READS_PER_SECOND}; Temporal's own is 20)")  # fmt: skip
     parser.add_argument("--sim-switch", type=Path, metavar="DIR",
                         help="only the sim's own switch, its state file in DIR")  # fmt: skip
     parser.add_argument("--switches", type=int, default=400, help="--sim-switch: how many")
@@ -243,12 +239,10 @@ def main() -> None:
     ):
         p50, p90, p99 = p50_p90_p99(values)
         rows.append([name, f"{p50:.1f}", f"{p90:.1f}", f"{p99:.1f}"])
-    print()
-    print(table(["measure", "p50 ms", "p90 ms", "p99 ms"], rows))
+    print("\n" + table(["measure", "p50 ms", "p90 ms", "p99 ms"], rows))
     print_segments(all_segments(events, wall_clock), len(wall_clock))
     re50, ho50, ho99 = p50_p90_p99(reacquire)[0], p50_p90_p99(handover)[0], p50_p90_p99(handover)[2]
-    up50 = p50_p90_p99(floor["update"])[0]
-    act50 = p50_p90_p99(floor["update+activity"])[0]
+    up50, act50 = percentile(floor["update"], 50), percentile(floor["update+activity"], 50)
     print(
         f"reacquire_p50_ms={re50:.1f} handover_p50_ms={ho50:.1f} handover_p99_ms={ho99:.1f} "
         f"floor_update_ms={up50:.1f} floor_activity_ms={act50:.1f} "

@@ -63,10 +63,6 @@ def iteration_option(phases: list[Phase]) -> str:
     return "--iteration=" + ",".join(parts)
 
 
-def join_options(job: JobSpec) -> list[str]:
-    return [f"--weight={job.weight}", f"--priority={job.priority}"]
-
-
 class Measured:
     def __init__(self, reports: list[SyntheticJobReport], iterations: int) -> None:
         self.reports = reports
@@ -85,23 +81,23 @@ def run_groups(
     groups: list[tuple[str, str, list[JobSpec]]],
     iterations: int,
     co_residency: str,
-    workdir: Path,
 ) -> dict[str, tuple[list[SyntheticJobReport], timeshare.history.GroupHistory]]:
     """Run every group's jobs at once; each group's reports and history."""
     launched = []
     for group, node, jobs in groups:
         for index, job in enumerate(jobs):
-            report = workdir / f"{group}-{job.name}.json"
+            report = stack.workdir / f"{group}-{job.name}.json"
             process = stack.job(
                 group, job.name, report, f"--iterations={iterations}",
-                iteration_option(job.iteration), *join_options(job),
+                iteration_option(job.iteration), f"--weight={job.weight}",
+                f"--priority={job.priority}",
                 f"--co-residency={co_residency}",
                 f"--start-delay-seconds={START_SPACING_SECONDS * index}", nodes=[node],
             )  # fmt: skip
             launched.append((group, report, process))
     failed = [group for group, _, process in launched if process.wait(900)]
     if failed:
-        raise RuntimeError(f"jobs of {sorted(set(failed))} failed; see the logs in {workdir}")
+        raise RuntimeError(f"jobs of {sorted(set(failed))} failed; see the logs in {stack.workdir}")
     results = {}
     with timeshare.connect(stack.address) as client:
         for group, _, _ in groups:
@@ -110,9 +106,7 @@ def run_groups(
     return results
 
 
-def calibrate(
-    stack: LocalStack, plan: PlanFile, plan_input: PlanInput, workdir: Path
-) -> StackCosts:
+def calibrate(stack: LocalStack, plan: PlanFile, plan_input: PlanInput) -> StackCosts:
     groups = [
         (f"calibrate-{g.node}", g.node,
          [JobSpec(name=f"cal-{g.node}-{i}", state_gib=CALIBRATION_STATE_GIB, iteration=CALIBRATION)
@@ -121,21 +115,14 @@ def calibrate(
     ]  # fmt: skip
     samples = CostSamples()
     bandwidth = plan_input.gpu_sets.bandwidth_bytes_per_second
-    for reports, history in run_groups(
-        stack, groups, CALIBRATION_ITERATIONS, "off", workdir
-    ).values():
+    for reports, history in run_groups(stack, groups, CALIBRATION_ITERATIONS, "off").values():
         samples.add(reports, history, bandwidth)
     print(f"calibration: {samples.counts()}", flush=True)
     return samples.costs()
 
 
-def predict(
-    plan_input: PlanInput,
-    jobs: list[JobSpec],
-    measured: Measured,
-    costs: StackCosts,
-    iterations: int,
-) -> GroupPrediction:
+def predict(plan_input: PlanInput, jobs: list[JobSpec], measured: Measured, costs: StackCosts,
+            iterations: int) -> GroupPrediction:  # fmt: skip
     model = GroupModel(jobs, plan_input.gpu_sets, plan_input.policy, costs)
     return whole_run(model.run(iterations, starts=measured.starts), jobs)
 
@@ -211,8 +198,7 @@ def main() -> None:
         capacity_gib=sets.gpu_memory_gib,
         job_state_gib={j.name: j.state_gib or 0.0 for j in plan_input.jobs},
     ) as stack:  # fmt: skip
-        workdir = stack.workdir
-        costs = calibrate(stack, first, plan_input, workdir)
+        costs = calibrate(stack, first, plan_input)
         print(f"measured stack costs: {costs_line(costs)}", flush=True)
         plan_input = plan_input.model_copy(update={"costs": costs})
         try:
@@ -230,7 +216,7 @@ def main() -> None:
         groups = [(g.group, g.node, [by_name[j] for j in g.jobs]) for g in plan.groups]
         print(f"running {len(groups)} planned groups, {iterations} iterations per job",
               flush=True)  # fmt: skip
-        results = run_groups(stack, groups, iterations, plan_input.policy.co_residency, workdir)
+        results = run_groups(stack, groups, iterations, plan_input.policy.co_residency)
     print(f"load average (1 min) at the start {load_before:.1f}, at the end "
           f"{os.getloadavg()[0]:.1f}, on {os.cpu_count()} cores", flush=True)  # fmt: skip
     report(plan_input, plan, groups, results, iterations, costs)
@@ -269,9 +255,8 @@ def report(
             rows.append(["", job.name, f"{steady.predicted_slowdown[job.name]:.3f}x",
                          f"{guess:.3f}x", f"{again.slowdown[job.name]:.3f}x", f"{real:.3f}x",
                          f"{(guess - real) / real:+.1%}"])  # fmt: skip
-    print()
     headers = ["group", "job", "plan (steady)", "predicted", "in-run costs", "measured", "error"]
-    print(table(headers, rows))
+    print("\n" + table(headers, rows))
     print(f"costs in the planned run: {costs_line(in_run)}")
     print(plan.summary.line())
     print(f"max_util_error={max(util_errors):.3f} max_slowdown_error={max(slowdown_errors):.3f}")

@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import timeshare.aio
 from bench.parts.stack import running_stack
@@ -162,10 +162,7 @@ async def run(stack: LocalStack, seconds: float) -> dict[str, float]:
     for anticipation in (True, False):
         pair = await two_jobs(stack, anticipation, seconds)
         key = "two_jobs" if anticipation else "two_jobs_no_anticipation"
-        figures[f"{key}_ratio"] = pair.ratio
-        figures[f"{key}_handovers"] = pair.handovers
-        figures[f"{key}_idle_ms_per_handover"] = pair.idle_ms_per_handover
-        figures[f"{key}_busy"] = pair.busy
+        figures.update({f"{key}_{name}": value for name, value in asdict(pair).items()})
         print(
             f"two jobs (0.4 s and 0.07 s turns), anticipation {'on' if anticipation else 'off'}: "
             f"GPU time {pair.ratio:.2f}x, {pair.handovers} hand-overs, "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import platform
 from collections import Counter
@@ -40,7 +41,7 @@ from bench.parts.scale_load import LoadResult, run_load
 from bench.parts.stack import running_stack
 from bench.parts.temporal_operations import TemporalOperations
 from bench.parts.watch_cost import WatchCost, measure_watch_cost
-from bench.parts.window_history import count_events, task_worker, window_events, workflow_tasks
+from bench.parts.window_history import count_events, task_worker, window_events
 from timeshare.models import MAX_GPUS_PER_NODE
 from timeshare.status import table
 from timeshare.testing import LocalStack
@@ -60,27 +61,24 @@ def stack_pids(stack: LocalStack) -> dict[str, int]:
     return {**{name: p.pid for name, p in stack.processes.items()}, "bench": os.getpid()}
 
 
-def load_row(r: LoadResult, parts: list[str], schedulers: list[str]) -> list[str]:
-    return [
-        str(r.groups), str(r.jobs), str(r.handovers), f"{r.handovers_per_s:.1f}",
-        f"{r.p50_ms:.0f}", f"{r.p99_ms:.0f}", str(r.evictions + len(r.lost)),
-        f"{r.cpu_ms_per_handover(schedulers):.1f}",
-        *(f"{r.cpu_share(part):.2f}" for part in parts),
-    ]  # fmt: skip
-
-
 def print_loads(results: list[LoadResult], parts: list[str], schedulers: list[str]) -> None:
     headers = ["groups", "jobs", "hand-overs", "hand-overs/s", "p50 ms", "p99 ms",
                "leases lost", "scheduler CPU ms/hand-over",
                *(f"{part} cores" for part in parts)]  # fmt: skip
-    print(table(headers, [load_row(r, parts, schedulers) for r in results]))
+    rows = [
+        [str(r.groups), str(r.jobs), str(r.handovers), f"{r.handovers_per_s:.1f}",
+         f"{r.p50_ms:.0f}", f"{r.p99_ms:.0f}", str(r.evictions + len(r.lost)),
+         f"{r.cpu_ms_per_handover(schedulers):.1f}", *(f"{r.cpu_share(p):.2f}" for p in parts)]
+        for r in results
+    ]  # fmt: skip
+    print(table(headers, rows))
 
 
 def print_idle(idle: IdleHistory) -> None:
     lease = f"{idle.idle_lease_seconds:g} s"
     rows = [
         [f"before: heartbeat every 10 s (idle lease {lease})", str(idle.before.jobs),
-         str(idle.before.total), str(idle.before.renewals), f"{idle.before_per_job_hour:.1f}"],
+         str(idle.before.total), str(idle.before.renewals), f"{idle.before.per_job_hour():.1f}"],
         [f"now, idle lease {lease} (renewal every {idle.idle_lease_seconds / 3:g} s), measured",
          str(idle.now.jobs), str(idle.now.total), str(idle.now.renewals),
          f"{idle.now.per_job_hour():.1f}"],
@@ -90,7 +88,7 @@ def print_idle(idle: IdleHistory) -> None:
          str(idle.default_policy.total), str(idle.default_policy.renewals),
          f"{idle.default_policy.per_job_hour():.1f}"],
     ]  # fmt: skip
-    print(table(["idle jobs", "jobs", "events", "renewals", "events per job-hour"], rows))
+    print("\n" + table(["idle jobs", "jobs", "events", "renewals", "events per job-hour"], rows))
     for name, window in (("before", idle.before), ("now", idle.now)):
         kinds = ", ".join(f"{kind} {n}" for kind, n in window.events.most_common())
         print(f"events in the '{name}' window: {kinds}")
@@ -103,13 +101,11 @@ def print_watch(watch: WatchCost) -> None:
          *(f"{watch.watched[p]:.3f}" for p in parts)],
         [f"{watch.groups} groups, no turn held", *(f"{watch.unwatched[p]:.3f}" for p in parts)],
     ]  # fmt: skip
-    print(table(["no hand-overs: cores busy", *parts], rows))
+    print("\n" + table(["no hand-overs: cores busy", *parts], rows))
 
 
-def print_floor(
-    floor: FloorCpu, sandboxed: FloorCpu, paced: PacedFloorCpu | None,
-    handovers: PacedFloorCpu | None,
-) -> None:  # fmt: skip
+def print_floor(floor: FloorCpu, sandboxed: FloorCpu, paced: PacedFloorCpu | None,
+                handovers: PacedFloorCpu | None) -> None:  # fmt: skip
     rows = [
         [what, f"{floor.cpu_ms[name]:.2f}", f"{floor.wall_ms[name]:.1f}",
          f"{sandboxed.cpu_ms[name]:.2f}"]
@@ -129,7 +125,7 @@ def print_floor(
                      f"{handovers.cpu_ms_per_pair:.2f}", "-", "-"])  # fmt: skip
     headers = ["floor (workflow worker in its own process)", "CPU ms", "wall ms",
                "CPU ms in the scheduler's sandbox"]  # fmt: skip
-    print(table(headers, rows))
+    print("\n" + table(headers, rows))
 
 
 def print_profiles(directory: Path, cpu_ms: dict[str, float]) -> None:
@@ -145,7 +141,7 @@ def print_profiles(directory: Path, cpu_ms: dict[str, float]) -> None:
                    for n in names)]
         for module, _ in modules.most_common(16)
     ]  # fmt: skip
-    print(table(["module in the stack (GIL samples)", *names], rows))
+    print("\n" + table(["module in the stack (GIL samples)", *names], rows))
     for name in names:
         profile = profiles[name]
         print(f"\n{name}: {profile.samples} samples ({profile.seconds:.1f} s holding the GIL); "
@@ -160,15 +156,14 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
     temporal = await connect_temporal(stack.temporal, "default")
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
-    floor = await measure_floor_cpu(
-        temporal, stack.temporal, args.floor_iterations, workdir,
-        args.profile / "floor-worker.txt" if args.profile else None,
-        server_pid=stack.processes["temporal"].pid,
-    )  # fmt: skip
-    sandboxed = await measure_floor_cpu(
-        temporal, stack.temporal, args.floor_iterations, workdir,
-        args.profile / "floor-worker-sandboxed.txt" if args.profile else None, sandboxed=True,
-    )  # fmt: skip
+    floor, sandboxed = [
+        await measure_floor_cpu(
+            temporal, stack.temporal, args.floor_iterations, workdir,
+            args.profile / f"floor-worker{suffix}.txt" if args.profile else None,
+            sandboxed=bool(suffix), server_pid=stack.processes["temporal"].pid,
+        )
+        for suffix in ("", "-sandboxed")
+    ]  # fmt: skip
     cpu, server = floor.cpu_ms, floor.server_cpu_ms
     print(f"floor: update {cpu['update']:.2f} ms CPU, update+activity "
           f"{cpu['update+activity']:.2f} ms CPU; Temporal's {server['update']:.2f} and "
@@ -177,7 +172,7 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
         temporal, stack.address, stack.node, args.idle_groups, 3, args.idle_seconds,
         args.idle_lease,
     )  # fmt: skip
-    print(f"idle history: {idle.before_per_job_hour:.0f} events/job-hour before, "
+    print(f"idle history: {idle.before.per_job_hour():.0f} events/job-hour before, "
           f"{idle.now_per_job_hour:.2f} now (load {load_average()})", flush=True)  # fmt: skip
     watch = await measure_watch_cost(
         stack.address, stack.node, stack_pids(stack), args.watch_groups, args.watch_seconds
@@ -187,15 +182,7 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
           f"gateway {watched['gateway']:.2f} (load {load_average()})", flush=True)  # fmt: skip
     results: list[LoadResult] = []
     operations: dict[int, TemporalOperations] = {}
-    sizes = list(args.sizes) if args.sizes else []
-    next_size = SEARCH_STEP
-    while True:
-        if args.sizes:
-            if not sizes:
-                break
-            groups = sizes.pop(0)
-        else:
-            groups, next_size = next_size, next_size + SEARCH_STEP
+    for groups in args.sizes or itertools.count(SEARCH_STEP, SEARCH_STEP):
         profiling = contextlib.ExitStack()
         if args.profile is not None and groups == REFERENCE_GROUPS:
             for part in (*stack.scheduler_parts, *stack.gateway_parts):
@@ -219,13 +206,11 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
             break
     reference = reference_result(results)
     history = await window_events(temporal, reference)
-    side_by_side: LoadResult | None = None
-    paced: PacedFloorCpu | None = None
-    handovers: PacedFloorCpu | None = None
-    if args.period > 0:
-        side_by_side, paced, handovers = await load_beside_floor(
-            args, stack, temporal, reference, workdir
-        )
+    side_by_side, paced, handovers = (
+        await load_beside_floor(args, stack, temporal, reference, workdir)
+        if args.period > 0
+        else (None, None, None)
+    )
     report(
         args, stack, (floor, sandboxed, paced, handovers), idle, watch, results, operations,
         history, side_by_side,
@@ -243,34 +228,31 @@ async def load_beside_floor(
     beside it in the same window: worker_cpu_ratio compares the two. With
     ``--floor-handovers`` a hand-over floor (a layer of bench.parts.floor_layers,
     ``shape`` unless named) runs in that window too, paced as the groups are."""
+    layers = [replace(PAIR, publishes=args.floor_publishes)]
+    layers += [LAYERS[args.floor_handovers]] if args.floor_handovers else []
     async with contextlib.AsyncExitStack() as floors:
-        floor = await floors.enter_async_context(PacedFloor(
-            temporal, stack.temporal, reference.groups, args.period, workdir, args.seed,
-            inline=args.floor_inline, layer=replace(PAIR, publishes=args.floor_publishes),
-        ))  # fmt: skip
-        handovers = None
-        if args.floor_handovers:
-            handovers = await floors.enter_async_context(PacedFloor(
-                temporal, stack.temporal, reference.groups, args.period, workdir, args.seed + 1,
-                inline=args.floor_inline, layer=LAYERS[args.floor_handovers],
-            ))  # fmt: skip
+        paced = [
+            await floors.enter_async_context(PacedFloor(
+                temporal, stack.temporal, reference.groups, args.period, workdir, args.seed + n,
+                inline=args.floor_inline, layer=layer,
+            ))
+            for n, layer in enumerate(layers)
+        ]  # fmt: skip
         load = await run_load(
             stack.addresses, stack_pids(stack), reference.groups, args.jobs_per_group,
             stack.node, args.period, args.seconds, args.seed, name="beside",
-            during=[paced.window(args.seconds) for paced in (floor, handovers) if paced],
+            during=[floor.window(args.seconds) for floor in paced],
         )  # fmt: skip
+    floor, beside = paced[0], paced[1].result if len(paced) > 1 else None
     assert floor.result is not None
     print(f"beside the paced floor: scheduler "
           f"{load.cpu_ms_per_handover(stack.scheduler_parts):.2f} ms CPU per hand-over, floor "
           f"{floor.result.cpu_ms_per_pair:.2f} ms per pair over {floor.result.pairs} pairs "
           f"(load {load_average()})", flush=True)  # fmt: skip
-    if handovers is not None:
-        assert handovers.result is not None
-        print(f"  and the hand-over floor ({handovers.result.layer}): "
-              f"{handovers.result.cpu_ms_per_pair:.2f} ms per "
-              f"hand-over over {handovers.result.pairs}", flush=True)  # fmt: skip
-        return load, floor.result, handovers.result
-    return load, floor.result, None
+    if beside is not None:
+        print(f"  and the hand-over floor ({beside.layer}): {beside.cpu_ms_per_pair:.2f} ms per "
+              f"hand-over over {beside.pairs}", flush=True)  # fmt: skip
+    return load, floor.result, beside
 
 
 def reference_result(results: list[LoadResult]) -> LoadResult:
@@ -279,14 +261,14 @@ def reference_result(results: list[LoadResult]) -> LoadResult:
 
 
 def print_history(history: Counter[str], result: LoadResult) -> None:
-    print(f"history per hand-over at {result.groups} groups, in the window (the floor: "
+    print(f"\nhistory per hand-over at {result.groups} groups, in the window (the floor: "
           "3 workflow tasks, 2 updates, 1 activity):")  # fmt: skip
     rows = [[kind, f"{n / max(1, result.handovers):.2f}"] for kind, n in history.most_common(14)]
     print(table(["event", "per hand-over"], rows))
 
 
 def print_operations(operations: TemporalOperations, result: LoadResult) -> None:
-    print(f"Temporal's requests per hand-over at {result.groups} groups "
+    print(f"\nTemporal's requests per hand-over at {result.groups} groups "
           "(a call counts in each service it passes through):")  # fmt: skip
     if operations.error:
         print(f"  not read: {operations.error}")
@@ -307,29 +289,22 @@ def report(
     side_by_side: LoadResult | None,
 ) -> None:
     floor, sandboxed, paced, handovers = floors
-    print()
     print_floor(floor, sandboxed, paced, handovers)
-    print()
     print_watch(watch)
-    print()
     print_idle(idle)
-    print()
     pace = (
         f"one hand-over per group every {args.period:g} s" if args.period else "as fast as possible"
     )
     replicas = f"{len(stack.scheduler_parts)} scheduler(s), {len(stack.gateway_parts)} gateway(s)"
-    print(f"load: {args.jobs_per_group} jobs per group, {pace}, {args.seconds:g} s per size; "
+    print(f"\nload: {args.jobs_per_group} jobs per group, {pace}, {args.seconds:g} s per size; "
           f"{replicas}")  # fmt: skip
     parts = [*stack.scheduler_parts, *stack.gateway_parts, "temporal", "agent", "bench"]
     print_loads(results, parts, stack.scheduler_parts)
     reference = reference_result(results)
     at_reference = operations[reference.groups]
-    print()
     print_operations(at_reference, reference)
-    print()
     print_history(history, reference)
     if args.profile is not None:
-        print()
         units = {
             "floor-worker": floor.per_handover_floor_ms,
             "floor-worker-sandboxed": sandboxed.per_handover_floor_ms,
@@ -345,7 +320,8 @@ def report(
         if side_by_side is not None and paced is not None
         else (reference, floor.per_handover_floor_ms)
     )
-    ratio = measured.cpu_ms_per_handover(stack.scheduler_parts) / floor_ms
+    beside_ms = measured.cpu_ms_per_handover(stack.scheduler_parts)
+    ratio = beside_ms / floor_ms
     with_edges = measured.cpu_ms_per_handover_with_edges(stack.scheduler_parts) / floor_ms
     temporal_ms = reference.cpu_ms_per_handover(["temporal"])
     temporal_ratio = temporal_ms / max(1e-9, floor.per_handover_server_floor_ms)
@@ -354,20 +330,19 @@ def report(
           f"(ratio {temporal_ratio:.2f})")  # fmt: skip
     if reference.edge_cpu:
         print(f"scheduler CPU per hand-over at {reference.groups} groups: "
-              f"{reference.cpu_ms_per_handover(stack.scheduler_parts):.1f} ms in the window; "
+              f"{worker_ms:.1f} ms in the window; "
               f"{reference.cpu_ms_per_handover_with_edges(stack.scheduler_parts):.1f} ms counting "
               "each group's first grant and last yield too "
               f"(ratio {with_edges:.2f})")  # fmt: skip
     layer_figures = ""
     if handovers is not None and paced is not None:
-        worker_beside = measured.cpu_ms_per_handover(stack.scheduler_parts)
         layer_figures = (
             f"handover_floor_layer={handovers.layer} "
             f"handover_floor_cpu_ms={handovers.cpu_ms_per_pair:.2f} "
             f"handover_floor_ratio={handovers.cpu_ms_per_pair / paced.cpu_ms_per_pair:.2f} "
-            f"worker_cpu_ratio_vs_handover_floor="
-            f"{worker_beside / handovers.cpu_ms_per_pair:.2f} "
+            f"worker_cpu_ratio_vs_handover_floor={beside_ms / handovers.cpu_ms_per_pair:.2f} "
         )
+    handover_count = max(1, reference.handovers)
     under = [r.groups for r in results if r.p99_ms < P99_LIMIT_MS and not (r.evictions or r.lost)]
     last = results[-1]
     print(f"machine: {platform.node()} {platform.platform()}; load average at the end "
@@ -378,21 +353,20 @@ def report(
         f"lost_leases={sum(r.evictions + len(r.lost) for r in results)} "
         f"worker_cpu_ms_per_handover={worker_ms:.2f} "
         f"floor_cpu_ms={floor_ms:.2f} worker_cpu_ratio={ratio:.2f} "
-        f"worker_cpu_ms_per_handover_beside_floor="
-        f"{measured.cpu_ms_per_handover(stack.scheduler_parts):.2f} "
+        f"worker_cpu_ms_per_handover_beside_floor={beside_ms:.2f} "
         f"back_to_back_floor_cpu_ms={floor.per_handover_floor_ms:.2f} "
         f"worker_cpu_ratio_back_to_back={back_to_back:.2f} {layer_figures}"
         f"worker_cpu_ratio_with_edges={with_edges:.2f} "
         f"temporal_cpu_ms_per_handover={temporal_ms:.2f} temporal_cpu_ratio={temporal_ratio:.2f} "
-        f"workflow_tasks_per_handover={workflow_tasks(history) / max(1, reference.handovers):.2f} "
+        f"workflow_tasks_per_handover={history['WORKFLOW_TASK_COMPLETED'] / handover_count:.2f} "
         f"sandboxed_floor_cpu_ms={sandboxed.per_handover_floor_ms:.2f} "
         f"history_events_per_idle_job_hour={idle.now_per_job_hour:.2f} "
-        f"history_events_per_idle_job_hour_before={idle.before_per_job_hour:.0f} "
+        f"history_events_per_idle_job_hour_before={idle.before.per_job_hour():.0f} "
         f"watch_temporal_cores_per_100_groups={watch.watched['temporal'] * 100 / watch.groups:.2f}"
         f" temporal_requests_per_handover="
-        f"{at_reference.total('service_requests', 'frontend') / max(1, reference.handovers):.2f}"
+        f"{at_reference.total('service_requests', 'frontend') / handover_count:.2f}"
         f" temporal_store_requests_per_handover="
-        f"{at_reference.total('persistence_requests') / max(1, reference.handovers):.2f}"
+        f"{at_reference.total('persistence_requests') / handover_count:.2f}"
     )
 
 
@@ -447,10 +421,8 @@ def compare_replicas(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="Hand-overs and their cost as groups grow.")
     parser.add_argument("--quick", action="store_true", help="10 and 50 groups, shorter windows")
-    parser.add_argument(
-        "--period", type=float, default=5.0,
-        help="seconds between a group's hand-overs (0: as fast as possible; default %(default)s)",
-    )  # fmt: skip
+    parser.add_argument("--period", type=float, default=5.0, help="seconds between a group's "
+                        "hand-overs (0: as fast as possible; default %(default)s)")  # fmt: skip
     parser.add_argument("--replicas", type=int, default=1, help="schedulers and gateways each")
     parser.add_argument("--compare-replicas", action="store_true",
                         help="only the load: one scheduler and gateway, then two")  # fmt: skip
@@ -459,31 +431,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, help="per size (default 30, quick 20)")
     parser.add_argument("--jobs-per-group", type=int, default=3)
     parser.add_argument("--idle-groups", type=int, default=10, help="groups of 3 idle jobs")
-    parser.add_argument(
-        "--idle-seconds", type=float, help="each idle window (default 60, quick 30)"
-    )
-    parser.add_argument(
-        "--idle-lease", type=float, default=30.0,
-        help="the idle jobs' idle lease, scaled to the default's (default %(default)s s)",
-    )  # fmt: skip
+    parser.add_argument("--idle-seconds", type=float, help="idle window (default 60, quick 30)")
+    parser.add_argument("--idle-lease", type=float, default=30.0, help="the idle jobs' idle lease, "
+                        "scaled to the default's (default %(default)s s)")  # fmt: skip
     parser.add_argument("--floor-iterations", type=int, help="default 200, quick 50")
-    parser.add_argument(
-        "--watch-seconds", type=float, help="each watch window (default 10, quick 5)"
-    )
-    parser.add_argument(
-        "--watch-groups", type=int, default=REFERENCE_GROUPS,
-        help="groups whose held turns are watched (default %(default)s)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--floor-inline", action="store_true",
-        help="the paced floor's worker runs activations on its event loop, as the scheduler "
-        "does (default: the SDK's thread pool, its default)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--floor-publishes", action="store_true",
-        help="the paced floor's updates also upsert the search attributes a hand-over "
-        "changes (the waiter's queue depth; the new holder), as the turn watch needs",
-    )  # fmt: skip
+    parser.add_argument("--watch-seconds", type=float, help="watch window (default 10, quick 5)")
+    parser.add_argument("--watch-groups", type=int, default=REFERENCE_GROUPS, help="groups "
+                        "whose held turns are watched (default %(default)s)")  # fmt: skip
+    parser.add_argument("--floor-inline", action="store_true", help="the paced floor's worker "
+                        "runs activations on its event loop, as the scheduler does (default: the "
+                        "SDK's thread pool, its default)")  # fmt: skip
+    parser.add_argument("--floor-publishes", action="store_true", help="the paced floor's updates "
+                        "also upsert the search attributes a hand-over changes (the waiter's queue "
+                        "depth; the new holder), as the turn watch needs")  # fmt: skip
     parser.add_argument(
         "--floor-handovers", nargs="?", const="shape", choices=list(LAYERS), metavar="LAYER",
         help="also pace a hand-over floor in the same window: the layer of "

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel
@@ -86,14 +85,12 @@ class Result(BaseModel):
         return self.shared_iteration_s / self.alone_iteration_s
 
 
-def measure(
-    stack: LocalStack, profile: Profile, iterations: int, workdir: Path, timeline: bool = False
-) -> Result:
+def measure(stack: LocalStack, profile: Profile, iterations: int, timeline: bool = False) -> Result:
     """``timeline``: print the run's chart and each turn (who waited, for
     which switch, how long it was held)."""
     sample, reward, train = profile.phases()
     group = profile.label
-    paths = [workdir / f"{group}-job-{i}.json" for i in range(profile.jobs)]
+    paths = [stack.workdir / f"{group}-job-{i}.json" for i in range(profile.jobs)]
     # Every job starts from one moment, each 0.2 s after the one before,
     # however long its process took to start and join.
     start_at = time.time() + START_LEAD_SECONDS
@@ -107,7 +104,7 @@ def measure(
         for i, path in enumerate(paths)
     ]  # fmt: skip
     if any(job.wait(600) for job in jobs):
-        raise RuntimeError(f"a job of {group} failed; see {workdir}")
+        raise RuntimeError(f"a job of {group} failed; see {stack.workdir}")
     reports = [load_report(path) for path in paths]
     if timeline:
         print(f"{group}:\n{chart(reports)}\n{turns_table(reports)}", flush=True)
@@ -172,7 +169,7 @@ def run_profiles(profiles: list[Profile], iterations: int, timeline: bool = Fals
         capacity_gib=CAPACITY_GIB,
     ) as stack:  # fmt: skip
         for profile in profiles:
-            results.append(measure(stack, profile, iterations, stack.workdir, timeline))
+            results.append(measure(stack, profile, iterations, timeline))
             r = results[-1]
             print(f"{profile.jobs} jobs at {profile.duty:.0%} {profile.variant}: "
                   f"{r.baseline_util:.0%} -> {r.shared_util:.0%}", flush=True)  # fmt: skip
@@ -193,9 +190,8 @@ def compare_yields(pairs: int, iterations: int, timeline: bool = False) -> None:
             f"{statistics.median(r.all_running_util for r in runs):.3f}",
             f"{statistics.median(r.shared_iteration_s for r in runs):.3f}",
         ])  # fmt: skip
-    print()
-    print(table(["yields", "busy shared, each run", "median", "median busy, all running",
-                 "median iteration s"], rows))  # fmt: skip
+    print("\n" + table(["yields", "busy shared, each run", "median", "median busy, all running",
+                        "median iteration s"], rows))  # fmt: skip
     nowait = statistics.median(r.shared_util for r in results[0::2])
     waited = statistics.median(r.shared_util for r in results[1::2])
     print(f"pairs={pairs} nowait_util={nowait:.3f} blocking_util={waited:.3f} "
@@ -205,15 +201,10 @@ def compare_yields(pairs: int, iterations: int, timeline: bool = False) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="GPU busy fraction with and without sharing.")
     parser.add_argument("--quick", action="store_true", help="fewer iterations and profiles")
-    parser.add_argument(
-        "--pairs", type=int, metavar="N",
-        help="only the default profile, with yield_nowait and with blocking yields, "
-        "alternately N times",
-    )  # fmt: skip
-    parser.add_argument(
-        "--timeline", action="store_true",
-        help="print each run's chart and turns (waits, switches, holds)",
-    )  # fmt: skip
+    parser.add_argument("--pairs", type=int, metavar="N", help="only the default profile, with "
+                        "yield_nowait and with blocking yields, alternately N times")  # fmt: skip
+    parser.add_argument("--timeline", action="store_true", help="print each run's chart and "
+                        "turns (waits, switches, holds)")  # fmt: skip
     args = parser.parse_args()
     iterations = 4 if args.quick else 10
     if args.pairs:
@@ -252,11 +243,10 @@ def main() -> None:
         ]
         for r in results
     ]  # fmt: skip
-    print()
     headers = ["jobs", "duty", "variant", "busy alone", "busy shared", "ideal", "switching",
                "sched. overhead", "iter alone s", "iter shared s", "slowdown",
                "GiB moved/switch", "switches (ahead)", "busy, all running"]  # fmt: skip
-    print(table(headers, rows))
+    print("\n" + table(headers, rows))
     d = results[0]
     by_variant = {
         r.profile.variant: r for r in results if r.profile.jobs == 2 and r.profile.duty == 0.4

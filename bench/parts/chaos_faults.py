@@ -110,19 +110,19 @@ def wait_for_waiters(stack: LocalStack, count: int, timeout: float = 60) -> Grou
     raise RuntimeError(f"never saw {count} waiters")
 
 
-def kill_scheduler_mid_switch(stack: LocalStack, pool: JobPool) -> Fault:
-    stack.wait_for(GROUP, "switching")
-    return restart(stack, "scheduler", "scheduler")
+def restart_when(
+    kind: str, waiters: int = 0, signum: int = signal.SIGKILL
+) -> Callable[[LocalStack, JobPool], Fault]:
+    """Restart the part mid-switch, or once ``waiters`` jobs wait behind the holder."""
 
+    def fault(stack: LocalStack, pool: JobPool) -> Fault:
+        if waiters:
+            wait_for_waiters(stack, waiters)
+        else:
+            stack.wait_for(GROUP, "switching")
+        return restart(stack, kind, kind, signum)
 
-def restart_temporal_while_jobs_wait(stack: LocalStack, pool: JobPool) -> Fault:
-    wait_for_waiters(stack, 1)
-    return restart(stack, "temporal", "temporal", signal.SIGTERM)
-
-
-def kill_agent_mid_checkpoint(stack: LocalStack, pool: JobPool) -> Fault:
-    stack.wait_for(GROUP, "switching")
-    return restart(stack, "agent", "agent")
+    return fault
 
 
 def kill_holder_and_waiter(stack: LocalStack, pool: JobPool) -> Fault:
@@ -134,17 +134,12 @@ def kill_holder_and_waiter(stack: LocalStack, pool: JobPool) -> Fault:
     return Fault("job", " and ".join(v.job for v in victims), at, at, "not replaced")
 
 
-def restart_gateway_under_waiters(stack: LocalStack, pool: JobPool) -> Fault:
-    wait_for_waiters(stack, 3)
-    return restart(stack, "gateway", "gateway")
-
-
 SCRIPTED: dict[str, Callable[[LocalStack, JobPool], Fault]] = {
-    "scheduler killed mid-switch": kill_scheduler_mid_switch,
-    "Temporal restarted while jobs wait": restart_temporal_while_jobs_wait,
-    "agent killed mid-checkpoint": kill_agent_mid_checkpoint,
+    "scheduler killed mid-switch": restart_when("scheduler"),
+    "Temporal restarted while jobs wait": restart_when("temporal", 1, signal.SIGTERM),
+    "agent killed mid-checkpoint": restart_when("agent"),
     HOLDER_AND_WAITER: kill_holder_and_waiter,
-    "gateway restarted under 3 waiters": restart_gateway_under_waiters,
+    "gateway restarted under 3 waiters": restart_when("gateway", 3),
 }
 
 

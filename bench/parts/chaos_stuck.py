@@ -9,8 +9,6 @@ import asyncio
 import re
 from pathlib import Path
 
-from temporalio.client import Client
-
 from timeshare.names import group_workflow_id
 from timeshare.workers.common.service import StartupError, connect_temporal
 
@@ -50,13 +48,6 @@ def explain(logs: list[Path]) -> list[str]:
     return lines
 
 
-async def save_history(client: Client, group: str, path: Path) -> Path:
-    """The group's history as JSON, as the Temporal UI downloads it."""
-    history = await client.get_workflow_handle(group_workflow_id(group)).fetch_history()
-    path.write_text(history.to_json())
-    return path
-
-
 async def _save_all(address: str, groups: list[str], workdir: Path) -> list[str]:
     try:
         client = await connect_temporal(address)
@@ -66,7 +57,8 @@ async def _save_all(address: str, groups: list[str], workdir: Path) -> list[str]
     for group in groups:
         path = workdir / f"{group}-history.json"
         try:
-            await save_history(client, group, path)
+            history = await client.get_workflow_handle(group_workflow_id(group)).fetch_history()
+            path.write_text(history.to_json())  # as the Temporal UI downloads it
             lines.append(f"{group}: history saved to {path}")
         except Exception as error:  # a report line, never a second failure
             lines.append(f"{group}: history not saved ({type(error).__name__}: {error})")

@@ -258,11 +258,8 @@ def start_floor_worker(
     command = [
         sys.executable, "-m", "bench", "floors", "worker", f"--temporal={temporal}",
         f"--task-queue={task_queue}", f"--settings={settings}",
+        *(["--sandboxed"] if sandboxed else []), *(["--inline"] if inline else []),
     ]  # fmt: skip
-    if sandboxed:
-        command.append("--sandboxed")
-    if inline:
-        command.append("--inline")
     with log_path.open("ab") as log:
         process = spawn(command, stdout=log, timeshare_child=True)
     deadline = time.monotonic() + READY_SECONDS

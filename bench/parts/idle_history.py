@@ -14,8 +14,8 @@ Jobs join and then do nothing. Two windows on the same jobs:
   jobs' own renewals are stopped and the benchmark sends each job's
   Heartbeat RPC every 10 s, at a phase of its own.
 
-Each group's history is fetched through the Temporal client at the start and
-end of each window; only the events in between count.
+Each group's history is fetched through the Temporal client after each
+window; only the events written within it count.
 """
 
 from __future__ import annotations
@@ -25,19 +25,18 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import partial
 
-from temporalio.api.enums.v1 import EventType
-from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 
 import timeshare.aio
 from bench.parts.scale_load import bounded
+from bench.parts.window_history import count_events, event_name
 from timeshare.models import GroupPolicy
-from timeshare.names import group_workflow_id
 
 OLD_HEARTBEAT_SECONDS = 10.0
 DEFAULT_IDLE_LEASE_SECONDS = GroupPolicy().idle_lease_seconds
+# A renewal, as bench.parts.window_history.event_name names its accepted update.
+RENEWAL = "WORKFLOW_EXECUTION_UPDATE_ACCEPTED (heartbeat)"
 
 
 @dataclass
@@ -47,11 +46,14 @@ class WindowCount:
     jobs: int
     seconds: float
     events: Counter[str] = field(default_factory=Counter)
-    renewals: int = 0
 
     @property
     def total(self) -> int:
         return sum(self.events.values())
+
+    @property
+    def renewals(self) -> int:
+        return self.events[RENEWAL]
 
     def per_job_hour(self, scale: float = 1.0) -> float:
         return self.total / self.jobs / (self.seconds / 3600) * scale
@@ -72,48 +74,6 @@ class IdleHistory:
     @property
     def now_per_job_hour(self) -> float:
         return self.now.per_job_hour(self.scale)
-
-    @property
-    def before_per_job_hour(self) -> float:
-        return self.before.per_job_hour()
-
-
-class HistoryMarks:
-    """Where each group's history stood, to count what was written since."""
-
-    def __init__(self, client: Client, groups: list[str]) -> None:
-        self._client = client
-        self.groups = groups
-        self._last: dict[str, tuple[str, int]] = {}
-
-    async def _events(self, group: str, run_id: str | None = None) -> list[HistoryEvent]:
-        handle = self._client.get_workflow_handle(group_workflow_id(group), run_id=run_id)
-        return list((await handle.fetch_history()).events)
-
-    async def mark(self) -> None:
-        async def one(group: str) -> None:
-            run_id = (
-                await self._client.get_workflow_handle(group_workflow_id(group)).describe()
-            ).run_id
-            events = await self._events(group, run_id)
-            self._last[group] = (run_id, events[-1].event_id if events else 0)
-
-        await bounded([partial(one, group) for group in self.groups])
-
-    async def since(self, window: WindowCount) -> None:
-        """Add the events written since the last mark to ``window``, and mark again."""
-
-        async def one(group: str) -> list[HistoryEvent]:
-            run_id, last = self._last[group]
-            return [e for e in await self._events(group, run_id) if e.event_id > last]
-
-        for events in await bounded([partial(one, group) for group in self.groups]):
-            for event in events:
-                window.events[EventType.Name(event.event_type).removeprefix("EVENT_TYPE_")] += 1
-                accepted = event.workflow_execution_update_accepted_event_attributes
-                if accepted.accepted_request.input.name == "heartbeat":
-                    window.renewals += 1
-        await self.mark()
 
 
 async def _join_spread(
@@ -138,6 +98,20 @@ async def _join_spread(
         own = policy.model_copy(update={"gpus": [gpus[group]]})
         jobs.append(await client.join(group, job, [node], own))
     return jobs
+
+
+async def _window(seconds: float) -> tuple[float, float]:
+    """Wait ``seconds``; the window's start and end (Unix seconds)."""
+    opened = time.time()
+    await asyncio.sleep(seconds)
+    return opened, time.time()
+
+
+async def _count(
+    temporal: Client, groups: list[str], jobs: int, window: tuple[float, float]
+) -> WindowCount:
+    events = await count_events(temporal, groups, event_name, window)
+    return WindowCount(jobs=jobs, seconds=window[1] - window[0], events=events)
 
 
 async def _beat(job: timeshare.aio.Job, first: float) -> None:
@@ -174,21 +148,17 @@ async def measure_idle_history(
         )
         # The joins' own workflow tasks are done before the windows open.
         await asyncio.sleep(2.0)
-        marks, default_marks = HistoryMarks(temporal, short), HistoryMarks(temporal, default)
-        await asyncio.gather(marks.mark(), default_marks.mark())
-        now = WindowCount(jobs=len(jobs), seconds=seconds)
-        default_count = WindowCount(jobs=len(default_jobs), seconds=seconds)
-        await asyncio.sleep(seconds)
-        await asyncio.gather(marks.since(now), default_marks.since(default_count))
+        window = await _window(seconds)
+        now, default_count = await asyncio.gather(
+            _count(temporal, short, len(jobs), window),
+            _count(temporal, default, len(default_jobs), window),
+        )
         for job in jobs:
             await job.stop_heartbeats()
         beats = [
             asyncio.ensure_future(_beat(j, rng.uniform(0, OLD_HEARTBEAT_SECONDS))) for j in jobs
         ]
-        await marks.mark()
-        before = WindowCount(jobs=len(jobs), seconds=seconds)
-        await asyncio.sleep(seconds)
-        await marks.since(before)
+        before = await _count(temporal, short, len(jobs), await _window(seconds))
         for beat in beats:
             beat.cancel()
         await asyncio.gather(*beats, return_exceptions=True)

@@ -13,7 +13,6 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 # "name (path:line)" in py-spy's raw (collapsed) output.
 FRAME = re.compile(r"^(?P<name>.*) \((?P<path>[^()]*?)(?::(?P<line>\d+))?\)$")
@@ -45,12 +44,7 @@ class Profiler:
         )
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._process is not None:
             self._process.send_signal(signal.SIGINT)  # py-spy writes what it has, then ends
             self._process.wait(60)

@@ -40,7 +40,6 @@ class GroupLog:
 
     group: str
     latencies: list[float] = field(default_factory=list)
-    grants: int = 0
     # Jobs told they were evicted (a lease lost), with what they were doing.
     lost: list[str] = field(default_factory=list)
 
@@ -49,8 +48,6 @@ class GroupLog:
 class LoadResult:
     groups: int
     jobs: int
-    period: float
-    grants: int
     handovers: int
     seconds: float
     p50_ms: float
@@ -91,7 +88,6 @@ async def fast_cycle(job: timeshare.aio.Job, log: GroupLog, state: list[str], un
     while time.monotonic() < until:
         await job.acquire()
         now = time.monotonic()
-        log.grants += 1
         if state[0] and state[0] != job.name:
             log.latencies.append((now - yielded_at) * 1000)
         state[0] = job.name
@@ -101,13 +97,6 @@ async def fast_cycle(job: timeshare.aio.Job, log: GroupLog, state: list[str], un
 
 async def _sleep_until(moment: float) -> None:
     await asyncio.sleep(max(0.0, moment - time.monotonic()))
-
-
-async def first_turn(jobs: list[timeshare.aio.Job], log: GroupLog) -> None:
-    """The group's first grant, before the measured window: it restores the
-    first job's state and hands nothing over."""
-    await jobs[0].acquire()
-    log.grants += 1
 
 
 async def paced_group(
@@ -127,7 +116,6 @@ async def paced_group(
         await holder.yield_()
         await asked
         log.latencies.append((time.monotonic() - yielded_at) * 1000)
-        log.grants += 1
         holder, turn = waiter, turn + 1
     return holder
 
@@ -186,12 +174,13 @@ async def run_load(
         members = [joined[g * jobs_per_group : (g + 1) * jobs_per_group] for g in range(groups)]
         logs = [GroupLog(group) for group in names]
         rng = random.Random(seed)
-        # Paced, each group's first grant comes before the window and its last
+        # Paced, each group's first grant (which restores its first job's
+        # state and hands nothing over) comes before the window and its last
         # yield after it, so that the window's CPU is its hand-overs' alone.
         edges = CpuMeter(processes)
         edge_cpu: dict[str, float] = {}
         if period > 0:
-            await bounded([_guarding(log, partial(first_turn, jobs, log))
+            await bounded([_guarding(log, jobs[0].acquire)
                            for jobs, log in zip(members, logs, strict=True)])  # fmt: skip
             edge_cpu = edges.used()
         with contextlib.ExitStack() as window:
@@ -228,8 +217,6 @@ async def run_load(
     return LoadResult(
         groups=groups,
         jobs=groups * jobs_per_group,
-        period=period,
-        grants=sum(log.grants for log in logs),
         handovers=len(latencies),
         seconds=elapsed,
         p50_ms=percentile(latencies, 50),

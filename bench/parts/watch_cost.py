@@ -20,7 +20,6 @@ SETTLE_SECONDS = 2.0
 @dataclass
 class WatchCost:
     groups: int
-    seconds: float
     # Cores each process kept busy: with every group's holder watching, and with none.
     watched: dict[str, float]
     unwatched: dict[str, float]
@@ -48,4 +47,4 @@ async def measure_watch_cost(
         await bounded([job.yield_ for job in jobs])
         unwatched = await _cores(processes, seconds)
         await bounded([job.leave for job in jobs])
-    return WatchCost(groups, seconds, watched, unwatched)
+    return WatchCost(groups, watched, unwatched)

@@ -67,7 +67,3 @@ async def count_events(
 async def window_events(client: Client, result: LoadResult) -> Counter[str]:
     """Events the load's groups wrote between the window's start and end."""
     return await count_events(client, result.group_names, event_name, result.window)
-
-
-def workflow_tasks(counts: Counter[str]) -> int:
-    return counts["WORKFLOW_TASK_COMPLETED"]
