@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from timeshare.scheduling.state import JobEntry, StoredGrant, StoredSwitch, Waiter
+from timeshare.scheduling.state import JobEntry, StoredGrant, StoredSwitch, StoredTurn, Waiter
 
 # The backend that moves a job's state only through the job's own workload
 # hooks (activities/backends/app.py): nothing can be checkpointed without them.
@@ -56,3 +56,14 @@ def eviction_reason(grace_seconds: float) -> str:
         "job's request, and its node's backend (workload hooks alone) cannot "
         "checkpoint it without its consent"
     )
+
+
+def delay_caused(asked_at: float, granted_at: float, turns: Iterable[StoredTurn]) -> float:
+    """Seconds of a regular job's wait, from its ask to its grant, during
+    which a backfill job held the turn."""
+    delay = 0.0
+    for turn in turns:
+        if turn.backfill:
+            released = turn.released_at or granted_at
+            delay += max(0.0, min(released, granted_at) - max(turn.granted_at, asked_at))
+    return delay

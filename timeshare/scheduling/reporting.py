@@ -33,6 +33,10 @@ class GroupSummary:
     # Attempts of the switch failing now, and their last cause (0: none fails).
     failing_attempts: int = 0
     failing_cause: str = ""
+    # The group's backfill totals (GroupState), for the backfill gauges.
+    backfill_busy_seconds: float = 0.0
+    backfill_preemptions: int = 0
+    backfill_delay_seconds: float = 0.0
 
 
 class Reporting(QueueBase):
@@ -67,6 +71,9 @@ class Reporting(QueueBase):
             resident=tuple(sorted(s.resident.items())),
             failing_attempts=s.failing.attempts if s.failing and s.degraded_cause else 0,
             failing_cause=s.failing.cause if s.failing and s.degraded_cause else "",
+            backfill_busy_seconds=s.backfill_busy_seconds,
+            backfill_preemptions=s.backfill_preemptions,
+            backfill_delay_seconds=s.backfill_delay_seconds,
         )
 
     def _queue_in_grant_order(self, now: float) -> list[str]:
