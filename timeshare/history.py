@@ -26,8 +26,6 @@ class TurnRecord(BaseModel):
     ended_by: str = ""
     # What the job said it would do with the turn.
     phase: str = ""
-    # Whether the job ran as backfill.
-    backfill: bool = False
 
 
 class SwitchRecord(BaseModel):
