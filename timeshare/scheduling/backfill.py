@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from timeshare.scheduling.state import JobEntry, StoredGrant, StoredSwitch, StoredTurn, Waiter
+from timeshare.scheduling.state import JobEntry, StoredGrant, StoredSwitch, Waiter
 
 # The backend that moves a job's state only through the job's own workload
 # hooks (activities/backends/app.py): nothing can be checkpointed without them.
@@ -58,12 +58,10 @@ def eviction_reason(grace_seconds: float) -> str:
     )
 
 
-def delay_caused(asked_at: float, granted_at: float, turns: Iterable[StoredTurn]) -> float:
-    """Seconds of a regular job's wait, from its ask to its grant, during
-    which a backfill job held the turn."""
-    delay = 0.0
-    for turn in turns:
-        if turn.backfill:
-            released = turn.released_at or granted_at
-            delay += max(0.0, min(released, granted_at) - max(turn.granted_at, asked_at))
-    return delay
+def delay_caused(
+    held_from: float, now: float, waiters: Iterable[Waiter], jobs: Mapping[str, JobEntry]
+) -> float:
+    """Seconds regular jobs waited while a backfill job held the turn from
+    ``held_from`` to ``now``: each regular waiter's wait within that time."""
+    regular = [w for w in waiters if w.job in jobs and not jobs[w.job].backfill]
+    return sum(max(0.0, now - max(held_from, w.since)) for w in regular)

@@ -124,7 +124,6 @@ class StoredTurn(StoredModel):
     switch_seconds: float = 0.0
     ended_by: str = ""
     phase: str = ""
-    backfill: bool = False
 
     def as_record(self) -> TurnRecord:
         return self.public(TurnRecord)

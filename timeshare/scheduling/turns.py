@@ -180,14 +180,7 @@ class Turns(QueueBase):
         turn.granted_at, turn.phase = now, phase
         turn.waited_seconds = turn.switch_seconds = 0.0
         self.state.recent_turns.append(
-            StoredTurn(
-                job=job,
-                epoch=epoch,
-                requested_at=now,
-                granted_at=now,
-                phase=phase,
-                backfill=self.state.jobs[job].backfill,
-            )
+            StoredTurn(job=job, epoch=epoch, requested_at=now, granted_at=now, phase=phase)
         )
         del self.state.recent_turns[:-HISTORY_TURNS]
         if passed_on and not turn.kept_past_others_at:
@@ -287,6 +280,9 @@ class Turns(QueueBase):
         entry.share_seconds += held / entry.weight
         if entry.backfill:
             self.state.backfill_busy_seconds += held
+            self.state.backfill_delay_seconds += backfill.delay_caused(
+                turn.granted_at, now, self.state.queue, self.state.jobs
+            )
         return held
 
     def _end_turn(self, turn: StoredGrant, now: float, ended_by: str) -> None:
@@ -328,10 +324,6 @@ class Turns(QueueBase):
         entry = self.state.jobs[waiter.job]
         entry.turns += 1
         entry.waited_seconds += waited
-        if not entry.backfill:
-            self.state.backfill_delay_seconds += backfill.delay_caused(
-                waiter.since, now, self.state.recent_turns
-            )
         entry.preempted = False
         restored_ahead, entry.restored_ahead = entry.restored_ahead, False
         after_switch = switched is not None and switched[0] == waiter.ticket
@@ -357,7 +349,6 @@ class Turns(QueueBase):
                 granted_at=now,
                 switch_seconds=switch_seconds,
                 phase=waiter.phase,
-                backfill=entry.backfill,
             )
         )
         del self.state.recent_turns[:-HISTORY_TURNS]
