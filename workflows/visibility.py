@@ -10,6 +10,7 @@ from temporalio.common import MetricGauge, SearchAttributeKey, SearchAttributeUp
 
 with workflow.unsafe.imports_passed_through():
     from timeshare.scheduling.reporting import GroupSummary
+    from timeshare.workflows.backfill_gauges import BackfillGauges
     from timeshare.workflows.ui_text import current_details
 
 HOLDER = SearchAttributeKey.for_keyword("TimeshareHolder")
@@ -55,6 +56,7 @@ class GroupVisibility:
         self._switch_failing: MetricGauge | None = None
         # The cause whose series shows the attempts of the switch failing now.
         self._failing_shown: tuple[str, int] = ("", 0)
+        self._backfill = BackfillGauges()
 
     def publish(self, summary: GroupSummary, yield_epoch: int | None = None) -> None:
         """``yield_epoch`` None: a group from before yield requests were
@@ -82,6 +84,7 @@ class GroupVisibility:
             self._queue_depth.set(len(summary.queue))
             self._published = shown
         self._show_switch_failing(summary)
+        self._backfill.publish(summary)
         workflow.set_current_details(current_details(summary))
 
     def _show_switch_failing(self, summary: GroupSummary) -> None:

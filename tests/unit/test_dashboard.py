@@ -47,6 +47,9 @@ METRICS = (
     Metric("timeshare.bytes.moved", "counter", "bytes", "group node"),
     Metric("timeshare.gpu.utilization", "gauge", "", "node gpu"),
     Metric("timeshare.gpu.memory.used", "gauge", "bytes", "node gpu"),
+    Metric("timeshare.backfill.busy_seconds", "gauge", "", "group"),
+    Metric("timeshare.backfill.preemptions", "gauge", "", "group"),
+    Metric("timeshare.backfill.delay_seconds", "gauge", "", "group"),
 )
 LABELS = {series: metric.labels for metric in METRICS for series in metric.series()}
 SERIES = re.compile(r"\btimeshare_[a-z0-9_]+")
@@ -126,3 +129,11 @@ def test_panels_use_the_datasource_and_group_variables() -> None:
 def test_the_checker_catches_a_wrong_expression(wrong: str) -> None:
     with pytest.raises(AssertionError):
         check_expression(wrong, {"group"})
+
+
+def test_the_metrics_listed_are_those_the_scheduler_makes() -> None:
+    """The backfill gauges' names here are the ones the workflow creates."""
+    from timeshare.workflows.backfill_gauges import GAUGES
+
+    listed = {metric.name for metric in METRICS if metric.name.startswith("timeshare.backfill.")}
+    assert listed == set(GAUGES)

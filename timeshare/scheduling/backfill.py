@@ -56,3 +56,12 @@ def eviction_reason(grace_seconds: float) -> str:
         "job's request, and its node's backend (workload hooks alone) cannot "
         "checkpoint it without its consent"
     )
+
+
+def delay_caused(
+    held_from: float, now: float, waiters: Iterable[Waiter], jobs: Mapping[str, JobEntry]
+) -> float:
+    """Seconds regular jobs waited while a backfill job held the turn from
+    ``held_from`` to ``now``: each regular waiter's wait within that time."""
+    regular = [w for w in waiters if w.job in jobs and not jobs[w.job].backfill]
+    return sum(max(0.0, now - max(held_from, w.since)) for w in regular)

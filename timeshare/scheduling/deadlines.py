@@ -53,6 +53,7 @@ class Deadlines(QueueBase):
             if entry.backfill and backfill.moved_only_by_hooks(entry, self.state.recent_switches):
                 reason = backfill.eviction_reason(self.state.policy.backfill_grace_seconds)
                 self.evict(turn.job, reason, now)
+                self.state.backfill_preemptions += 1
                 done.append(f"evicted backfill job {turn.job}: {reason}")
                 return done
             self._preempt(turn, now)
@@ -180,6 +181,7 @@ class Deadlines(QueueBase):
         self.state.turn = None
         self.state.since = now
         self.state.preemptions += 1
+        self.state.backfill_preemptions += entry.backfill
         self.state.queue.append(
             Waiter(
                 job=turn.job,

@@ -35,6 +35,10 @@ class GroupSummary:
     failing_cause: str = ""
     # The group's backfill jobs, which go only while no regular job holds or waits.
     backfill: tuple[str, ...] = ()
+    # The group's backfill totals (GroupState), for the backfill gauges.
+    backfill_busy_seconds: float = 0.0
+    backfill_preemptions: int = 0
+    backfill_delay_seconds: float = 0.0
 
 
 class Reporting(QueueBase):
@@ -70,6 +74,9 @@ class Reporting(QueueBase):
             failing_attempts=s.failing.attempts if s.failing and s.degraded_cause else 0,
             failing_cause=s.failing.cause if s.failing and s.degraded_cause else "",
             backfill=tuple(sorted(job for job, entry in s.jobs.items() if entry.backfill)),
+            backfill_busy_seconds=s.backfill_busy_seconds,
+            backfill_preemptions=s.backfill_preemptions,
+            backfill_delay_seconds=s.backfill_delay_seconds,
         )
 
     def _queue_in_grant_order(self, now: float) -> list[str]:

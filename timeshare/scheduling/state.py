@@ -284,6 +284,11 @@ class GroupState(StoredModel):
     switch_seconds_total: float = 0.0
     preemptions: int = 0
     evictions: int = 0
+    # Backfill jobs' GPU time, their preemptions, and the seconds regular
+    # jobs waited while a backfill job held the turn (all since the group began).
+    backfill_busy_seconds: float = 0.0
+    backfill_preemptions: int = 0
+    backfill_delay_seconds: float = 0.0
     # How many times the workflow has continued as new with this state.
     runs: int = 1
     # When the turn, a switch or an outage last began or ended.

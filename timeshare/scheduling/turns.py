@@ -278,6 +278,11 @@ class Turns(QueueBase):
         entry = self.state.jobs[job]
         entry.held_seconds += held
         entry.share_seconds += held / entry.weight
+        if entry.backfill:
+            self.state.backfill_busy_seconds += held
+            self.state.backfill_delay_seconds += backfill.delay_caused(
+                turn.granted_at, now, self.state.queue, self.state.jobs
+            )
         return held
 
     def _end_turn(self, turn: StoredGrant, now: float, ended_by: str) -> None:
