@@ -199,6 +199,7 @@ class JobRef:
     lease_seconds: float = 30.0
     epoch: int | None = None
     idle_lease_seconds: float = 0.0
+    backfill: bool = False
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -246,8 +247,9 @@ class JobRef:
 
     def watch_request(self, turn: Turn) -> pb.WatchTurnRequest:
         return pb.WatchTurnRequest(
-            group=self.group, job=self.job, job_token=self.token, epoch=turn.epoch
-        )
+            group=self.group, job=self.job, job_token=self.token, epoch=turn.epoch,
+            backfill=self.backfill,
+        )  # fmt: skip
 
     def keep_turn_request(self, phase: str = "") -> pb.KeepTurnRequest:
         if self.epoch is None:
@@ -330,6 +332,7 @@ def job_ref(request: pb.JoinRequest, response: pb.JoinResponse) -> JobRef:
         nodes=list(response.nodes),
         lease_seconds=response.lease_seconds or 30.0,
         idle_lease_seconds=response.idle_lease_seconds,
+        backfill=request.backfill,
     )
 
 

@@ -349,11 +349,16 @@ class WatchTurnRequest(_message.Message):
     JOB_FIELD_NUMBER: _builtins.int
     JOB_TOKEN_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    BACKFILL_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     job: _builtins.str
     job_token: _builtins.str
     epoch: _builtins.int
     """The epoch of the turn watched (from AcquireResponse)."""
+    backfill: _builtins.bool
+    """The job joined as backfill: its turn is watched closely, so that it hears a
+    regular job's request well within the group's backfill grace.
+    """
     def __init__(
         self,
         *,
@@ -361,10 +366,11 @@ class WatchTurnRequest(_message.Message):
         job: _builtins.str = ...,
         job_token: _builtins.str = ...,
         epoch: _builtins.int = ...,
+        backfill: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "group", b"group", "job", b"job", "job_token", b"job_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backfill", b"backfill", "epoch", b"epoch", "group", b"group", "job", b"job", "job_token", b"job_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

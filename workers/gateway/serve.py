@@ -189,7 +189,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
             )
             await context.abort(code, str(error))
         try:
-            async for notice in self._watches.notices(group, job, request.epoch):
+            async for notice in self._watches.notices(group, job, request.epoch, request.backfill):
                 yield notice
         except GroupNotFound:
             await context.abort(

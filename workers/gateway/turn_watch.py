@@ -36,9 +36,9 @@ from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH, YIELD_EPOCH_MEMO
 # in a group whose policy can ask (a turn limit, preemption by priority).
 POLL_SECONDS = 0.25
 # In any other group a watch only tells the holder that others wait, so
-# that it renews its lease, and a backfill holder that a regular job asks:
-# polled this often, or a sixth of the lease, or a quarter of the backfill
-# grace, whichever is sooner.
+# that it renews its lease: polled this often, or a sixth of the lease,
+# whichever is sooner; but every POLL_SECONDS while a backfill job's turn is
+# watched (it must hear a regular job's request well within its grace).
 SLOW_POLL_SECONDS = 5.0
 # Groups whose poll interval a gateway remembers (their policies are fixed).
 REMEMBERED_GROUPS = 10_000
@@ -56,10 +56,7 @@ def poll_seconds(policy: GroupPolicy) -> float:
     asks = policy.max_turn_seconds > 0 or policy.preempt_lower_after_seconds > 0
     if asks:
         return POLL_SECONDS
-    # A backfill holder (any group may have one) hears the request to yield
-    # well within its grace.
-    slow = min(SLOW_POLL_SECONDS, policy.lease_seconds / 6, policy.backfill_grace_seconds / 4)
-    return max(POLL_SECONDS, slow)
+    return max(POLL_SECONDS, min(SLOW_POLL_SECONDS, policy.lease_seconds / 6))
 
 
 @dataclass(frozen=True)
@@ -80,13 +77,19 @@ class GroupPoller:
 
     def __init__(self, client: Client, group: str, every: float = POLL_SECONDS) -> None:
         self._handle = client.get_workflow_handle(group_workflow_id(group))
-        self.every = every
+        self.policy_every = every
+        # Watches of a backfill job's turn: while any runs, POLL_SECONDS.
+        self.backfill_watchers = 0
         self.facts = GroupFacts()
         self.version = 0
         self.error: BaseException | None = None
         self.watchers = 0
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def every(self) -> float:
+        return POLL_SECONDS if self.backfill_watchers else self.policy_every
 
     def start(self) -> bool:
         """Start polling unless it runs; whether this call started it. The
@@ -117,8 +120,15 @@ class GroupPoller:
         )
 
     async def _poll(self) -> None:
+        clock = asyncio.get_running_loop().time
+        last = clock()
         while True:
-            await asyncio.sleep(self.every)
+            # Woken often (no call made) so that a backfill watch that starts
+            # meanwhile is served at its pace from then on.
+            await asyncio.sleep(POLL_SECONDS)
+            if clock() - last < self.every:
+                continue
+            last = clock()
             try:
                 facts, error = await self.read(), None
             except RPCError as failure:
@@ -172,7 +182,9 @@ class TurnWatches:
         return every
 
     @contextlib.asynccontextmanager
-    async def polling(self, group: str) -> AsyncIterator[tuple[GroupPoller, bool]]:
+    async def polling(
+        self, group: str, backfill: bool = False
+    ) -> AsyncIterator[tuple[GroupPoller, bool]]:
         """The group's poller, and whether this watch started it."""
         poller = self._pollers.get(group)
         if poller is None:
@@ -180,22 +192,24 @@ class TurnWatches:
             poller = self._pollers.get(group) or GroupPoller(self._client, group, every)
             self._pollers[group] = poller
         poller.watchers += 1
+        poller.backfill_watchers += backfill
         started = poller.start()
         try:
             yield poller, started
         finally:
             poller.watchers -= 1
+            poller.backfill_watchers -= backfill
             if poller.watchers == 0:
                 del self._pollers[group]
                 await poller.stop()
 
     async def notices(
-        self, group: str, job: str, epoch: int
+        self, group: str, job: str, epoch: int, backfill: bool = False
     ) -> AsyncGenerator[pb.TurnNotice, None]:
         """The watch of one turn: a notice at once, then on every change and at
         least every KEEPALIVE_SECONDS. Raises GroupNotFound for a group that
         does not run."""
-        async with self.polling(group) as (poller, started):
+        async with self.polling(group, backfill) as (poller, started):
             # The first notice is read fresh: a new turn must not be told of
             # the previous one's facts. A poller this watch started reads a
             # period later, so this one read serves both.

@@ -1,0 +1,41 @@
+"""How often a turn watch is polled: a group's regular turns at its policy's
+pace (a backfill grace costs groups without backfill jobs nothing), a backfill
+job's turn closely, from the watch request the client sends."""
+
+from __future__ import annotations
+
+from timeshare import _protocol as protocol
+from timeshare.models import GroupPolicy
+from timeshare.v1 import timeshare_pb2 as pb
+from timeshare.workers.gateway import turn_watch
+from timeshare.workers.gateway.turn_watch import GroupPoller
+
+
+class NoClient:
+    def get_workflow_handle(self, workflow_id: str) -> None:
+        return None
+
+
+def test_a_groups_poll_pace_does_not_follow_the_backfill_grace() -> None:
+    assert turn_watch.poll_seconds(GroupPolicy()) == turn_watch.SLOW_POLL_SECONDS
+    assert turn_watch.poll_seconds(GroupPolicy(backfill_grace_seconds=1.0)) == (
+        turn_watch.SLOW_POLL_SECONDS
+    )
+
+
+def test_a_backfill_turn_is_polled_closely_while_it_is_watched() -> None:
+    poller = GroupPoller(NoClient(), "g", every=5.0)  # type: ignore[arg-type]
+    assert poller.every == 5.0
+    poller.backfill_watchers += 1
+    assert poller.every == turn_watch.POLL_SECONDS
+    poller.backfill_watchers -= 1
+    assert poller.every == 5.0
+
+
+def test_a_backfill_jobs_watch_request_says_so() -> None:
+    for backfill in (True, False):
+        join = protocol.join_request("g", "b", None, None, 1.0, 0, backfill)
+        job = protocol.job_ref(join, pb.JoinResponse(job_token="t", nodes=["n"]))
+        turn = protocol.Turn(epoch=3, ticket=1, waited_seconds=0, switch_seconds=0,
+                             granted_at=0, phase="")  # fmt: skip
+        assert job.watch_request(turn).backfill is backfill
