@@ -3,11 +3,14 @@ Job tokens here are simply "hash-<job>"."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
+from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
+from temporalio.worker import Worker
 
 from tests.conftest import SimNodes
 from tests.polling import wait_until_async
@@ -24,7 +27,9 @@ from timeshare.models import (
 )
 from timeshare.names import group_workflow_id
 from timeshare.workers.gateway.group_client import acquire_turn, join_group
-from timeshare.workflows.group import GroupWorkflow
+from timeshare.workers.scheduler.data_converter import DATA_CONVERTER
+from timeshare.workflows.group import GroupInput, GroupWorkflow
+from timeshare.workflows.sandbox import workflow_runner
 
 Handle = WorkflowHandle[GroupWorkflow, None]
 
@@ -101,3 +106,26 @@ async def eventually(
         return status if check(status) else None
 
     return await wait_until_async(holding, "the group's status to hold", seconds, every=0.1)
+
+
+@contextlib.asynccontextmanager
+async def metered_group(
+    client: Client, buffer: MetricBuffer, group: str, policy: GroupPolicy, queue: str
+) -> AsyncIterator[Handle]:
+    """A group run by a scheduler worker of the test's own (its own task queue
+    and runtime), whose metrics land in ``buffer``; terminated at the end."""
+    runtime = Runtime(telemetry=TelemetryConfig(metrics=buffer))
+    own = await Client.connect(
+        client.service_client.config.target_host, data_converter=DATA_CONVERTER, runtime=runtime
+    )
+    async with Worker(
+        own, task_queue=queue, workflows=[GroupWorkflow], workflow_runner=workflow_runner()
+    ):
+        handle = await own.start_workflow(
+            GroupWorkflow.run,
+            GroupInput(group=group, policy=policy),
+            id=group_workflow_id(group),
+            task_queue=queue,
+        )
+        yield handle
+        await handle.terminate()

@@ -8,17 +8,13 @@ from __future__ import annotations
 import asyncio
 
 from temporalio.client import Client
-from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
-from temporalio.worker import Worker
+from temporalio.runtime import MetricBuffer
 
 from tests.conftest import SimNodes
-from tests.groups import acquire, release
+from tests.groups import acquire, metered_group, release
 from timeshare.models import GroupPolicy, JoinInput
-from timeshare.names import group_workflow_id
-from timeshare.workers.scheduler.data_converter import DATA_CONVERTER
 from timeshare.workflows.backfill_gauges import GAUGES
-from timeshare.workflows.group import GroupInput, GroupWorkflow
-from timeshare.workflows.sandbox import workflow_runner
+from timeshare.workflows.group import GroupWorkflow
 
 GRACE = 0.5
 
@@ -27,22 +23,10 @@ async def test_a_preempted_backfill_job_shows_in_the_backfill_gauges(
     client: Client, sim_nodes: SimNodes, unique: str
 ) -> None:
     buffer = MetricBuffer(10_000)
-    runtime = Runtime(telemetry=TelemetryConfig(metrics=buffer))
-    own = await Client.connect(
-        client.service_client.config.target_host, data_converter=DATA_CONVERTER, runtime=runtime
-    )
     node, group, queue = f"n-{unique}", f"metered-{unique}", f"scheduler-{unique}"
     await sim_nodes.start(node)
     policy = GroupPolicy(backfill_grace_seconds=GRACE, co_residency="off")
-    async with Worker(
-        own, task_queue=queue, workflows=[GroupWorkflow], workflow_runner=workflow_runner()
-    ):
-        handle = await own.start_workflow(
-            GroupWorkflow.run,
-            GroupInput(group=group, policy=policy),
-            id=group_workflow_id(group),
-            task_queue=queue,
-        )
+    async with metered_group(client, buffer, group, policy, queue) as handle:
         for job, backfill in (("bf", True), ("a", False)):
             joined = JoinInput(job=job, nodes=[node], token_hash=f"hash-{job}", backfill=backfill)
             await handle.execute_update(GroupWorkflow.join, joined)
@@ -52,7 +36,6 @@ async def test_a_preempted_backfill_job_shows_in_the_backfill_gauges(
         await release(handle, "a", grant.epoch)
         status = await handle.query(GroupWorkflow.status)
         assert status.preemptions == 1
-        await handle.terminate()
     last: dict[str, float] = {}
     for update in buffer.retrieve_updates():
         if update.metric.name in GAUGES and dict(update.attributes).get("group") == group:

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import Client
-from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
+from temporalio.runtime import MetricBuffer
 from temporalio.worker import Worker
 
 import timeshare
 import timeshare.aio
 from tests.conftest import SimNodes
-from tests.groups import acquire, release
+from tests.groups import acquire, metered_group, release
 from tests.polling import wait_until_async
 from timeshare.activities.backends.base import BackendConfig
 from timeshare.activities.backends.cuda_driver import CudaDriverBackend
@@ -31,10 +31,8 @@ from timeshare.gpu_check import emulator
 from timeshare.gpu_check.emulator import CHECKPOINTED, RUNNING
 from timeshare.gpu_check.emulator.rig import CudaWorker, Emulator, nvml_device_memory, start_worker
 from timeshare.models import GroupPolicy, JoinInput
-from timeshare.names import group_workflow_id, node_task_queue
-from timeshare.workers.scheduler.data_converter import DATA_CONVERTER
-from timeshare.workflows.group import GroupInput, GroupWorkflow
-from timeshare.workflows.sandbox import workflow_runner
+from timeshare.names import node_task_queue
+from timeshare.workflows.group import GroupWorkflow
 
 MiB = 2**20
 GIVE_UP_SECONDS = 3.0
@@ -144,24 +142,10 @@ async def test_a_failing_switch_shows_its_cause_and_attempts_in_a_metric(
     by cause, back to 0 once the switch stops failing. Read from the metrics of
     a scheduler worker of this test's own (its own task queue)."""
     buffer = MetricBuffer(10_000)
-    runtime = Runtime(telemetry=TelemetryConfig(metrics=buffer))
-    own = await Client.connect(
-        client.service_client.config.target_host,
-        data_converter=DATA_CONVERTER,
-        runtime=runtime,
-    )
     node, group, queue = f"n-{unique}", f"metered-{unique}", f"scheduler-{unique}"
     backend = await sim_nodes.start(node)
     policy = GroupPolicy(prefetch="off", switch_give_up_seconds=GIVE_UP_SECONDS)
-    async with Worker(
-        own, task_queue=queue, workflows=[GroupWorkflow], workflow_runner=workflow_runner()
-    ):
-        handle = await own.start_workflow(
-            GroupWorkflow.run,
-            GroupInput(group=group, policy=policy),
-            id=group_workflow_id(group),
-            task_queue=queue,
-        )
+    async with metered_group(client, buffer, group, policy, queue) as handle:
         for job in ("a", "b"):
             await handle.execute_update(
                 GroupWorkflow.join, JoinInput(job=job, nodes=[node], token_hash=f"hash-{job}")
@@ -174,7 +158,6 @@ async def test_a_failing_switch_shows_its_cause_and_attempts_in_a_metric(
         assert (await acquire(handle, "b")).job == "b"
         status = await handle.query(GroupWorkflow.status)
         assert [job.job for job in status.jobs] == ["b"] and status.evictions == 1
-        await handle.terminate()
     points = [
         (update.value, dict(update.attributes))
         for update in buffer.retrieve_updates()
