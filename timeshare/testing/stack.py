@@ -87,6 +87,9 @@ class LocalStack:
     agent_env: dict[str, str] = field(default_factory=dict)
     # Passed to every agent after the others (--call-timeout=..., say).
     agent_options: list[str] = field(default_factory=list)
+    # Likewise for every gateway (--llmd-compat, say), and set in its environment.
+    gateway_options: list[str] = field(default_factory=list)
+    gateway_env: dict[str, str] = field(default_factory=dict)
     # Each group's simulated GPUs per node (sim backend).
     sim_gpus: int = 1
     more_gateway_ports: list[int] = field(default_factory=list)
@@ -179,7 +182,9 @@ class LocalStack:
             ),
             **{part: timeshare_command("scheduler", *common) for part in self.scheduler_parts},
             **{
-                part: timeshare_command("gateway", *common, f"--listen={address}")
+                part: timeshare_command(
+                    "gateway", *common, f"--listen={address}", *self.gateway_options
+                )
                 for part, address in zip(self.gateway_parts, self.addresses, strict=True)
             },
             **{self.agent(node): self._agent_command(node) for node in self.nodes},
@@ -202,7 +207,13 @@ class LocalStack:
         """Start one part (again) and wait until it says it is ready."""
         log_path = self.workdir / f"{name}.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
-        env = self.agent_env if name in self.agents else None
+        env = (
+            self.agent_env
+            if name in self.agents
+            else self.gateway_env
+            if name in self.gateway_parts
+            else None
+        )
         if name in self.agents and self.device_dir is not None:
             self.device_dir.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as log:
