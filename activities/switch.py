@@ -79,6 +79,12 @@ class SwitchActivities:
         # Jobs that left while another job of their group held the device here,
         # co-residency off: their state waits in host memory for the GPU to be free.
         self._parked_leavers: defaultdict[str, set[str]] = defaultdict(set)
+        # Per (group, job), the latest membership (incarnation) a switch here
+        # named, and the one whose release last ran here: a job may leave and
+        # join again while its release is on its way, and a late release must
+        # not let go of the processes of the job that is back.
+        self._member_incarnation: dict[tuple[str, str], int] = {}
+        self._released_incarnation: dict[tuple[str, str], int] = {}
 
     @activity.defn(name="switch")
     async def switch(self, input: SwitchInput) -> SwitchOutput:
@@ -144,6 +150,7 @@ class SwitchActivities:
         if move.admit:
             # Admitted: a member again, whatever it did before.
             self.processes.mark_released(group, move.admit, False)
+        self._note_members(group, input.incarnations)
         if input.phase == "quiesce":
             return await self._quiesce(input, started)
         shared = input.co_residency == "auto" and self.backend.co_residency()
@@ -260,6 +267,15 @@ class SwitchActivities:
         # a checkpoint of them is a no-op, and never co-residency.
         return RoomPlan(evict=room.evict + [j for j in others if j not in seen], keep=room.keep)
 
+    def _note_members(self, group: str, incarnations: dict[str, int]) -> None:
+        """Jobs the scheduler names as members: one whose earlier membership
+        was released here is the group's again (its processes are switched)."""
+        for job, incarnation in incarnations.items():
+            key = (group, job)
+            self._member_incarnation[key] = max(self._member_incarnation.get(key, 0), incarnation)
+            if incarnation > self._released_incarnation.get(key, 0):
+                self.processes.mark_released(group, job, False)
+
     def _mode(self, group: str, job: str) -> EvictMode:
         return self.backend.evict_mode(group, job) or "offload"
 
@@ -268,16 +284,30 @@ class SwitchActivities:
         """The job left its group (leave, eviction, lease, exit): its
         processes here run again, never left stopped without an owner."""
         async with _heartbeating():
-            return await self.release_job(input.group, input.job, input.gpus, input.reason)
+            return await self.release_job(
+                input.group, input.job, input.gpus, input.reason, input.incarnation
+            )
 
     async def release_job(
-        self, group: str, job: str, gpus: list[int] | None = None, reason: str = ""
+        self,
+        group: str,
+        job: str,
+        gpus: list[int] | None = None,
+        reason: str = "",
+        incarnation: int = 0,
     ) -> ReleaseOutput:
+        """``incarnation``: the membership that ended (0: whichever is here)."""
         if gpus is not None:
             self._claims[group] = list(gpus)
         async with self._these_gpus(group):
             if gpus is not None:
                 self.backend.place(group, gpus)
+            if incarnation and self._member_incarnation.get((group, job), 0) > incarnation:
+                return self._release_too_late(group, job, incarnation)
+            key = (group, job)
+            self._released_incarnation[key] = max(
+                self._released_incarnation.get(key, 0), incarnation
+            )
             # Marked first: no switch freezes it again from here on.
             self.processes.mark_released(group, job)
             holder = self._admitted.get(group)
@@ -312,6 +342,14 @@ class SwitchActivities:
             except Exception as error:  # the claim is pruned at the next conflicting join
                 log.warning("after releasing %s/%s: %s", group, job, error)
         return output
+
+    def _release_too_late(self, group: str, job: str, incarnation: int) -> ReleaseOutput:
+        summary = (
+            f"job {group}/{job} not released on node {self.node}: it joined its group again "
+            f"after the membership this release was for ({incarnation}) ended"
+        )
+        log.info("%s", summary)
+        return ReleaseOutput(node=self.node, job=job, summary=summary)
 
     async def _restore_parked_leavers(self, group: str) -> None:
         """The group's GPUs here are free: jobs that left while another held

@@ -315,6 +315,10 @@ class SwitchInput(BaseModel):
     phase: SwitchPhase = "switch"
     # The GPUs the group's policy claims on each node (empty: all).
     gpus: list[int] = Field(default_factory=list)
+    # The membership (incarnation) of each member job the move names: a job
+    # that left and joined again is a member again, whatever the release of
+    # its earlier membership does or did.
+    incarnations: dict[str, int] = Field(default_factory=dict)
 
 
 # Failure types of the switch activity. The workflow tells a failed restore
@@ -371,6 +375,10 @@ class ReleaseInput(BaseModel):
     job: str
     reason: str = ""
     gpus: list[int] = Field(default_factory=list)
+    # The membership of the job that ended (0: any; a scheduler from before
+    # memberships were counted): an agent that has seen a later one since
+    # (SwitchInput.incarnations) leaves the job's processes to it.
+    incarnation: int = 0
 
 
 class ReleaseOutput(BaseModel):

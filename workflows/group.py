@@ -205,23 +205,23 @@ class GroupWorkflow:
 
     # -- what the core asks for ---------------------------------------------------
 
-    def _start_releases(self, releases: tuple[tuple[str, str], ...]) -> None:
+    def _start_releases(self, releases: tuple[cmd.Release, ...]) -> None:
         """In the background: a node that is down must not hold up the queue."""
         workflow.deprecate_patch(patches.RELEASE_LEFT_JOBS)
-        for job, node in releases:
-            task = asyncio.create_task(self._release(job, node))
+        for release in releases:
+            task = asyncio.create_task(self._release(release))
             self._release_tasks.add(task)
             task.add_done_callback(self._release_tasks.discard)
 
-    async def _release(self, job: str, node: str) -> None:
+    async def _release(self, release: cmd.Release) -> None:
         try:
-            await node_calls.release(self._core.state, job, node)
+            await node_calls.release(self._core.state, release)
         finally:
             # A run torn down (evicted from the worker's cache) closes this
             # coroutine outside the workflow, where no workflow API answers and
             # nothing is left to record.
             if workflow.in_workflow():
-                ended = ev.ReleaseEnded(job=job, node=node)
+                ended = ev.ReleaseEnded(*release)
                 self._carry_out_now(self._core.handle(ended, self._now()))
 
     async def _attempt(self, plan: SwitchPlan) -> list[cmd.Command]:

@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
         SwitchPhase,
     )
     from timeshare.names import node_task_queue
+    from timeshare.scheduling.commands import Release
     from timeshare.scheduling.events import NodeFailed, NodeSwitched, SwitchAttempted
     from timeshare.scheduling.state import GroupState, StoredMove, StoredSwitch, SwitchPlan
 
@@ -128,6 +129,7 @@ async def _move(
                 co_residency=state.policy.co_residency,
                 phase=phase,
                 gpus=state.policy.gpus,
+                incarnations=_incarnations(state, move),
             ),
             result_type=SwitchOutput,
             **_on_node(move.node, agent_timeout),
@@ -149,9 +151,16 @@ def _failed(node: str, failure: ActivityError, agent_timeout: timedelta) -> Node
     return NodeFailed(node=node, cause=str(cause or failure), kind="other")
 
 
-async def release(state: GroupState, job: str, node: str) -> None:
+def _incarnations(state: GroupState, move: StoredMove) -> dict[str, int]:
+    """Of the member jobs the move names, which membership each is."""
+    named = [move.admit, *move.evict]
+    return {job: state.jobs[job].incarnation for job in named if job in state.jobs}
+
+
+async def release(state: GroupState, release: Release) -> None:
     """Ask the node's agent to let the job's processes go; a node that is
     down or refuses is logged (`timeshare forget` does the same by hand)."""
+    job, node = release.job, release.node
     agent_timeout = timedelta(seconds=state.policy.agent_timeout_seconds)
     try:
         output: ReleaseOutput = await workflow.execute_activity(
@@ -161,6 +170,7 @@ async def release(state: GroupState, job: str, node: str) -> None:
                 job=job,
                 reason=state.evicted_jobs.get(job, ""),
                 gpus=state.policy.gpus,
+                incarnation=release.incarnation,
             ),
             result_type=ReleaseOutput,
             **_on_node(node, agent_timeout),

@@ -6,6 +6,7 @@ decisions, checked here command by command."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import typing
 from pathlib import Path
 
@@ -127,7 +128,7 @@ def test_a_switch_failing_past_the_give_up_time_evicts_the_stuck_job_then_answer
     commands = group.handle(ev.SwitchAttempted([], [failed]), 6.5)
     # a's state could not leave for 5 s: a is evicted, released, and the
     # switch tried again at once.
-    assert commands[-2:] == [cmd.StartReleases((("a", NODE),)), attempt_of(commands)]
+    assert commands[-2:] == [cmd.StartReleases((cmd.Release("a", NODE, 1),)), attempt_of(commands)]
     assert "a" not in group.state.jobs
     commands = group.handle(ev.SwitchAttempted([], [failed]), 7.0)
     # Given up; a's release was started already.
@@ -148,11 +149,14 @@ def test_jobs_lost_for_good_or_whose_hooks_fail_are_evicted_and_released() -> No
     patches = [c.patch for c in commands if isinstance(c, cmd.MarkPatch)]
     assert patches == [EVICT_FAILED_JOBS, EVICT_FAILING_HOOKS]
     started = [c for c in commands if isinstance(c, cmd.StartReleases)]
-    assert started == [cmd.StartReleases((("b", NODE),)), cmd.StartReleases((("c", NODE),))]
+    assert started == [
+        cmd.StartReleases((cmd.Release("b", NODE, 2),)),
+        cmd.StartReleases((cmd.Release("c", NODE, 3),)),
+    ]
     assert set(group.state.jobs) == {"a"}
     assert "its workload hooks failed" in group.evicted_reason("c")
     assert group.evicted_reason("b") == "CUDA state FAILED"
-    group.handle(ev.ReleaseEnded("b", NODE), 2.0)
+    group.handle(ev.ReleaseEnded("b", NODE, 2), 2.0)
     assert group.state.releasing == {"c": [NODE]}
 
 
@@ -215,16 +219,41 @@ def test_the_core_says_when_to_look_again_and_a_heartbeat_asks_for_no_look() -> 
 def test_a_release_is_commanded_once_per_run_and_again_by_a_new_run() -> None:
     group = core()
     reply(group.handle(ev.Leave("a", "hash-a"), 1.0))
-    assert cmd.StartReleases((("a", NODE),)) in group.handle(ev.Tick(), 1.0)
+    assert cmd.StartReleases((cmd.Release("a", NODE, 1),)) in group.handle(ev.Tick(), 1.0)
     again = group.handle(ev.Tick(), 2.0)
     assert not any(isinstance(c, cmd.StartReleases) for c in again)
     assert not wake_of(again).at_once
     # The state carried into a new run still names the release: started again.
     carried = GroupState.model_validate(group.state.model_dump())
     restarted = GroupCore(carried).handle(ev.RunStarted(), 3.0)
-    assert restarted[0] == cmd.StartReleases((("a", NODE),))
-    ended = group.handle(ev.ReleaseEnded("a", NODE), 4.0)
+    assert restarted[0] == cmd.StartReleases((cmd.Release("a", NODE, 1),))
+    ended = group.handle(ev.ReleaseEnded("a", NODE, 1), 4.0)
     assert not group.state.releasing and ended == [wake_of(ended)] and not wake_of(ended).at_once
+
+
+def test_a_release_of_an_earlier_membership_never_ends_the_release_of_a_later_one() -> None:
+    """a leaves; while its agent still releases it, a joins again, is granted,
+    and leaves again. That membership's release is its own: the first one's
+    late end neither counts for it nor keeps it from being commanded."""
+    group = core(jobs=("a",))
+    reply(group.handle(ev.Leave("a", "hash-a"), 1.0))
+    (first,) = releases_in(group.handle(ev.Tick(), 1.0))
+    reply(group.handle(ev.Join("a", [NODE], "hash-a2"), 2.0))
+    reply(group.handle(ev.Acquire("a", "hash-a2", "a-2"), 2.0))
+    attempt_of(group.handle(ev.Tick(), 2.0))
+    group.handle(went_through(), 2.1)
+    assert group.state.turn is not None and group.state.turn.job == "a"
+    reply(group.handle(ev.Leave("a", "hash-a2"), 3.0))
+    (second,) = releases_in(group.handle(ev.Tick(), 3.0))
+    assert second != first
+    group.handle(ev.ReleaseEnded(*first), 4.0)
+    assert group.state.releasing == {"a": [NODE]}  # the later membership's is under way
+    group.handle(ev.ReleaseEnded(*second), 5.0)
+    assert not group.state.releasing
+
+
+def releases_in(commands: list[cmd.Command]) -> list[cmd.Release]:
+    return [release for c in commands if isinstance(c, cmd.StartReleases) for release in c.releases]
 
 
 def test_every_command_is_in_the_union_and_carried_out_by_the_workflow() -> None:
@@ -234,7 +263,9 @@ def test_every_command_is_in_the_union_and_carried_out_by_the_workflow() -> None
     defined = {
         value
         for value in vars(cmd).values()
-        if isinstance(value, type) and value.__module__ == cmd.__name__
+        if isinstance(value, type)
+        and value.__module__ == cmd.__name__
+        and dataclasses.is_dataclass(value)  # not what a command carries (Release)
     }
     assert set(typing.get_args(cmd.Command)) == defined
     source = (Path(__file__).parents[2] / "workflows" / "group.py").read_text()

@@ -59,7 +59,7 @@ class GroupMachine(RuleBasedStateMachine):
         self.attempt: SwitchPlan | None = None
         self.pause_until: float | None = None
         self.wake = cmd.Wake(at=None)
-        self.releases: list[tuple[str, str]] = []
+        self.releases: list[cmd.Release] = []
         # What each node's GPU really holds.
         self.device: dict[str, set[str]] = {}
         self.requests = 0
@@ -238,7 +238,7 @@ class GroupMachine(RuleBasedStateMachine):
         """Long enough for every release under way to end too."""
         self.advance(seconds)
         while self.releases:
-            self.end_release(*self.releases[0])
+            self.end_release(self.releases[0])
 
     def advance(self, seconds: float) -> None:
         """Time passes as the workflow lives it: an attempt under way goes
@@ -327,13 +327,13 @@ class GroupMachine(RuleBasedStateMachine):
     def release_ends(self, data: st.DataObject) -> None:
         if not self.releases:
             return
-        self.end_release(*data.draw(st.sampled_from(self.releases)))
+        self.end_release(data.draw(st.sampled_from(self.releases)))
 
-    def end_release(self, job: str, node: str) -> None:
+    def end_release(self, release: cmd.Release) -> None:
         """The agent lets the job's processes go: they run again where they
         are, no longer the group's (no switch stops them)."""
-        self.releases.remove((job, node))
-        self.handle(ev.ReleaseEnded(job, node))
+        self.releases.remove(release)
+        self.handle(ev.ReleaseEnded(*release))
         self.look_when_told()
 
     @rule()
@@ -431,11 +431,17 @@ class GroupMachine(RuleBasedStateMachine):
     @invariant()
     def every_release_is_commanded(self) -> None:
         """Once the core has settled, each node a job that left still holds
-        is being released."""
+        is being released, by a release of the membership that left (a job
+        that joined and left again while its last one was under way needs
+        one of its own)."""
         if not self.in_switch():
-            releasing = self.core.state.releasing
-            pairs = {(job, node) for job, nodes in releasing.items() for node in nodes}
-            assert pairs <= set(self.releases), (pairs, self.releases)
+            state = self.core.state
+            wanted = {
+                cmd.Release(job, node, state.releasing_incarnation.get(job, 0))
+                for job, nodes in state.releasing.items()
+                for node in nodes
+            }
+            assert wanted <= set(self.releases), (wanted, self.releases)
 
     @invariant()
     def no_waiter_is_lost(self) -> None:

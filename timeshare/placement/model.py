@@ -172,8 +172,8 @@ class GroupModel:
                 case cmd.Reply() | cmd.Log() | cmd.MarkPatch():
                     pass  # a job learns of its turn from the grant (_notice_grant)
                 case cmd.StartReleases(releases=releases):
-                    for job, node in releases:
-                        ended = ev.ReleaseEnded(job, node)
+                    for release in releases:
+                        ended = ev.ReleaseEnded(*release)
                         self._at(self.now + self.costs.message_seconds, self._event(ended))
                 case cmd.Wake(at=at, at_once=at_once):
                     self._wake(at, at_once)

@@ -6,7 +6,7 @@ left out)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from timeshare.scheduling.state import SwitchPlan
 
@@ -33,12 +33,22 @@ class MarkPatch:
     patch: str
 
 
+class Release(NamedTuple):
+    """Job ``job``, which left, on ``node``. ``incarnation`` names the
+    membership that ended: the job may join again while its agent still
+    releases it, and a release must not end, or act on, a later one."""
+
+    job: str
+    node: str
+    incarnation: int = 0
+
+
 @dataclass(frozen=True)
 class StartReleases:
-    """Ask these (job, node) agents to let the processes of a job that left
-    go, in the background; each tells the core with ReleaseEnded."""
+    """Ask these agents to let the processes of a job that left go, in the
+    background; each tells the core with ReleaseEnded."""
 
-    releases: tuple[tuple[str, str], ...]
+    releases: tuple[Release, ...]
 
 
 @dataclass(frozen=True)

@@ -153,10 +153,12 @@ class SwitchPaused:
 
 @dataclass(frozen=True)
 class ReleaseEnded:
-    """A node's agent let a job that left go (or could not be reached)."""
+    """A node's agent let a job that left go (or could not be reached);
+    ``incarnation`` as the Release that asked for it."""
 
     job: str
     node: str
+    incarnation: int = 0
 
 
 Message = Join | Acquire | CancelAcquire | Yield | KeepTurn | Heartbeat | Leave

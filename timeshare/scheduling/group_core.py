@@ -35,6 +35,7 @@ from timeshare.scheduling.commands import (
     Log,
     MarkPatch,
     PauseSwitch,
+    Release,
     Reply,
     StartReleases,
     Wake,
@@ -60,9 +61,9 @@ class GroupCore:
     def __init__(self, state: GroupState) -> None:
         self.queue = LockQueue(state)
         self._grants_at_start = state.grants
-        # (job, node) releases commanded in this run that have not ended: a
-        # new run (continue-as-new) commands again the ones its state carries.
-        self._releases_started: set[tuple[str, str]] = set()
+        # Releases commanded in this run that have not ended: a new run
+        # (continue-as-new) commands again the ones its state carries.
+        self._releases_started: set[Release] = set()
         self._handlers: dict[type[Any], Callable[[Any, float], list[Command]]] = {
             ev.Join: self._join,
             ev.Acquire: self._acquire,
@@ -282,10 +283,9 @@ class GroupCore:
         return [AttemptSwitch(plan)]
 
     def _release_ended(self, event: ev.ReleaseEnded, now: float) -> list[Command]:
-        self._releases_started.discard((event.job, event.node))
+        self._releases_started.discard(Release(event.job, event.node, event.incarnation))
         if event.job not in self.state.jobs:
-            self.queue.release_done(event.job, event.node)
-        # A job that left again since is released again.
+            self.queue.release_done(event.job, event.node, event.incarnation)
         return [self._wake(now)]
 
     # -- what follows ---------------------------------------------------------------
@@ -300,15 +300,18 @@ class GroupCore:
         self._releases_started.update(pending)
         return [StartReleases(pending)] if pending else []
 
-    def _releases_to_start(self) -> tuple[tuple[str, str], ...]:
-        """(job, node) for every node whose agent has yet to release a job
-        that left, and has not been asked to in this run."""
-        return tuple(
-            (job, node)
+    def _releases_to_start(self) -> tuple[Release, ...]:
+        """Every node whose agent has yet to release a job that left, and has
+        not been asked to in this run (for that incarnation of the job: one
+        that joined and left again while its last release was under way is
+        released again)."""
+        releasing = self.state.releasing_incarnation
+        wanted = (
+            Release(job, node, releasing.get(job, 0))
             for job, nodes in self.state.releasing.items()
             for node in nodes
-            if (job, node) not in self._releases_started
         )
+        return tuple(release for release in wanted if release not in self._releases_started)
 
     def _wake(self, now: float, at_once: bool = False) -> Wake:
         return Wake(at=self.queue.next_deadline(now), at_once=at_once or self._duty_due())

@@ -64,9 +64,12 @@ class Membership(QueueBase):
         self.state.evicted_jobs.pop(job, None)
         # Back before its agents let its processes go: they need not.
         self.state.releasing.pop(job, None)
+        self.state.releasing_incarnation.pop(job, None)
         entry = self.state.jobs.get(job)
         if entry is None:
+            self.state.incarnations += 1
             self.state.jobs[job] = JobEntry(
+                incarnation=self.state.incarnations,
                 nodes=list(nodes),
                 token_hash=token_hash,
                 joined_at=now,
@@ -141,13 +144,18 @@ class Membership(QueueBase):
             for move in plan.moves:
                 move.evict = [j for j in move.evict if j != job]
 
-    def release_done(self, job: str, node: str) -> None:
-        """The node's agent released the job's processes (or could not be reached)."""
+    def release_done(self, job: str, node: str, incarnation: int = 0) -> None:
+        """The node's agent released the job's processes (or could not be
+        reached). The end of an earlier incarnation's release changes nothing:
+        the job joined and left again since, and that release is its own."""
+        if self.state.releasing_incarnation.get(job, 0) != incarnation:
+            return
         nodes = [n for n in self.state.releasing.get(job, []) if n != node]
         if nodes:
             self.state.releasing[job] = nodes
         else:
             self.state.releasing.pop(job, None)
+            self.state.releasing_incarnation.pop(job, None)
 
     def heartbeat(self, job: str, now: float) -> HeartbeatOutput:
         self.touch(job, now)
@@ -186,6 +194,7 @@ class Membership(QueueBase):
         where = set(self.state.jobs[job].nodes)
         where |= {node for node, resident in self.state.resident.items() if resident == job}
         self.state.releasing[job] = sorted(where)
+        self.state.releasing_incarnation[job] = self.state.jobs[job].incarnation
         del self.state.jobs[job]
         self._grant_ready(now)
 

@@ -172,6 +172,10 @@ class JobEntry(StoredModel):
     restored_ahead: bool = False
     # Runs only while no regular job holds or waits (scheduling/backfill.py).
     backfill: bool = False
+    # Which membership this is: a job that leaves and joins again is a new
+    # one, so that a release of the old one is told apart (0: from before
+    # memberships were counted).
+    incarnation: int = 0
 
 
 class Waiter(StoredModel):
@@ -299,6 +303,10 @@ class GroupState(StoredModel):
     # Jobs that left the group (leave, eviction, lease, exit), and the nodes
     # whose agents have yet to release their processes.
     releasing: dict[str, list[str]] = Field(default_factory=dict)
+    # The incarnation (JobEntry.incarnation) whose release each of those is.
+    releasing_incarnation: dict[str, int] = Field(default_factory=dict)
+    # Memberships begun in the group so far: the last one's incarnation.
+    incarnations: int = 0
     # The turn held open for a yielder behind its fair share (None: none).
     anticipation: Anticipation | None = None
     # Failed switch attempts since the last switch that worked (None: none).
