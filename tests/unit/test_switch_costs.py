@@ -109,6 +109,16 @@ def measured(rules: int = RULES_SWITCH_COSTS, policy: GroupPolicy | None = None)
     return group
 
 
+def backfill_asks(
+    gap: float, rules: int = RULES_SWITCH_COSTS, policy: GroupPolicy | None = None
+) -> tuple[GroupCore, list[cmd.Command]]:
+    """The measured group, where "bf" asks ``gap`` before "a" is expected to,
+    and the group looks at it then; the look's commands."""
+    group = measured(rules, policy)
+    ask(group, "bf", EXPECTED_ASK - gap)
+    return group, settle(group, EXPECTED_ASK - gap)
+
+
 def test_each_jobs_checkpoint_and_restore_seconds_are_learned_per_node() -> None:
     group = measured()
     a, bf = group.state.jobs["a"], group.state.jobs["bf"]
@@ -125,36 +135,23 @@ def test_each_jobs_checkpoint_and_restore_seconds_are_learned_per_node() -> None
 
 
 def test_a_backfill_waiter_is_not_granted_a_gap_shorter_than_its_round_trip() -> None:
-    group = measured()
-    now = EXPECTED_ASK - ROUND_TRIP + 1.0
-    ask(group, "bf", now)
-    commands = settle(group, now)
+    group, commands = backfill_asks(ROUND_TRIP - 1.0)
     assert holder(group) == "" and [w.job for w in group.state.queue] == ["bf"]
     # Looked at again when the prediction runs out: not stranded.
     assert wake_at(commands) == pytest.approx(EXPECTED_ASK)
-
-
-def test_a_backfill_waiter_is_granted_a_gap_longer_than_its_round_trip() -> None:
-    group = measured()
-    now = EXPECTED_ASK - ROUND_TRIP - 0.5
-    ask(group, "bf", now)
-    settle(group, now)
-    assert holder(group) == "bf"
-
-
-def test_a_backfill_waiter_held_back_is_granted_once_the_prediction_runs_out() -> None:
-    group = measured()
-    ask(group, "bf", EXPECTED_ASK - 1.0)
     settle(group, EXPECTED_ASK - 0.1)
     assert holder(group) == ""
     settle(group, EXPECTED_ASK)
     assert holder(group) == "bf"
 
 
+def test_a_backfill_waiter_is_granted_a_gap_longer_than_its_round_trip() -> None:
+    group, _ = backfill_asks(ROUND_TRIP + 0.5)
+    assert holder(group) == "bf"
+
+
 def test_a_regular_job_asking_when_predicted_finds_its_state_where_it_left_it() -> None:
-    group = measured()
-    ask(group, "bf", EXPECTED_ASK - 1.0)
-    settle(group, EXPECTED_ASK - 1.0)
+    group, _ = backfill_asks(1.0)
     ask(group, "a", EXPECTED_ASK - 0.5)
     settle(group, EXPECTED_ASK - 0.5)
     turn = group.state.turn
@@ -172,10 +169,7 @@ def test_a_regular_job_asking_when_predicted_finds_its_state_where_it_left_it() 
 def test_without_weighing_costs_a_backfill_waiter_is_granted_as_before(
     rules: int, policy: GroupPolicy
 ) -> None:
-    group = measured(rules, policy)
-    now = EXPECTED_ASK - 1.0
-    ask(group, "bf", now)
-    settle(group, now)
+    group, _ = backfill_asks(1.0, rules, policy)
     assert holder(group) == "bf"
     assert not should_yield(group, "bf", EXPECTED_ASK - 0.1)
 
@@ -191,17 +185,12 @@ def test_the_operators_switch_cost_is_used_instead_of_the_measured_one(
     """Two switches of the operator's figure each: 2 s, shorter than the
     measured round trip; 10 s, longer."""
     policy = GroupPolicy(prefetch="off", switch_cost_seconds=switch_cost_seconds)
-    group = measured(policy=policy)
-    ask(group, "bf", EXPECTED_ASK - gap)
-    settle(group, EXPECTED_ASK - gap)
+    group, _ = backfill_asks(gap, policy=policy)
     assert (holder(group) == "bf") is granted
 
 
 def test_a_backfill_holder_is_asked_to_yield_one_switch_ahead_of_the_regular_request() -> None:
-    group = measured()
-    now = EXPECTED_ASK - ROUND_TRIP - 0.5
-    ask(group, "bf", now)
-    commands = settle(group, now)
+    group, commands = backfill_asks(ROUND_TRIP + 0.5)
     assert holder(group) == "bf"
     # Its checkpoint and a's restore: 4 s ahead of a's predicted request.
     ahead = EXPECTED_ASK - (CHECKPOINT + RESTORE)
@@ -211,10 +200,7 @@ def test_a_backfill_holder_is_asked_to_yield_one_switch_ahead_of_the_regular_req
 
 
 def test_prefetch_brings_the_regular_job_back_past_a_backfill_job_held_back() -> None:
-    group = measured(policy=GroupPolicy(prefetch="auto"))
-    now = EXPECTED_ASK - ROUND_TRIP - 0.5
-    ask(group, "bf", now)
-    settle(group, now)
+    group, _ = backfill_asks(ROUND_TRIP + 0.5, policy=GroupPolicy(prefetch="auto"))
     ahead = EXPECTED_ASK - (CHECKPOINT + RESTORE)
     give_back(group, "bf", ahead)
     ask(group, "bf", ahead)
