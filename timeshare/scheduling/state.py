@@ -66,6 +66,8 @@ class StoredPolicy(StoredModel):
     switch_give_up_seconds: float = 120.0
     fair_anticipation_seconds: float = 0.03
     backfill_grace_seconds: float = 10.0
+    switch_cost_aware: bool = True
+    switch_cost_seconds: float | None = None
 
     @property
     def idle_lease(self) -> float:
@@ -143,6 +145,8 @@ class StoredSwitch(StoredModel):
     ok: bool = True
     error: str = ""
     checkpoint_bytes: dict[str, int] = Field(default_factory=dict)
+    checkpoint_seconds: dict[str, float] = Field(default_factory=dict)
+    restore_seconds: float = 0.0
 
     def as_record(self) -> SwitchRecord:
         return self.public(SwitchRecord)
@@ -176,6 +180,10 @@ class JobEntry(StoredModel):
     # one, so that a release of the old one is told apart (0: from before
     # memberships were counted).
     incarnation: int = 0
+    # Smoothed seconds its checkpoint and its restore took, by node: what
+    # moving it costs (scheduling/switch_costs.py).
+    checkpoint_seconds: dict[str, float] = Field(default_factory=dict)
+    restore_seconds: dict[str, float] = Field(default_factory=dict)
 
 
 class Waiter(StoredModel):

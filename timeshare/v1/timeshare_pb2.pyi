@@ -67,6 +67,8 @@ class GroupPolicy(_message.Message):
     SWITCH_GIVE_UP_SECONDS_FIELD_NUMBER: _builtins.int
     FAIR_ANTICIPATION_SECONDS_FIELD_NUMBER: _builtins.int
     BACKFILL_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
+    SWITCH_COST_AWARE_FIELD_NUMBER: _builtins.int
+    SWITCH_COST_SECONDS_FIELD_NUMBER: _builtins.int
     lease_seconds: _builtins.float
     """A holder that others wait for and that sends nothing (renewals
     included) for this long is evicted, and the turn moves on (30).
@@ -125,6 +127,16 @@ class GroupPolicy(_message.Message):
     job asks, and preempted if it still holds this long after (10; 0: at
     once). Set explicitly (optional): an unset field keeps the default.
     """
+    switch_cost_aware: _builtins.bool
+    """Whether a turn that moves state (a backfill job into a gap, the end of
+    fair share's anticipation) is weighed against what its switches cost,
+    measured per job and node (true). Set explicitly (optional): an unset
+    field keeps the default, false grants as groups created before it did.
+    """
+    switch_cost_seconds: _builtins.float
+    """The operator's fixed estimate of one switch on a node (checkpoint plus
+    restore, in seconds), used instead of the measured costs. Unset: measured.
+    """
     @_builtins.property
     def phase_priority(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Added to the job's priority for a request of that phase."""
@@ -156,19 +168,29 @@ class GroupPolicy(_message.Message):
         switch_give_up_seconds: _builtins.float = ...,
         fair_anticipation_seconds: _builtins.float | None = ...,
         backfill_grace_seconds: _builtins.float | None = ...,
+        switch_cost_aware: _builtins.bool | None = ...,
+        switch_cost_seconds: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_backfill_grace_seconds", b"_backfill_grace_seconds", "_fair_anticipation_seconds", b"_fair_anticipation_seconds", "backfill_grace_seconds", b"backfill_grace_seconds", "fair_anticipation_seconds", b"fair_anticipation_seconds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backfill_grace_seconds", b"_backfill_grace_seconds", "_fair_anticipation_seconds", b"_fair_anticipation_seconds", "_switch_cost_aware", b"_switch_cost_aware", "_switch_cost_seconds", b"_switch_cost_seconds", "backfill_grace_seconds", b"backfill_grace_seconds", "fair_anticipation_seconds", b"fair_anticipation_seconds", "switch_cost_aware", b"switch_cost_aware", "switch_cost_seconds", b"switch_cost_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backfill_grace_seconds", b"_backfill_grace_seconds", "_fair_anticipation_seconds", b"_fair_anticipation_seconds", "agent_timeout_seconds", b"agent_timeout_seconds", "aging_seconds", b"aging_seconds", "backfill_grace_seconds", b"backfill_grace_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "fair_anticipation_seconds", b"fair_anticipation_seconds", "fair_credit_seconds", b"fair_credit_seconds", "gpus", b"gpus", "idle_lease_seconds", b"idle_lease_seconds", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "ordering", b"ordering", "phase_priority", b"phase_priority", "preempt_grace_seconds", b"preempt_grace_seconds", "preempt_lower_after_seconds", b"preempt_lower_after_seconds", "prefetch", b"prefetch", "switch_give_up_seconds", b"switch_give_up_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backfill_grace_seconds", b"_backfill_grace_seconds", "_fair_anticipation_seconds", b"_fair_anticipation_seconds", "_switch_cost_aware", b"_switch_cost_aware", "_switch_cost_seconds", b"_switch_cost_seconds", "agent_timeout_seconds", b"agent_timeout_seconds", "aging_seconds", b"aging_seconds", "backfill_grace_seconds", b"backfill_grace_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "fair_anticipation_seconds", b"fair_anticipation_seconds", "fair_credit_seconds", b"fair_credit_seconds", "gpus", b"gpus", "idle_lease_seconds", b"idle_lease_seconds", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "ordering", b"ordering", "phase_priority", b"phase_priority", "preempt_grace_seconds", b"preempt_grace_seconds", "preempt_lower_after_seconds", b"preempt_lower_after_seconds", "prefetch", b"prefetch", "switch_cost_aware", b"switch_cost_aware", "switch_cost_seconds", b"switch_cost_seconds", "switch_give_up_seconds", b"switch_give_up_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backfill_grace_seconds: _TypeAlias = _typing.Literal["backfill_grace_seconds"]  # noqa: Y015
     _WhichOneofArgType__backfill_grace_seconds: _TypeAlias = _typing.Literal["_backfill_grace_seconds", b"_backfill_grace_seconds"]  # noqa: Y015
     _WhichOneofReturnType__fair_anticipation_seconds: _TypeAlias = _typing.Literal["fair_anticipation_seconds"]  # noqa: Y015
     _WhichOneofArgType__fair_anticipation_seconds: _TypeAlias = _typing.Literal["_fair_anticipation_seconds", b"_fair_anticipation_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__switch_cost_aware: _TypeAlias = _typing.Literal["switch_cost_aware"]  # noqa: Y015
+    _WhichOneofArgType__switch_cost_aware: _TypeAlias = _typing.Literal["_switch_cost_aware", b"_switch_cost_aware"]  # noqa: Y015
+    _WhichOneofReturnType__switch_cost_seconds: _TypeAlias = _typing.Literal["switch_cost_seconds"]  # noqa: Y015
+    _WhichOneofArgType__switch_cost_seconds: _TypeAlias = _typing.Literal["_switch_cost_seconds", b"_switch_cost_seconds"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__backfill_grace_seconds) -> _WhichOneofReturnType__backfill_grace_seconds | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__fair_anticipation_seconds) -> _WhichOneofReturnType__fair_anticipation_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__switch_cost_aware) -> _WhichOneofReturnType__switch_cost_aware | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__switch_cost_seconds) -> _WhichOneofReturnType__switch_cost_seconds | None: ...
 
 Global___GroupPolicy: _TypeAlias = GroupPolicy  # noqa: Y015
 
@@ -913,6 +935,26 @@ class SwitchRecord(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class CheckpointSecondsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NODE_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
@@ -924,6 +966,8 @@ class SwitchRecord(_message.Message):
     OK_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     CHECKPOINT_BYTES_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_SECONDS_FIELD_NUMBER: _builtins.int
+    RESTORE_SECONDS_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     epoch: _builtins.int
     started_at: _builtins.float
@@ -933,12 +977,19 @@ class SwitchRecord(_message.Message):
     backend: _builtins.str
     ok: _builtins.bool
     error: _builtins.str
+    restore_seconds: _builtins.float
     @_builtins.property
     def evicted(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def checkpoint_bytes(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Bytes each job's checkpoint moved off the node in this switch (a job
         only locked beside the admitted one moved none and is absent).
+        """
+
+    @_builtins.property
+    def checkpoint_seconds(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Seconds each job's checkpoint took, and the admitted job's restore (what
+        switch-cost-aware admission learns from).
         """
 
     def __init__(
@@ -955,10 +1006,12 @@ class SwitchRecord(_message.Message):
         ok: _builtins.bool = ...,
         error: _builtins.str = ...,
         checkpoint_bytes: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        checkpoint_seconds: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        restore_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted", b"admitted", "backend", b"backend", "bytes_moved", b"bytes_moved", "checkpoint_bytes", b"checkpoint_bytes", "epoch", b"epoch", "error", b"error", "evicted", b"evicted", "finished_at", b"finished_at", "node", b"node", "ok", b"ok", "started_at", b"started_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted", b"admitted", "backend", b"backend", "bytes_moved", b"bytes_moved", "checkpoint_bytes", b"checkpoint_bytes", "checkpoint_seconds", b"checkpoint_seconds", "epoch", b"epoch", "error", b"error", "evicted", b"evicted", "finished_at", b"finished_at", "node", b"node", "ok", b"ok", "restore_seconds", b"restore_seconds", "started_at", b"started_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
