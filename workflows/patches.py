@@ -46,6 +46,7 @@ ANNOUNCED_BY_THE_CORE = (
     group_core.EVICT_FAILED_JOBS,
     group_core.EVICT_FAILING_HOOKS,
     group_core.PREFETCH,
+    group_core.RELEASE_PER_MEMBERSHIP,
     prefetch.PREFETCH_GUESS,
     prefetch.PREFETCH_PAST_DEPARTED,
 )

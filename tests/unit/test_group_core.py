@@ -21,6 +21,7 @@ from timeshare.scheduling.group_core import (
     EVICT_FAILED_JOBS,
     EVICT_FAILING_HOOKS,
     PREFETCH,
+    RELEASE_PER_MEMBERSHIP,
     SWITCH_PLAN_ATTEMPTS,
     WHOLE_JOBS,
     GroupCore,
@@ -244,8 +245,11 @@ def test_a_release_of_an_earlier_membership_never_ends_the_release_of_a_later_on
     group.handle(went_through(), 2.1)
     assert group.state.turn is not None and group.state.turn.job == "a"
     reply(group.handle(ev.Leave("a", "hash-a2"), 3.0))
-    (second,) = releases_in(group.handle(ev.Tick(), 3.0))
+    looked = group.handle(ev.Tick(), 3.0)
+    (second,) = releases_in(looked)
     assert second != first
+    # A history from before took no second release here: its marker says so.
+    assert cmd.MarkPatch(RELEASE_PER_MEMBERSHIP) in looked
     group.handle(ev.ReleaseEnded(*first), 4.0)
     assert group.state.releasing == {"a": [NODE]}  # the later membership's is under way
     group.handle(ev.ReleaseEnded(*second), 5.0)

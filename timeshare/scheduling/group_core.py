@@ -55,6 +55,9 @@ WHOLE_JOBS = "timeshare-whole-job-switch"
 EVICT_FAILED_JOBS = "timeshare-evict-failed-jobs"
 EVICT_FAILING_HOOKS = "timeshare-evict-failing-hooks"
 PREFETCH = "timeshare-prefetch"
+# A job that left, joined again and left again while its first release was
+# under way gets a release of its own (before, none).
+RELEASE_PER_MEMBERSHIP = "timeshare-release-per-membership"
 
 
 class GroupCore:
@@ -297,8 +300,11 @@ class GroupCore:
 
     def _start_releases(self) -> list[Command]:
         pending = self._releases_to_start()
+        under_way = {(r.job, r.node) for r in self._releases_started}
+        again = any((r.job, r.node) in under_way for r in pending)
         self._releases_started.update(pending)
-        return [StartReleases(pending)] if pending else []
+        marks: list[Command] = [MarkPatch(RELEASE_PER_MEMBERSHIP)] if again else []
+        return [*marks, StartReleases(pending)] if pending else []
 
     def _releases_to_start(self) -> tuple[Release, ...]:
         """Every node whose agent has yet to release a job that left, and has
