@@ -143,18 +143,18 @@ class GroupMachine(RuleBasedStateMachine):
 
     def message(self, event: ev.Event, step: float) -> object:
         """Send a message as the gateway does: refused by the validator, or
-        handled (a refusal then undone, as the workflow does); its reply."""
+        handled (a refusal changes nothing); its reply."""
         self.advance(step)
         if isinstance(event, ev.Message):
             try:
                 self.core.check(event)
             except QueueError:
                 return None
-        before = self.core.snapshot()
+        before = self.core.state.model_dump()
         try:
             commands = self.handle(event)
         except QueueError:
-            self.core.undo(before)
+            assert self.core.state.model_dump() == before
             return None
         self.look_when_told()
         (reply,) = [c.value for c in commands if isinstance(c, cmd.Reply)]

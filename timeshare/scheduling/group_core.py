@@ -39,11 +39,11 @@ from timeshare.scheduling.commands import (
     StartReleases,
     Wake,
 )
+from timeshare.scheduling.draft import draft
 from timeshare.scheduling.queue import LockQueue
 from timeshare.scheduling.reporting import GroupSummary
 from timeshare.scheduling.state import GroupState, SwitchPlan
 from timeshare.scheduling.switch_failures import FailedMove
-from timeshare.scheduling.undo import Snapshot
 
 # A plan failing this many times is set aside and planned afresh.
 SWITCH_PLAN_ATTEMPTS = 5
@@ -88,9 +88,19 @@ class GroupCore:
 
     def handle(self, event: ev.Event, now: float) -> list[Command]:
         """Apply the event at time ``now``; what to do about it, in order.
-        A message the group refuses raises QueueError (the workflow undoes
-        whatever the handler changed: see ``snapshot``)."""
-        return self._handlers[type(event)](event, now)
+        The handler computes on a draft of the state, which becomes the
+        state only when the handler returns: a message the group refuses
+        (QueueError), or a handler that fails, leaves the group exactly as
+        it was."""
+        queue, state = self.queue, self.queue.state
+        clock, releases = queue._clock, set(self._releases_started)
+        queue.state = draft(state)
+        try:
+            return self._handlers[type(event)](event, now)
+        except BaseException:
+            queue.state, queue._clock = state, clock
+            self._releases_started = releases
+            raise
 
     def check(self, message: ev.Message) -> None:
         """Refuse a message before it is handled (QueueError), changing nothing."""
@@ -372,18 +382,6 @@ class GroupCore:
         except QueueError as refusal:
             return TokenCheck(matches=False, reason=refusal.message, member=member)
         return TokenCheck(matches=True, member=member)
-
-    # -- undoing a message that failed part-way ---------------------------------------
-
-    def snapshot(self) -> Snapshot:
-        return self.queue.snapshot()
-
-    def undo(self, snapshot: Snapshot) -> bool:
-        """Put the state back as it was at ``snapshot``; whether it had changed."""
-        if not self.queue.changed_since(snapshot):
-            return False
-        self.queue.restore(snapshot)
-        return True
 
     def plan(self) -> SwitchPlan | None:
         return self.state.switching

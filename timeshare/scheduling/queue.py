@@ -11,7 +11,6 @@ from timeshare.scheduling.reporting import Reporting
 from timeshare.scheduling.switch_failures import SwitchFailures
 from timeshare.scheduling.switching import Switching
 from timeshare.scheduling.turns import Turns
-from timeshare.scheduling.undo import Undoing
 
 
 class LockQueue(
@@ -23,7 +22,6 @@ class LockQueue(
     SwitchFailures,
     Prefetching,
     Reporting,
-    Undoing,
 ):
-    """Decisions over a GroupState. Every method either changes the state
-    consistently or raises QueueError and changes nothing."""
+    """Decisions over a GroupState. A method that refuses raises QueueError;
+    GroupCore.handle keeps what a method changed only once it returned."""

@@ -9,6 +9,7 @@ from timeshare.scheduling.base import (
     QueueBase,
     QueueError,
 )
+from timeshare.scheduling.draft import draft
 from timeshare.scheduling.state import StoredGrant, StoredTurn, Waiter
 
 
@@ -189,9 +190,9 @@ class Turns(QueueBase):
 
     def _next_turn_keeps(self, job: str, epoch: int, now: float) -> bool:
         """Whether a next_turn now would grant the job its next turn at once,
-        nothing moved: tried on a copy of the state, so that nothing the
+        nothing moved: tried on a draft of the state, so that nothing the
         workflow holds (a switch plan under way) is replaced."""
-        probe = type(self)(self.state.model_copy(deep=True))
+        probe = type(self)(draft(self.state))
         probe._clock = self._clock
         probe.release(job, epoch, now, asks_again=True)
         grant = probe.request(job, f"keep-turn-probe-{epoch}", now)
