@@ -264,7 +264,7 @@ class GroupWorkflow:
 
     def _publish(self) -> None:
         summary = self._core.summary(self._now())
-        policies = self._core.queue.policies
+        policies = self._core.policies
         self._visibility.publish(summary, summary.yield_epoch if policies else None)
 
     # -- messages: each an event for the core -------------------------------------------

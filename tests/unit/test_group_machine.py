@@ -27,6 +27,7 @@ from hypothesis.stateful import (
 from timeshare.models import AcquireResult, GroupPolicy
 from timeshare.scheduling import commands as cmd
 from timeshare.scheduling import events as ev
+from timeshare.scheduling import moves
 from timeshare.scheduling.base import QueueError
 from timeshare.scheduling.group_core import GroupCore
 from timeshare.scheduling.rules import RULES_ANTICIPATION, RULES_LEGACY, RULES_POLICIES
@@ -415,7 +416,7 @@ class GroupMachine(RuleBasedStateMachine):
     @invariant()
     def a_due_switch_is_under_way(self) -> None:
         """The core asked for the look that starts it (Wake at once)."""
-        assert self.in_switch() or not self.core.queue.needs_switch()
+        assert self.in_switch() or not moves.needs_switch(self.core.state)
 
     @invariant()
     def nothing_is_overdue(self) -> None:
