@@ -5,8 +5,8 @@ The parts are modules of plain functions, in layers, each calling only the
 ones below it: ordering and backfill (who goes next), moves (what a switch
 moves), anticipation and prefetch, turns (asking, yielding, granting),
 membership, then deadlines and switching, switch_failures and reporting.
-A function that only reads takes the GroupState; one that may grant takes
-the Group, whose clock the grant moves on."""
+A function that moves the group's clock on (every one that may grant does)
+takes the Group; every other one takes the GroupState."""
 
 from __future__ import annotations
 

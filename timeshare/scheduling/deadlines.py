@@ -1,4 +1,5 @@
-"""What time alone decides: leases running out, the turn limit, preemption."""
+"""What time alone decides: leases running out, the turn limit, preemption;
+and what a heartbeat is told of them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from timeshare.scheduling.base import (
 )
 from timeshare.scheduling.state import GroupState, StoredGrant, Waiter
 
-# The kinds of lease a job may run out of (see Deadlines._lease_deadlines).
+# The kinds of lease a job may run out of (see _lease_deadlines).
 LEGACY, IDLE, HELD = "legacy", "idle", "held"
 
 
@@ -202,6 +203,7 @@ def _preempt(group: Group, turn: StoredGrant, now: float) -> None:
 
 
 def heartbeat(state: GroupState, job: str, now: float) -> HeartbeatOutput:
+    """Renew the job's lease; whether it holds, and whether it is asked to yield."""
     base.touch(state, job, now)
     turn = state.turn
     entry = state.jobs[job]

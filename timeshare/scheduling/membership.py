@@ -1,4 +1,4 @@
-"""Who is in the group: joining, job tokens, leaving and eviction, heartbeats."""
+"""Who is in the group: joining, job tokens, leaving and eviction."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ class FailedMove:
 
 @dataclass(frozen=True)
 class RetryVerdict:
-    """What follows a failed switch attempt (LockQueue.switch_failed):
+    """What follows a failed switch attempt (switch_failed):
     try again after ``pause`` seconds; or at once, the jobs in ``evicted``
     having been evicted because their state could not be moved; or nothing,
     ``given_up``: the waiter was told why (or nobody waits any more)."""

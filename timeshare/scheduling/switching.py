@@ -1,4 +1,5 @@
-"""Planning a switch (which nodes move what) and recording its end."""
+"""Starting the switch to the next waiter (moves.py plans what moves), and
+its end: done, given up or set aside."""
 
 from __future__ import annotations
 
