@@ -201,8 +201,8 @@ def keep_turn(group: Group, job: str, epoch: int, phase: str, now: float) -> tup
 
 def _next_turn_keeps(group: Group, job: str, epoch: int, now: float) -> bool:
     """Whether a next_turn now would grant the job its next turn at once,
-    nothing moved: tried on a draft of the state, so that nothing the
-    workflow holds (a switch plan under way) is replaced."""
+    nothing moved: the yield and the request tried on a draft of the state
+    and the clock, so that the very rules that would grant decide it."""
     probe = Group(draft(group.state), group.clock)
     release(probe, job, epoch, now, asks_again=True)
     grant = request(probe, job, f"keep-turn-probe-{epoch}", now)
