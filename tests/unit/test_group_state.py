@@ -97,10 +97,30 @@ def test_an_event_refused_part_way_leaves_the_state_exactly_as_it_was(which: int
     with pytest.raises(QueueError):
         core.handle(_refused_part_way(epoch)[which], 3.0)
     assert core.state.model_dump() == before
-    # Nothing of the refused event lingers: the group goes on as if it never came.
+    # Nothing of the refused event lingers: the group goes on as if it never
+    # came, and job a's release, commanded by nobody yet, is commanded when it leaves.
     core.handle(ev.Yield(job="a", token_hash="h-a", epoch=epoch), 4.0)
     assert core.state.released == {"a": epoch}
-    assert [c for c in core.handle(ev.Tick(), 4.0) if isinstance(c, cmd.StartReleases)] == []
+    core.handle(ev.Leave(job="a", token_hash="h-a"), 5.0)
+    commands = core.handle(ev.Tick(), 5.0)  # the switch to b
+    commands += core.handle(ev.SwitchAttempted(done=[ev.NodeSwitched(node="n")], failed=[]), 5.5)
+    releases = [c for c in commands if isinstance(c, cmd.StartReleases)]
+    assert releases == [cmd.StartReleases((("a", "n"),))]
+
+
+def test_a_handler_that_fails_leaves_the_state_exactly_as_it_was() -> None:
+    core, epoch = _holding_core()
+    yield_turn = core._handlers[ev.Yield]
+
+    def yield_with_a_bug(event: ev.Yield, now: float) -> list[cmd.Command]:
+        yield_turn(event, now)
+        raise KeyError("a bug in the scheduler, after the yield was recorded")
+
+    core._handlers[ev.Yield] = yield_with_a_bug
+    before = core.state.model_dump()
+    with pytest.raises(KeyError):
+        core.handle(ev.Yield(job="a", token_hash="h-a", epoch=epoch), 3.0)
+    assert core.state.model_dump() == before
 
 
 def test_a_draft_changes_nothing_of_the_state_it_copies() -> None:
