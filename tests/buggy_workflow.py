@@ -7,6 +7,8 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from timeshare.scheduling import commands as cmd
+    from timeshare.scheduling import events as ev
     from timeshare.workflows.group import GroupInput, GroupWorkflow
 
 BUGGY_JOB = "buggy"
@@ -20,17 +22,18 @@ class GroupWorkflowWithABug(GroupWorkflow):
     @workflow.init
     def __init__(self, input: GroupInput) -> None:
         super().__init__(input)
-        queue = self._core.queue
-        release_turn = queue.release
+        core = self._core
+        handlers = core._handlers
+        yield_turn = handlers[ev.Yield]
 
-        def release_with_a_bug(job: str, epoch: int, now: float, asks_again: bool = False) -> float:
-            if job == BUGGY_JOB:
-                queue.state.paused = True
-                queue.state.jobs[job].turns += 100
+        def yield_with_a_bug(event: ev.Yield, now: float) -> list[cmd.Command]:
+            if event.job == BUGGY_JOB:
+                core.state.paused = True
+                core.state.jobs[event.job].turns += 100
                 raise KeyError("a bug in the scheduler")
-            return release_turn(job, epoch, now, asks_again)
+            return yield_turn(event, now)
 
-        queue.release = release_with_a_bug  # type: ignore[method-assign]
+        handlers[ev.Yield] = yield_with_a_bug
 
     @workflow.run
     async def run(self, input: GroupInput) -> None:

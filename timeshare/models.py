@@ -46,7 +46,7 @@ class GroupPolicy(BaseModel):
     continue_as_new_every: int = Field(default=0, ge=0)
     co_residency: CoResidency = "auto"
     # "auto": while the GPUs sit idle, the job expected to ask next is
-    # brought onto them ahead of its request (see LockQueue.prefetch_target).
+    # brought onto them ahead of its request (see timeshare/scheduling/prefetch.py).
     prefetch: Prefetch = "auto"
     ordering: Ordering = "fair"
     # Fair share remembers at most this much unused GPU time (per unit of

@@ -53,7 +53,6 @@ with workflow.unsafe.imports_passed_through():
         RULES_SWITCH_COSTS,
     )
     from timeshare.scheduling.state import GroupState, StoredPolicy, SwitchPlan
-    from timeshare.scheduling.undo import Snapshot
     from timeshare.workflows import node_calls, patches
     from timeshare.workflows.visibility import LEAN_PATCH, YIELD_EPOCH_MEMO, GroupVisibility
 
@@ -270,45 +269,37 @@ class GroupWorkflow:
 
     def _publish(self) -> None:
         summary = self._core.summary(self._now())
-        policies = self._core.queue.policies
+        policies = self._core.policies
         self._visibility.publish(summary, summary.yield_epoch if policies else None)
 
     # -- messages: each an event for the core -------------------------------------------
 
     @contextmanager
-    def _handling(self, message: str, reads_only: bool = False) -> Iterator[None]:
+    def _handling(self, message: str) -> Iterator[None]:
         """Turn every failure of a message into a typed, non-retryable
-        rejection of that message alone, with the state as it was before it.
-        An exception that escaped a handler would instead fail the workflow
-        task again and again, and the whole group would stop. ``reads_only``:
-        a validator, or any block that only reads the state: nothing to undo,
-        so no snapshot (a pydantic dump) is taken."""
-        before = None if reads_only else self._core.snapshot()
+        rejection of that message alone, with the state as it was before it
+        (the core keeps no change of a handler that raised). An exception
+        that escaped a handler would instead fail the workflow task again
+        and again, and the whole group would stop."""
         try:
             yield
         except ApplicationError:
             raise  # a rejection the handler chose, with the state it meant to leave
         except QueueError as refusal:
-            self._undo(before)
             details = [refusal.details] if refusal.details else []
             raise ApplicationError(
                 refusal.message, *details, type=refusal.code, non_retryable=True
             ) from None
         except Exception as bug:
-            undone = self._undo(before)
             workflow.logger.exception(
-                "group %s: %s failed (state %s)", self._core.state.group, message,
-                "restored" if undone else "unchanged",
-            )  # fmt: skip
+                "group %s: %s failed (state unchanged)", self._core.state.group, message
+            )
             raise ApplicationError(
                 f"the scheduler could not handle {message}: {type(bug).__name__}: {bug}; "
                 "the group is as it was before it (see the scheduler's log)",
                 type=Refusal.INTERNAL,
                 non_retryable=True,
             ) from None
-
-    def _undo(self, before: Snapshot | None) -> bool:
-        return before is not None and self._core.undo(before)
 
     def _answer(self, message: str, event: ev.Event) -> Any:
         """Hand the event to the core; its reply."""
@@ -319,7 +310,7 @@ class GroupWorkflow:
         return self._reply
 
     def _check(self, message: str, event: ev.Message) -> None:
-        with self._handling(message, reads_only=True):
+        with self._handling(message):
             self._core.check(event)
 
     @workflow.update
@@ -349,7 +340,7 @@ class GroupWorkflow:
                     type=Refusal.DEADLINE_EXCEEDED,
                     non_retryable=True,
                 ) from None
-        with self._handling("acquire", reads_only=True):
+        with self._handling("acquire"):
             return AcquireResult(grant=self._core.answer(job, request_id), yielded=asked.yielded)
 
     async def _wait_slice(self, job: str, request_id: str, seconds: float) -> None:

@@ -113,7 +113,8 @@ def test_a_checkpoint_that_fails_pauses_then_retries_then_sets_the_plan_aside() 
         now += pause.seconds
         after = group.handle(ev.SwitchPaused(), now)
         if attempt < SWITCH_PLAN_ATTEMPTS:
-            assert after == [cmd.AttemptSwitch(plan)]
+            # The same plan, once more, counting its attempts.
+            assert after == [cmd.AttemptSwitch(plan.model_copy(update={"attempts": attempt}))]
     # Failing for long: the plan is set aside, the waiter kept, planned afresh.
     assert settled(after) and group.plan() is None
     # Planned afresh at once: the group is told to look at itself again.

@@ -27,6 +27,7 @@ from hypothesis.stateful import (
 from timeshare.models import AcquireResult, GroupPolicy
 from timeshare.scheduling import commands as cmd
 from timeshare.scheduling import events as ev
+from timeshare.scheduling import moves
 from timeshare.scheduling.base import QueueError
 from timeshare.scheduling.group_core import GroupCore
 from timeshare.scheduling.rules import (
@@ -150,18 +151,18 @@ class GroupMachine(RuleBasedStateMachine):
 
     def message(self, event: ev.Event, step: float) -> object:
         """Send a message as the gateway does: refused by the validator, or
-        handled (a refusal then undone, as the workflow does); its reply."""
+        handled (a refusal changes nothing); its reply."""
         self.advance(step)
         if isinstance(event, ev.Message):
             try:
                 self.core.check(event)
             except QueueError:
                 return None
-        before = self.core.snapshot()
+        before = self.core.state.model_dump()
         try:
             commands = self.handle(event)
         except QueueError:
-            self.core.undo(before)
+            assert self.core.state.model_dump() == before
             return None
         self.look_when_told()
         (reply,) = [c.value for c in commands if isinstance(c, cmd.Reply)]
@@ -431,7 +432,7 @@ class GroupMachine(RuleBasedStateMachine):
     @invariant()
     def a_due_switch_is_under_way(self) -> None:
         """The core asked for the look that starts it (Wake at once)."""
-        assert self.in_switch() or not self.core.queue.needs_switch()
+        assert self.in_switch() or not moves.needs_switch(self.core.state, self.now)
 
     @invariant()
     def nothing_is_overdue(self) -> None:

@@ -12,7 +12,12 @@ from pydantic import BaseModel, ValidationError
 
 from timeshare.history import SwitchRecord, TurnRecord
 from timeshare.models import Grant, GroupPolicy, NodeMove
-from timeshare.scheduling.queue import LockQueue
+from timeshare.scheduling import commands as cmd
+from timeshare.scheduling import events as ev
+from timeshare.scheduling.base import QueueError
+from timeshare.scheduling.draft import draft
+from timeshare.scheduling.group_core import GroupCore
+from timeshare.scheduling.rules import NEWEST
 from timeshare.scheduling.state import (
     LEGACY_DEFAULTS,
     SCHEMA_VERSION,
@@ -60,21 +65,77 @@ def test_a_newer_schema_is_refused_with_what_to_do() -> None:
         GroupState(group="g", schema_version=SCHEMA_VERSION + 1)
 
 
-def test_a_snapshot_restores_every_kind_of_change() -> None:
-    queue = LockQueue(GroupState(group="g"))
+def _holding_core() -> tuple[GroupCore, int]:
+    """Jobs a and b on one node; a holds the turn, b waits for it."""
+    core = GroupCore(GroupState(group="g", rules=NEWEST))
     for job in ("a", "b"):
-        queue.join(job, ["n"], f"h-{job}", now=0.0)
-    queue.request("a", "r1", now=1.0)
-    queue.begin_switch(now=1.0)
-    queue.finish_switch(now=1.5)
-    before = queue.snapshot()
-    expected = queue.state.model_dump()
-    assert not queue.changed_since(before)
-    queue.request("b", "r2", now=2.0)  # the queue grows
-    queue.release("a", 1, now=3.0)  # the last turn record is closed in place
-    queue.record_switches([StoredSwitch(node="n", epoch=9, started_at=3.0, finished_at=3.1)])
-    queue.state.jobs["a"].turns = 99  # a nested change
-    assert queue.changed_since(before)
-    queue.restore(before)
-    assert queue.state.model_dump() == expected
-    assert not queue.changed_since(before)
+        core.handle(ev.Join(job=job, nodes=["n"], token_hash=f"h-{job}"), 0.0)
+    core.handle(ev.Acquire(job="a", token_hash="h-a", request_id="r1"), 1.0)
+    for command in core.handle(ev.Tick(), 1.0):
+        if isinstance(command, cmd.AttemptSwitch):
+            core.handle(ev.SwitchAttempted(done=[ev.NodeSwitched(node="n")], failed=[]), 1.5)
+    core.handle(ev.Acquire(job="b", token_hash="h-b", request_id="r2"), 2.0)
+    assert core.state.turn is not None
+    return core, core.state.turn.epoch
+
+
+def _refused_part_way(epoch: int) -> list[ev.Event]:
+    return [
+        # The turn is given back, then the request that asks again is refused.
+        ev.Acquire(job="a", token_hash="h-a", request_id="", yield_epoch=epoch),
+        # Job a is evicted as lost, then the switch outcome is refused: none is under way.
+        ev.SwitchAttempted(
+            done=[], failed=[ev.NodeFailed(node="n", cause="x", kind="job-failed", job="a")]
+        ),
+    ]
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_an_event_refused_part_way_leaves_the_state_exactly_as_it_was(which: int) -> None:
+    core, epoch = _holding_core()
+    before = core.state.model_dump()
+    with pytest.raises(QueueError):
+        core.handle(_refused_part_way(epoch)[which], 3.0)
+    assert core.state.model_dump() == before
+    # Nothing of the refused event lingers: the group goes on as if it never
+    # came, and job a's release, commanded by nobody yet, is commanded when it leaves.
+    core.handle(ev.Yield(job="a", token_hash="h-a", epoch=epoch), 4.0)
+    assert core.state.released == {"a": epoch}
+    core.handle(ev.Leave(job="a", token_hash="h-a"), 5.0)
+    commands = core.handle(ev.Tick(), 5.0)  # the switch to b
+    commands += core.handle(ev.SwitchAttempted(done=[ev.NodeSwitched(node="n")], failed=[]), 5.5)
+    releases = [c for c in commands if isinstance(c, cmd.StartReleases)]
+    assert releases == [cmd.StartReleases((cmd.Release("a", "n", 1),))]  # a joined first
+
+
+def test_a_handler_that_fails_leaves_the_state_exactly_as_it_was() -> None:
+    core, epoch = _holding_core()
+    yield_turn = core._handlers[ev.Yield]
+
+    def yield_with_a_bug(event: ev.Yield, now: float) -> list[cmd.Command]:
+        yield_turn(event, now)
+        raise KeyError("a bug in the scheduler, after the yield was recorded")
+
+    core._handlers[ev.Yield] = yield_with_a_bug
+    before = core.state.model_dump()
+    with pytest.raises(KeyError):
+        core.handle(ev.Yield(job="a", token_hash="h-a", epoch=epoch), 3.0)
+    assert core.state.model_dump() == before
+
+
+def test_a_draft_changes_nothing_of_the_state_it_copies() -> None:
+    state = _holding_core()[0].state
+    before = state.model_dump()
+    copy = draft(state)
+    assert copy.model_dump() == before
+    for name in GroupState.model_fields:
+        value = getattr(state, name)
+        if isinstance(value, list | dict | BaseModel) and name != "policy":
+            assert getattr(copy, name) is not value, name
+    assert copy.jobs["a"] is not state.jobs["a"] and copy.queue[0] is not state.queue[0]
+    copy.recent_turns[-1].released_at = 9.0
+    copy.recent_turns.append(copy.recent_turns[-1].model_copy())
+    copy.recent_switches.append(StoredSwitch(node="n", epoch=9, started_at=3.0, finished_at=3.1))
+    copy.jobs["a"].turns = 99
+    copy.queue.clear()
+    assert state.model_dump() == before

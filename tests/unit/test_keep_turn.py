@@ -75,11 +75,11 @@ def test_only_the_holder_of_the_epoch_keeps_it(who: str) -> None:
     job = "b" if who == "not the holder" else "a"
     if who == "given back":
         queue.release("a", epoch, now=1.5)
-    before = queue.snapshot()
+    before = queue.state.model_dump()
     with pytest.raises(QueueError) as refused:
         queue.keep_turn(job, epoch + 1 if who == "stale epoch" else epoch, "sample", 2.0)
     assert refused.value.code == Refusal.FAILED_PRECONDITION
-    assert not queue.changed_since(before)
+    assert queue.state.model_dump() == before
 
 
 @pytest.mark.parametrize(

@@ -397,12 +397,12 @@ class PolicyMachine(RuleBasedStateMachine):
 
     def handle(self, event: ev.Event, switch_began: float | None = None) -> list[cmd.Command]:
         """The event at the machine's time (a refused message changes nothing,
-        as the workflow undoes it); then a new turn is checked."""
-        before = self.core.snapshot()
+        whatever the handler had done); then a new turn is checked."""
+        before = self.core.state.model_dump()
         try:
             commands = self.core.handle(event, self.now)
         except QueueError:
-            self.core.undo(before)
+            assert self.core.state.model_dump() == before
             return []
         self.wake = next((c for c in commands if isinstance(c, cmd.Wake)), self.wake)
         self.check_grant(switch_began)

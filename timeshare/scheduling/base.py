@@ -1,22 +1,21 @@
-"""What every part of the lock queue shares: its state, its refusals, and the
-operations one concern asks of another (QueueBase's stubs, each implemented
-by the part named beside it)."""
+"""What every part of the lock queue shares: the group as the core sees it,
+its refusals, and the renewal of a job's lease by any of its messages.
+
+The parts are modules of plain functions, in layers, each calling only the
+ones below it: ordering and backfill (who goes next), moves (what a switch
+moves), anticipation and prefetch, turns (asking, yielding, granting),
+membership, then deadlines and switching, switch_failures and reporting.
+A function that moves the group's clock on (every one that may grant does)
+takes the Group; every other one takes the GroupState."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TypeVar
 
 from timeshare.refusals import Refusal
 from timeshare.scheduling.rules import Rules
-from timeshare.scheduling.state import (
-    GroupState,
-    JobEntry,
-    StoredGrant,
-    StoredMove,
-    SwitchAbort,
-    SwitchPlan,
-    Waiter,
-)
+from timeshare.scheduling.state import GroupState
 
 MAX_JOBS_PER_GROUP = 64
 MAX_NODES_PER_JOB = 256
@@ -41,6 +40,24 @@ class QueueError(Exception):
         self.details = details
 
 
+@dataclass
+class Group:
+    """A group's durable state, and the latest time a grant was considered
+    at: what a question asked without a time (whether a switch plan still
+    stands, a status) orders the waiters by. The clock is not durable: a new
+    run starts it at the state's ``since``."""
+
+    state: GroupState
+    clock: float
+
+    @classmethod
+    def of(cls, state: GroupState) -> Group:
+        return cls(state, state.since)
+
+    def tell(self, now: float) -> None:
+        self.clock = max(self.clock, now)
+
+
 Remembered = TypeVar("Remembered")
 
 
@@ -50,92 +67,19 @@ def remember(reasons: dict[str, Remembered], key: str, reason: Remembered) -> No
         del reasons[next(iter(reasons))]
 
 
-class QueueBase:
-    """Decisions over a GroupState. Every method either changes the state
-    consistently or raises QueueError and changes nothing."""
+def rules_of(state: GroupState) -> Rules:
+    """The rules the group decides by, fixed when it was created."""
+    return Rules.of(state.rules)
 
-    def __init__(self, state: GroupState) -> None:
-        self.state = state
-        # The latest time the queue was told of: what a call without one
-        # (a status query) orders the waiters by.
-        self._clock = state.since
 
-    @property
-    def rules(self) -> Rules:
-        """The rules the group decides by, fixed when it was created."""
-        return Rules.of(self.state.rules)
+def policies(state: GroupState) -> bool:
+    """Whether the group decides by scheduling policies (rules 2) or as
+    groups created before them did (FIFO, one lease for all)."""
+    return rules_of(state).policies
 
-    @property
-    def policies(self) -> bool:
-        """Whether the group decides by scheduling policies (rules 2) or as
-        groups created before them did (FIFO, one lease for all)."""
-        return self.rules.policies
 
-    # -- what one part asks of another ----------------------------------------
-
-    def touch(self, job: str, now: float) -> None:  # membership
-        raise NotImplementedError
-
-    def evict(self, job: str, reason: str, now: float) -> bool:  # membership
-        raise NotImplementedError
-
-    def evict_failed(self, job: str, reason: str, now: float) -> None:  # membership
-        raise NotImplementedError
-
-    def _epoch_known_to(self, job: str) -> int:  # turns
-        raise NotImplementedError
-
-    def _eligible(self) -> list[Waiter]:  # turns
-        raise NotImplementedError
-
-    def _next_waiter(self, now: float | None = None) -> Waiter | None:  # turns
-        raise NotImplementedError
-
-    def _charge(self, job: str, turn: StoredGrant, now: float) -> float:  # turns
-        raise NotImplementedError
-
-    def _end_turn(self, turn: StoredGrant, now: float, ended_by: str) -> None:  # turns
-        raise NotImplementedError
-
-    def _grant_ready(  # turns
-        self, now: float, switched: tuple[int, float, bool] | None = None
-    ) -> None:
-        raise NotImplementedError
-
-    def _anticipate(self, job: str, turn: StoredGrant, now: float) -> None:  # anticipation
-        raise NotImplementedError
-
-    def _anticipated(self, now: float) -> str | None:  # anticipation
-        raise NotImplementedError
-
-    def yield_requested_epoch(self, now: float) -> int:  # deadlines
-        raise NotImplementedError
-
-    def _yield_due_reached(self, now: float) -> bool:  # deadlines
-        raise NotImplementedError
-
-    def needs_switch(self) -> bool:  # switching
-        raise NotImplementedError
-
-    def moves_for(self, job: str) -> list[StoredMove]:  # switching
-        raise NotImplementedError
-
-    def _begin(self, waiter: Waiter, now: float, prefetch: bool) -> SwitchPlan:  # switching
-        raise NotImplementedError
-
-    def _leaving_elsewhere(self, moves: list[StoredMove]) -> list[StoredMove]:  # switching
-        raise NotImplementedError
-
-    def _now_resident(self, move: StoredMove) -> None:  # switching
-        raise NotImplementedError
-
-    def _plan(self) -> SwitchPlan:  # switching
-        raise NotImplementedError
-
-    def abort_switch(  # switching
-        self, reason: str, now: float, abort: SwitchAbort | None = None
-    ) -> None:
-        raise NotImplementedError
-
-    def _note_ask(self, entry: JobEntry, now: float) -> None:  # prefetch
-        raise NotImplementedError
+def touch(state: GroupState, job: str, now: float) -> None:
+    """Any message from a job renews its lease."""
+    entry = state.jobs.get(job)
+    if entry is not None:
+        entry.last_seen = max(entry.last_seen, now)

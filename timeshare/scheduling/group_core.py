@@ -26,8 +26,18 @@ from timeshare.models import (
     check_phase,
 )
 from timeshare.refusals import Refusal
+from timeshare.scheduling import (
+    deadlines,
+    membership,
+    moves,
+    prefetch,
+    reporting,
+    switch_failures,
+    switching,
+    turns,
+)
 from timeshare.scheduling import events as ev
-from timeshare.scheduling.base import QueueError
+from timeshare.scheduling.base import Group, QueueError, policies
 from timeshare.scheduling.commands import (
     AttemptSwitch,
     Command,
@@ -40,11 +50,10 @@ from timeshare.scheduling.commands import (
     StartReleases,
     Wake,
 )
-from timeshare.scheduling.queue import LockQueue
+from timeshare.scheduling.draft import draft
 from timeshare.scheduling.reporting import GroupSummary
 from timeshare.scheduling.state import GroupState, SwitchPlan
 from timeshare.scheduling.switch_failures import FailedMove
-from timeshare.scheduling.undo import Snapshot
 
 # A plan failing this many times is set aside and planned afresh.
 SWITCH_PLAN_ATTEMPTS = 5
@@ -62,7 +71,7 @@ RELEASE_PER_MEMBERSHIP = "timeshare-release-per-membership"
 
 class GroupCore:
     def __init__(self, state: GroupState) -> None:
-        self.queue = LockQueue(state)
+        self.group = Group.of(state)
         self._grants_at_start = state.grants
         # Releases commanded in this run that have not ended: a new run
         # (continue-as-new) commands again the ones its state carries.
@@ -88,39 +97,54 @@ class GroupCore:
 
     @property
     def state(self) -> GroupState:
-        return self.queue.state
+        return self.group.state
+
+    @property
+    def policies(self) -> bool:
+        return policies(self.state)
 
     def handle(self, event: ev.Event, now: float) -> list[Command]:
         """Apply the event at time ``now``; what to do about it, in order.
-        A message the group refuses raises QueueError (the workflow undoes
-        whatever the handler changed: see ``snapshot``)."""
-        return self._handlers[type(event)](event, now)
+        The handler computes on a draft of the state, which becomes the
+        state only when the handler returns: a message the group refuses
+        (QueueError), or a handler that fails, leaves the group exactly as
+        it was."""
+        group, state = self.group, self.group.state
+        clock, releases = group.clock, set(self._releases_started)
+        group.state = draft(state)
+        try:
+            return self._handlers[type(event)](event, now)
+        except BaseException:
+            group.state, group.clock = state, clock
+            self._releases_started = releases
+            raise
 
     def check(self, message: ev.Message) -> None:
         """Refuse a message before it is handled (QueueError), changing nothing."""
-        queue = self.queue
+        state = self.state
         match message:
             case ev.Join(job=job, nodes=nodes, backfill=backfill):
-                queue.check_join(job, nodes, backfill)
+                membership.check_join(state, job, nodes, backfill)
             case ev.Leave(job=job, token_hash=token_hash):
                 # Leaving is idempotent: a job already gone is fine.
-                if job in self.state.jobs:
-                    queue.authenticate(job, token_hash)
+                if job in state.jobs:
+                    membership.authenticate(state, job, token_hash)
             case ev.Acquire() | ev.KeepTurn() | ev.Yield() | ev.CancelAcquire() | ev.Heartbeat():
-                queue.authenticate(message.job, message.token_hash)
+                membership.authenticate(state, message.job, message.token_hash)
                 if isinstance(message, ev.Acquire):
                     if message.yield_epoch:
-                        queue.check_release(message.job, message.yield_epoch)
-                    queue.check_acquire(message.job, message.request_id, message.yield_epoch)
+                        turns.check_release(state, message.job, message.yield_epoch)
+                    turns.check_acquire(state, message.job, message.request_id, message.yield_epoch)
                 if isinstance(message, ev.KeepTurn | ev.Yield):
-                    queue.check_release(message.job, message.epoch)
+                    turns.check_release(state, message.job, message.epoch)
                 if isinstance(message, ev.Acquire | ev.KeepTurn):
                     _check_phase(message.phase)
 
     # -- messages -----------------------------------------------------------------
 
     def _join(self, event: ev.Join, now: float) -> list[Command]:
-        created = self.queue.join(
+        created = membership.join(
+            self.group,
             event.job,
             event.nodes,
             event.token_hash,
@@ -135,7 +159,7 @@ class GroupCore:
             nodes=event.nodes,
             lease_seconds=policy.lease_seconds,
             # 0 tells the client to heartbeat as for the older rules.
-            idle_lease_seconds=policy.idle_lease if self.queue.policies else 0.0,
+            idle_lease_seconds=policy.idle_lease if self.policies else 0.0,
         )
         return self._answered(output, now)
 
@@ -144,18 +168,18 @@ class GroupCore:
         # Given back by this message, not by an earlier one of the same request.
         given_back = event.yield_epoch and self.state.released.get(job) != event.yield_epoch
         yielded = self._give_back(job, event.yield_epoch, now, True) if given_back else None
-        grant = self.queue.request(
-            job, event.request_id, now, event.call_id, event.trace_context, event.phase
+        grant = turns.request(
+            self.group, job, event.request_id, now, event.call_id, event.trace_context, event.phase
         )
         result = AcquireResult(grant=grant.as_grant() if grant else None, yielded=yielded)
         return self._answered(result, now)
 
     def _acquire_timed_out(self, event: ev.AcquireTimedOut, now: float) -> list[Command]:
-        cancelled = self.queue.cancel(event.job, event.request_id, now, event.call_id)
+        cancelled = turns.cancel(self.group, event.job, event.request_id, now, event.call_id)
         return self._answered(cancelled, now, changed=cancelled)
 
     def _cancel(self, event: ev.CancelAcquire, now: float) -> list[Command]:
-        cancelled = self.queue.cancel(event.job, event.request_id, now, event.call_id)
+        cancelled = turns.cancel(self.group, event.job, event.request_id, now, event.call_id)
         return self._answered(cancelled, now)
 
     def _yield(self, event: ev.Yield, now: float) -> list[Command]:
@@ -164,13 +188,13 @@ class GroupCore:
     def _give_back(self, job: str, epoch: int, now: float, asks_again: bool = False) -> YieldOutput:
         turn = self.state.turn
         phase = turn.phase if turn is not None and turn.job == job else ""
-        held = self.queue.release(job, epoch, now, asks_again)
+        held = turns.release(self.group, job, epoch, now, asks_again)
         return YieldOutput(held_seconds=held, phase=phase)
 
     def _keep_turn(self, event: ev.KeepTurn, now: float) -> list[Command]:
         turn = self.state.turn
         ended = turn.phase if turn is not None else ""
-        asked, held = self.queue.keep_turn(event.job, event.epoch, event.phase, now)
+        asked, held = turns.keep_turn(self.group, event.job, event.epoch, event.phase, now)
         turn = self.state.turn
         assert turn is not None
         output = KeepTurnOutput(
@@ -183,22 +207,22 @@ class GroupCore:
     def _heartbeat(self, event: ev.Heartbeat, now: float) -> list[Command]:
         # A heartbeat moves the lease deadline later, never earlier: the
         # group's timer need not be reset for it.
-        return self._answered(self.queue.heartbeat(event.job, now), now, changed=False)
+        return self._answered(deadlines.heartbeat(self.state, event.job, now), now, changed=False)
 
     def _leave(self, event: ev.Leave, now: float) -> list[Command]:
-        self.queue.leave(event.job, now)
+        membership.leave(self.group, event.job, now)
         return self._answered(None, now)
 
     def _evict(self, event: ev.Evict, now: float) -> list[Command]:
-        return self._answered(self.queue.evict(event.job, event.reason, now), now)
+        return self._answered(membership.evict(self.group, event.job, event.reason, now), now)
 
     def _pause(self, event: ev.Pause, now: float) -> list[Command]:
-        self.queue.pause(event.paused, now)
-        return self._answered(self.queue.status(), now)
+        turns.pause(self.group, event.paused, now)
+        return self._answered(self._status(), now)
 
     def _drain(self, event: ev.Drain, now: float) -> list[Command]:
-        self.queue.drain(event.node, event.drained, now)
-        return self._answered(self.queue.status(), now)
+        turns.drain(self.group, event.node, event.drained, now)
+        return self._answered(self._status(), now)
 
     def _answered(self, value: object, now: float, changed: bool = True) -> list[Command]:
         """The reply, and when to look again: at once where the message
@@ -214,29 +238,30 @@ class GroupCore:
     def _tick(self, event: ev.Tick, now: float) -> list[Command]:
         """Leases and turn limits first; then continue as new, or switch to
         the next waiter, or bring the job expected next in ahead of it."""
-        commands: list[Command] = [Log(done) for done in self.queue.expire(now)]
+        commands: list[Command] = [Log(done) for done in deadlines.expire(self.group, now)]
         if self._continue_as_new_due(event.continue_as_new_suggested):
             return [*commands, ContinueAsNew()]
-        if self.queue.needs_switch():
-            plan = self.queue.begin_switch(now)
+        if moves.needs_switch(self.state, now):
+            plan = switching.begin_switch(self.group, now)
             return [*commands, MarkPatch(WHOLE_JOBS), AttemptSwitch(plan)]
-        choice = self.queue.prefetch_choice(now)
+        choice = prefetch.prefetch_choice(self.state, now)
         if choice is None:
             return [*commands, *self._settled(now)]
-        plan = self.queue.begin_prefetch(choice.job, now)
+        plan = prefetch.begin_prefetch(self.group, choice.job, now)
         patches = [MarkPatch(patch) for patch in (*choice.patches, PREFETCH, WHOLE_JOBS)]
         return [*commands, *patches, AttemptSwitch(plan)]
 
     def _switch_attempted(self, event: ev.SwitchAttempted, now: float) -> list[Command]:
         """Evict the jobs a node found lost for good, or whose own hooks fail;
         then, if every node went through, grant; else decide what follows."""
-        queue, commands = self.queue, list[Command]()
-        queue.record_switches(event.records)
+        group, commands = self.group, list[Command]()
+        switching.record_switches(group.state, event.records)
         lost = sorted({f.job for f in event.failed if f.kind == "job-failed"})
         if lost:
             commands.append(MarkPatch(EVICT_FAILED_JOBS))
             for job in lost:
-                queue.evict_failed(job, _causes(event.failed, job, "job-failed", nodes=False), now)
+                cause = _causes(event.failed, job, "job-failed", nodes=False)
+                membership.evict_failed(group, job, cause, now)
             commands += self._start_releases()
         hooks = sorted({f.job for f in event.failed if f.kind == "hook"})
         if hooks:
@@ -244,18 +269,20 @@ class GroupCore:
             for job in hooks:
                 cause = _causes(event.failed, job, "hook", nodes=True)
                 commands.append(Log(f"evicting job {job}, whose workload hooks failed: {cause}"))
-                queue.evict_failed(job, f"its workload hooks failed: {cause}", now)
+                membership.evict_failed(group, job, f"its workload hooks failed: {cause}", now)
             commands += self._start_releases()
         if not event.failed:
             for node in event.done:
                 for job in node.gone:
-                    queue.evict(job, f"its processes on node {node.node} have exited", now)
-            queue.finish_switch(now, any(node.restored for node in event.done))
+                    reason = f"its processes on node {node.node} have exited"
+                    membership.evict(group, job, reason, now)
+            switching.finish_switch(group, now, any(node.restored for node in event.done))
             return [*commands, *self._settled(now)]
-        plan = queue._plan()
+        plan = moves.current_plan(group.state)
         causes = "; ".join(f"node {f.node}: {f.cause}" for f in event.failed)
         commands.append(Log(f"switch to {plan.waiter.job} failed: {causes}", warning=True))
-        verdict = queue.switch_failed(
+        verdict = switch_failures.switch_failed(
+            group,
             [_failed_move(f) for f in event.failed],
             done=[node.node for node in event.done],
             # A quiesce that failed moved nothing: the nodes hold what they held.
@@ -269,26 +296,26 @@ class GroupCore:
         return [*commands, PauseSwitch(verdict.pause)]
 
     def _switch_paused(self, event: ev.SwitchPaused, now: float) -> list[Command]:
-        queue = self.queue
+        group = self.group
         # Leases run out during a long outage too.
-        queue.expire(now)
-        if not queue.switch_target_waits():
+        deadlines.expire(group, now)
+        if not switching.switch_target_waits(group.state):
             # Nobody waits for this switch any more; the next plan starts
             # from what each node reported.
-            queue.abort_switch("", now)
+            switching.abort_switch(group, "", now)
             return self._settled(now)
-        plan = queue._plan()
-        if not queue.switch_plan_stands() or plan.attempts >= SWITCH_PLAN_ATTEMPTS:
+        plan = moves.current_plan(group.state)
+        if not self.switch_plan_stands() or plan.attempts >= SWITCH_PLAN_ATTEMPTS:
             # Paused, drained, or failing for long: step out of the switch so
             # that the group can pause, continue as new or plan afresh.
-            queue.set_switch_aside(now)
+            switching.set_switch_aside(group, now)
             return self._settled(now)
         return [AttemptSwitch(plan)]
 
     def _release_ended(self, event: ev.ReleaseEnded, now: float) -> list[Command]:
         self._releases_started.discard(Release(event.job, event.node, event.incarnation))
         if event.job not in self.state.jobs:
-            self.queue.release_done(event.job, event.node, event.incarnation)
+            membership.release_done(self.state, event.job, event.node, event.incarnation)
         return [self._wake(now)]
 
     # -- what follows ---------------------------------------------------------------
@@ -320,13 +347,15 @@ class GroupCore:
         return tuple(release for release in wanted if release not in self._releases_started)
 
     def _wake(self, now: float, at_once: bool = False) -> Wake:
-        return Wake(at=self.queue.next_deadline(now), at_once=at_once or self._duty_due())
+        return Wake(
+            at=deadlines.next_deadline(self.state, now), at_once=at_once or self._duty_due(now)
+        )
 
-    def _duty_due(self) -> bool:
+    def _duty_due(self, now: float) -> bool:
         """A switch, continue-as-new (by the policy's count) or a release waits
         for the group to look at itself."""
         return (
-            self.queue.needs_switch()
+            moves.needs_switch(self.state, now)
             or self._continue_as_new_due(suggested=False)
             or bool(self._releases_to_start())
         )
@@ -343,56 +372,51 @@ class GroupCore:
     # -- questions ------------------------------------------------------------------
 
     def switch_plan_stands(self) -> bool:
-        return self.queue.switch_plan_stands()
+        """Whether the switch under way would still be planned, the waiters
+        ordered as at the latest time a grant was considered."""
+        return switching.switch_plan_stands(self.state, self.group.clock)
 
     def switches_are_quick(self, seconds: float) -> bool:
-        return self.queue.switches_are_quick(seconds)
+        return switching.switches_are_quick(self.state, seconds)
 
     def is_waiting(self, job: str, request_id: str) -> bool:
-        return self.queue.is_waiting(job, request_id)
+        return turns.is_waiting(self.state, job, request_id)
 
     def answer(self, job: str, request_id: str) -> Grant | None:
         """A waiting acquire's answer: its grant, None while it still waits;
         QueueError (ABORTED) if it was ended, saying why."""
-        grant = self.queue.grant_for(job, request_id)
+        grant = turns.grant_for(self.state, job, request_id)
         if grant is not None:
             return grant.as_grant()
-        if self.queue.is_waiting(job, request_id):
+        if turns.is_waiting(self.state, job, request_id):
             return None
-        self.queue.raise_if_aborted(request_id)
+        turns.raise_if_aborted(self.state, request_id)
         raise QueueError(Refusal.ABORTED, f"job {job!r} left the group before its turn came")
 
     def evicted_reason(self, job: str) -> str:
         return self.state.evicted_jobs.get(job, "")
 
     def status(self, now: float) -> GroupStatus:
-        return self.queue.status(now)
+        return reporting.status(self.state, now)
+
+    def _status(self) -> GroupStatus:
+        """The status as of the latest time a grant was considered (an
+        operator's pause or drain is answered with it)."""
+        return reporting.status(self.state, self.group.clock)
 
     def history(self, now: float) -> GroupHistory:
-        return self.queue.history(now)
+        return reporting.history(self.state, now)
 
     def summary(self, now: float) -> GroupSummary:
-        return self.queue.summary(now)
+        return reporting.summary(self.state, now)
 
     def token_check(self, job: str, token_hash: str) -> TokenCheck:
         member = job in self.state.jobs
         try:
-            self.queue.authenticate(job, token_hash)
+            membership.authenticate(self.state, job, token_hash)
         except QueueError as refusal:
             return TokenCheck(matches=False, reason=refusal.message, member=member)
         return TokenCheck(matches=True, member=member)
-
-    # -- undoing a message that failed part-way ---------------------------------------
-
-    def snapshot(self) -> Snapshot:
-        return self.queue.snapshot()
-
-    def undo(self, snapshot: Snapshot) -> bool:
-        """Put the state back as it was at ``snapshot``; whether it had changed."""
-        if not self.queue.changed_since(snapshot):
-            return False
-        self.queue.restore(snapshot)
-        return True
 
     def plan(self) -> SwitchPlan | None:
         return self.state.switching

@@ -22,7 +22,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from timeshare.scheduling.state import JobEntry, StoredGrant, StoredPolicy, Waiter
+from timeshare.scheduling import switch_costs
+from timeshare.scheduling.rules import Rules
+from timeshare.scheduling.state import GroupState, JobEntry, StoredGrant, StoredPolicy, Waiter
 
 # Ages are counted in whole periods; this much slack keeps a deadline computed
 # as since + k * aging_seconds from landing a hair before the k-th period.
@@ -77,3 +79,27 @@ def outranks_holder_from(
 def level_share(shares: Iterable[float]) -> float:
     """Where a newcomer's share starts: level with the least-served member."""
     return min(shares, default=0.0)
+
+
+def eligible(state: GroupState, now: float) -> list[Waiter]:
+    """The waiters that may go next at ``now``: the group is not paused,
+    none of their nodes is drained, and (Rules 4) their switches cost less
+    than the gap they would fill; in arrival order."""
+    if state.paused:
+        return []
+    drained = set(state.drained)
+    waiters = [
+        waiter for waiter in state.queue if not drained.intersection(state.jobs[waiter.job].nodes)
+    ]
+    return switch_costs.may_go(state, waiters, now)
+
+
+def next_waiter(state: GroupState, now: float) -> Waiter | None:
+    """The waiter that goes next: by the group's policy, or in groups from
+    before policies, the first eligible one."""
+    waiters = eligible(state, now)
+    if not waiters:
+        return None
+    if not Rules.of(state.rules).policies or len(waiters) == 1:
+        return waiters[0]
+    return in_grant_order(waiters, state.jobs, state.policy, now)[0]

@@ -6,10 +6,9 @@ from dataclasses import dataclass
 
 from timeshare.history import GroupHistory
 from timeshare.models import GroupStateName, GroupStatus, JobStatus
-from timeshare.scheduling import ordering
-from timeshare.scheduling.base import (
-    QueueBase,
-)
+from timeshare.scheduling import deadlines, moves, ordering
+from timeshare.scheduling.base import policies
+from timeshare.scheduling.state import GroupState
 
 
 @dataclass(frozen=True)
@@ -41,98 +40,100 @@ class GroupSummary:
     backfill_delay_seconds: float = 0.0
 
 
-class Reporting(QueueBase):
-    def history(self, now: float) -> GroupHistory:
-        return GroupHistory(
-            group=self.state.group,
-            captured_at=now,
-            turns=[t.as_record() for t in self.state.recent_turns],
-            switches=[s.as_record() for s in self.state.recent_switches],
-        )
+def history(state: GroupState, now: float) -> GroupHistory:
+    return GroupHistory(
+        group=state.group,
+        captured_at=now,
+        turns=[t.as_record() for t in state.recent_turns],
+        switches=[s.as_record() for s in state.recent_switches],
+    )
 
-    def summary(self, now: float) -> GroupSummary:
-        """What the group shows outside its workflow (the status's fields
-        that search attributes and the UI's details show), cheaper to make
-        than the whole status and to compare with the last one shown."""
-        s = self.state
-        # A turn held open for its last holder shows as still held by it:
-        # nothing changes outside for a hold its job ends by asking again.
-        holder = s.anticipation.job if s.anticipation is not None else ""
-        return GroupSummary(
-            group=s.group,
-            state=self._state_name(),
-            holder=s.turn.job if s.turn is not None else holder,
-            holder_phase=s.turn.phase if s.turn is not None else "",
-            yield_epoch=self.yield_requested_epoch(now) if self.policies else 0,
-            epoch=s.epoch,
-            switches=s.switches,
-            degraded_cause=s.degraded_cause,
-            queue=tuple(self._queue_in_grant_order(now)),
-            ordering=s.policy.ordering,
-            phase_priority=tuple(sorted(s.policy.phase_priority.items())),
-            resident=tuple(sorted(s.resident.items())),
-            failing_attempts=s.failing.attempts if s.failing and s.degraded_cause else 0,
-            failing_cause=s.failing.cause if s.failing and s.degraded_cause else "",
-            backfill=tuple(sorted(job for job, entry in s.jobs.items() if entry.backfill)),
-            backfill_busy_seconds=s.backfill_busy_seconds,
-            backfill_preemptions=s.backfill_preemptions,
-            backfill_delay_seconds=s.backfill_delay_seconds,
-        )
 
-    def _queue_in_grant_order(self, now: float) -> list[str]:
-        s = self.state
-        if not self.policies:
-            return [w.job for w in s.queue]
-        return [w.job for w in ordering.in_grant_order(s.queue, s.jobs, s.policy, now)]
+def summary(state: GroupState, now: float) -> GroupSummary:
+    """What the group shows outside its workflow (the status's fields
+    that search attributes and the UI's details show), cheaper to make
+    than the whole status and to compare with the last one shown."""
+    s = state
+    # A turn held open for its last holder shows as still held by it:
+    # nothing changes outside for a hold its job ends by asking again.
+    holder = s.anticipation.job if s.anticipation is not None else ""
+    return GroupSummary(
+        group=s.group,
+        state=_state_name(state, now),
+        holder=s.turn.job if s.turn is not None else holder,
+        holder_phase=s.turn.phase if s.turn is not None else "",
+        yield_epoch=deadlines.yield_requested_epoch(state, now) if policies(state) else 0,
+        epoch=s.epoch,
+        switches=s.switches,
+        degraded_cause=s.degraded_cause,
+        queue=tuple(_queue_in_grant_order(state, now)),
+        ordering=s.policy.ordering,
+        phase_priority=tuple(sorted(s.policy.phase_priority.items())),
+        resident=tuple(sorted(s.resident.items())),
+        failing_attempts=s.failing.attempts if s.failing and s.degraded_cause else 0,
+        failing_cause=s.failing.cause if s.failing and s.degraded_cause else "",
+        backfill=tuple(sorted(job for job, entry in s.jobs.items() if entry.backfill)),
+        backfill_busy_seconds=s.backfill_busy_seconds,
+        backfill_preemptions=s.backfill_preemptions,
+        backfill_delay_seconds=s.backfill_delay_seconds,
+    )
 
-    def _state_name(self) -> GroupStateName:
-        s = self.state
-        if s.degraded_cause:
-            return "degraded"
-        if s.switching is not None or self.needs_switch():
-            return "switching"
-        if s.turn is not None or s.anticipation is not None:
-            return "held"
-        return "paused" if s.paused else "idle"
 
-    def status(self, now: float | None = None) -> GroupStatus:
-        s = self.state
-        when = self._clock if now is None else now
-        return GroupStatus(
-            group=s.group,
-            state=self._state_name(),
-            holder=s.turn.job if s.turn is not None else "",
-            epoch=s.epoch,
-            queue=self._queue_in_grant_order(when),
-            jobs=[
-                JobStatus(
-                    job=name,
-                    nodes=entry.nodes,
-                    turns=entry.turns,
-                    waited_seconds=entry.waited_seconds,
-                    held_seconds=entry.held_seconds,
-                    preempted=entry.preempted,
-                    last_seen=entry.last_seen,
-                    weight=entry.weight,
-                    priority=entry.priority,
-                    share_seconds=entry.share_seconds,
-                    backfill=entry.backfill,
-                )
-                for name, entry in sorted(s.jobs.items())
-            ],
-            resident=dict(sorted(s.resident.items())),
-            switches=s.switches,
-            grants=s.grants,
-            switch_seconds_total=s.switch_seconds_total,
-            degraded_cause=s.degraded_cause,
-            paused=s.paused,
-            drained=list(s.drained),
-            policy=s.policy.as_policy(),
-            preemptions=s.preemptions,
-            evictions=s.evictions,
-            runs=s.runs,
-            state_since=s.since,
-            switching_to=s.switching.waiter.job if s.switching is not None else "",
-            holder_phase=s.turn.phase if s.turn is not None else "",
-            yield_requested=self.policies and self.yield_requested_epoch(when) != 0,
-        )
+def _queue_in_grant_order(state: GroupState, now: float) -> list[str]:
+    s = state
+    if not policies(state):
+        return [w.job for w in s.queue]
+    return [w.job for w in ordering.in_grant_order(s.queue, s.jobs, s.policy, now)]
+
+
+def _state_name(state: GroupState, now: float) -> GroupStateName:
+    s = state
+    if s.degraded_cause:
+        return "degraded"
+    if s.switching is not None or moves.needs_switch(state, now):
+        return "switching"
+    if s.turn is not None or s.anticipation is not None:
+        return "held"
+    return "paused" if s.paused else "idle"
+
+
+def status(state: GroupState, now: float) -> GroupStatus:
+    s = state
+    return GroupStatus(
+        group=s.group,
+        state=_state_name(state, now),
+        holder=s.turn.job if s.turn is not None else "",
+        epoch=s.epoch,
+        queue=_queue_in_grant_order(state, now),
+        jobs=[
+            JobStatus(
+                job=name,
+                nodes=entry.nodes,
+                turns=entry.turns,
+                waited_seconds=entry.waited_seconds,
+                held_seconds=entry.held_seconds,
+                preempted=entry.preempted,
+                last_seen=entry.last_seen,
+                weight=entry.weight,
+                priority=entry.priority,
+                share_seconds=entry.share_seconds,
+                backfill=entry.backfill,
+            )
+            for name, entry in sorted(s.jobs.items())
+        ],
+        resident=dict(sorted(s.resident.items())),
+        switches=s.switches,
+        grants=s.grants,
+        switch_seconds_total=s.switch_seconds_total,
+        degraded_cause=s.degraded_cause,
+        paused=s.paused,
+        drained=list(s.drained),
+        policy=s.policy.as_policy(),
+        preemptions=s.preemptions,
+        evictions=s.evictions,
+        runs=s.runs,
+        state_since=s.since,
+        switching_to=s.switching.waiter.job if s.switching is not None else "",
+        holder_phase=s.turn.phase if s.turn is not None else "",
+        yield_requested=policies(state) and deadlines.yield_requested_epoch(state, now) != 0,
+    )
