@@ -1,5 +1,5 @@
 """Job.next_turn_nowait: a holder goes on into its next phase on the GPUs it
-holds while the message that says so travels (LockQueue.keep_turn, the
+holds while the message that says so travels (turns.keep_turn, the
 KeepTurn call). It never passes the turn on while the job computes: where a
 next_turn would have let others go first, the holder is asked to yield.
 

@@ -1,6 +1,6 @@
 """What the pure queue decides when a switch keeps failing: back off, give
 up within the group's give-up time, evict the job whose state cannot move
-and try once more, then tell the waiter why (LockQueue.switch_failed)."""
+and try once more, then tell the waiter why (switch_failures.switch_failed)."""
 
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ class StoredGrant(StoredModel):
     resumes_epoch: int = 0
     context_restored: bool = False
     phase: str = ""
-    # The holder kept the turn into a next phase (LockQueue.keep_turn) where
+    # The holder kept the turn into a next phase (turns.keep_turn) where
     # a next_turn would have let others go first: asked to yield from then.
     kept_past_others_at: float = 0.0
 
@@ -232,7 +232,7 @@ class SwitchPlan(StoredModel):
 
 class Anticipation(StoredModel):
     """The turn held open for ``job``, which yielded behind its fair share
-    while a job ahead of it waits, until ``until`` (LockQueue._anticipate)."""
+    while a job ahead of it waits, until ``until`` (anticipation.anticipate)."""
 
     job: str
     until: float
@@ -240,7 +240,7 @@ class Anticipation(StoredModel):
 
 class SwitchFailing(StoredModel):
     """A run of failed switch attempts, kept across plans until one succeeds
-    or the scheduler gives up (LockQueue.switch_failed)."""
+    or the scheduler gives up (switch_failures.switch_failed)."""
 
     since: float
     last_at: float = 0.0
