@@ -33,5 +33,11 @@ Rules:
   not notice) and it waits at the back of the queue to resume its turn;
 - a backfill job is granted only while no regular job holds or waits; a
   regular job that asks asks the backfill holder to yield at once, and
-  preempts it after the group's backfill grace (backfill.py).
+  preempts it after the group's backfill grace (backfill.py);
+- in groups created with rules 4, a backfill job is granted into a gap only
+  when the gap the regular jobs' asks predict is longer than its switches
+  there and back, and a turn is held open for a yielder no longer than a
+  switch would take (switch_costs.py);
+- an event the core refuses, or fails on, leaves the state as it was: each
+  is handled on a draft that is kept only once the handler returns (draft.py).
 """
