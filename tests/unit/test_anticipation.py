@@ -10,8 +10,8 @@ import itertools
 
 import pytest
 
+from tests.lock_queue import LockQueue
 from timeshare.models import GroupPolicy
-from timeshare.scheduling.queue import LockQueue
 from timeshare.scheduling.rules import RULES_ANTICIPATION, RULES_POLICIES
 from timeshare.scheduling.state import GroupState, StoredPolicy
 

@@ -98,8 +98,15 @@ def test_placement_reaches_the_scheduling_core_only_through_its_door() -> None:
     sources = sorted((REPO / "timeshare" / "placement").glob("*.py"))
     imported = {module for path in sources for module in imports_of(path)}
     assert "timeshare.scheduling.group_core" in imported  # the walk reads them
-    assert not [m for m in imported if m.startswith("timeshare.scheduling.queue")]
     assert not [path.name for path in sources if "LockQueue" in path.read_text()]
+
+
+def test_the_product_has_one_door_to_the_scheduling_core() -> None:
+    """LockQueue (the core's functions as methods) serves unit tests alone:
+    no product module uses it, so every decision comes through GroupCore."""
+    product = [p for top in ("timeshare", *MAPPED.values()) for p in (REPO / top).rglob("*.py")]
+    assert product
+    assert not [p.name for p in product if "LockQueue" in p.read_text()]
 
 
 def test_the_walk_sees_an_import_of_node_code() -> None:

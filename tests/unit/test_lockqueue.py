@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.lock_queue import LockQueue
 from timeshare.models import GroupPolicy
 from timeshare.scheduling.base import QueueError
-from timeshare.scheduling.queue import LockQueue
 from timeshare.scheduling.state import (
     GroupState,
     StoredPolicy,

@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from tests.lock_queue import LockQueue
 from timeshare.models import GroupPolicy
 from timeshare.scheduling import commands as cmd
 from timeshare.scheduling import events as ev
 from timeshare.scheduling import ordering
 from timeshare.scheduling.base import QueueError
 from timeshare.scheduling.group_core import GroupCore
-from timeshare.scheduling.queue import LockQueue
 from timeshare.scheduling.rules import RULES_LEGACY, RULES_POLICIES
 from timeshare.scheduling.state import GroupState, StoredPolicy, Waiter
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.lock_queue import LockQueue
 from timeshare.models import GroupPolicy
 from timeshare.scheduling.base import QueueError
 from timeshare.scheduling.prefetch import PREFETCH_GUESS, PREFETCH_PAST_DEPARTED, PrefetchChoice
-from timeshare.scheduling.queue import LockQueue
 from timeshare.scheduling.rules import RULES_POLICIES
 from timeshare.scheduling.state import GroupState, StoredPolicy
 from timeshare.scheduling.switch_failures import FailedMove

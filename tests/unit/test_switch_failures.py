@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.lock_queue import LockQueue
 from timeshare.models import GroupPolicy
 from timeshare.scheduling.base import QueueError
-from timeshare.scheduling.queue import LockQueue
 from timeshare.scheduling.rules import RULES_POLICIES
 from timeshare.scheduling.state import GroupState, StoredPolicy
 from timeshare.scheduling.switch_failures import FailedMove, RetryVerdict

@@ -1,6 +1,7 @@
 """LockQueue: the scheduling core's functions over one group, as methods, for
-tests that drive a decision directly rather than through an event. The
-product goes through GroupCore.handle, which calls the functions itself."""
+unit tests that drive a decision directly rather than through an event. The
+product goes through GroupCore.handle, which calls the functions itself
+(tests/unit/test_layout.py keeps LockQueue out of it)."""
 
 from __future__ import annotations
 
