@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from pydantic import BaseModel
 
 from timeshare.status import table
-from timeshare.synthetic import SyntheticJobReport
+from timeshare.synthetic import BACKFILL_PHASE, SyntheticJobReport
 
-GPU_PHASES = ("sample", "train", "gpu")
+GPU_PHASES = ("sample", "train", "gpu", BACKFILL_PHASE)
 CHART_WIDTH = 72
-CHART_MARKS = {"sample": "S", "train": "T", "gpu": "G", "reward": "-", "cpu": "-", "wait": "."}
+CHART_MARKS = {"sample": "S", "train": "T", "gpu": "G", BACKFILL_PHASE: "B", "reward": "-",
+               "cpu": "-", "wait": "."}  # fmt: skip
 
 
 class UtilisationFigures(BaseModel):
@@ -52,7 +53,8 @@ def utilisation(reports: Sequence[SyntheticJobReport]) -> UtilisationFigures:
 
 
 def chart(reports: Sequence[SyntheticJobReport]) -> str:
-    """One row per job: S sampling, T training (on the GPU), - reward (CPU), . waiting."""
+    """One row per job: S sampling, T training, G a profile's GPU phase, B
+    backfill steps (on the GPU), - reward (CPU), . waiting."""
     start = min(r.started for r in reports)
     span = max(r.finished for r in reports) - start
     scale = CHART_WIDTH / span if span else 1.0
