@@ -74,6 +74,14 @@ class GroupPolicy(BaseModel):
     # most (sized from how soon it asked again before), so that a job with
     # short turns is not handed over after every one of them (0: never).
     fair_anticipation_seconds: float = Field(default=0.03, ge=0.0, le=1.0)
+    # A turn that moves state is weighed against what its switches cost: a
+    # backfill job is granted only a gap longer than its switches there and
+    # back, and anticipation holds the turn open no longer than a switch
+    # would take (False: granted whatever the switches cost).
+    switch_cost_aware: bool = True
+    # One switch on a node (checkpoint plus restore), in seconds, as the
+    # operator knows it: used instead of the measured costs (None: measured).
+    switch_cost_seconds: float | None = Field(default=None, ge=0.0, le=86400.0)
 
     # The GPU indices the group's jobs use on each of their nodes; empty: all
     # of them. A GPU belongs to one group at a time (checked at join).

@@ -59,6 +59,10 @@ def policy_line(group: GroupStatus) -> str:
         parts.append(f"preempts lower priority after {p.preempt_lower_after_seconds:g} s")
     if any(j.backfill for j in group.jobs):
         parts.append(f"backfill preempted {p.backfill_grace_seconds:g} s after a regular ask")
+    if not p.switch_cost_aware:
+        parts.append("switch costs not weighed")
+    elif p.switch_cost_seconds is not None:
+        parts.append(f"a switch costs {p.switch_cost_seconds:g} s (set)")
     if p.max_turn_seconds:
         parts.append(f"turn limit {p.max_turn_seconds:g} s (+{p.preempt_grace_seconds:g} s grace)")
     parts.append(f"lease {p.lease_seconds:g} s while others wait, {p.idle_lease_seconds:g} s idle")

@@ -66,6 +66,8 @@ class StoredPolicy(StoredModel):
     switch_give_up_seconds: float = 120.0
     fair_anticipation_seconds: float = 0.03
     backfill_grace_seconds: float = 10.0
+    switch_cost_aware: bool = True
+    switch_cost_seconds: float | None = None
 
     @property
     def idle_lease(self) -> float:

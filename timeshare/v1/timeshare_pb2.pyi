@@ -67,6 +67,8 @@ class GroupPolicy(_message.Message):
     SWITCH_GIVE_UP_SECONDS_FIELD_NUMBER: _builtins.int
     FAIR_ANTICIPATION_SECONDS_FIELD_NUMBER: _builtins.int
     BACKFILL_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
+    SWITCH_COST_AWARE_FIELD_NUMBER: _builtins.int
+    SWITCH_COST_SECONDS_FIELD_NUMBER: _builtins.int
     lease_seconds: _builtins.float
     """A holder that others wait for and that sends nothing (renewals
     included) for this long is evicted, and the turn moves on (30).
@@ -125,6 +127,16 @@ class GroupPolicy(_message.Message):
     job asks, and preempted if it still holds this long after (10; 0: at
     once). Set explicitly (optional): an unset field keeps the default.
     """
+    switch_cost_aware: _builtins.bool
+    """Whether a turn that moves state (a backfill job into a gap, the end of
+    fair share's anticipation) is weighed against what its switches cost,
+    measured per job and node (true). Set explicitly (optional): an unset
+    field keeps the default, false grants as groups created before it did.
+    """
+    switch_cost_seconds: _builtins.float
+    """The operator's fixed estimate of one switch on a node (checkpoint plus
+    restore, in seconds), used instead of the measured costs. Unset: measured.
+    """
     @_builtins.property
     def phase_priority(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Added to the job's priority for a request of that phase."""
@@ -156,19 +168,29 @@ class GroupPolicy(_message.Message):
         switch_give_up_seconds: _builtins.float = ...,
         fair_anticipation_seconds: _builtins.float | None = ...,
         backfill_grace_seconds: _builtins.float | None = ...,
+        switch_cost_aware: _builtins.bool | None = ...,
+        switch_cost_seconds: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_backfill_grace_seconds", b"_backfill_grace_seconds", "_fair_anticipation_seconds", b"_fair_anticipation_seconds", "backfill_grace_seconds", b"backfill_grace_seconds", "fair_anticipation_seconds", b"fair_anticipation_seconds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backfill_grace_seconds", b"_backfill_grace_seconds", "_fair_anticipation_seconds", b"_fair_anticipation_seconds", "_switch_cost_aware", b"_switch_cost_aware", "_switch_cost_seconds", b"_switch_cost_seconds", "backfill_grace_seconds", b"backfill_grace_seconds", "fair_anticipation_seconds", b"fair_anticipation_seconds", "switch_cost_aware", b"switch_cost_aware", "switch_cost_seconds", b"switch_cost_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backfill_grace_seconds", b"_backfill_grace_seconds", "_fair_anticipation_seconds", b"_fair_anticipation_seconds", "agent_timeout_seconds", b"agent_timeout_seconds", "aging_seconds", b"aging_seconds", "backfill_grace_seconds", b"backfill_grace_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "fair_anticipation_seconds", b"fair_anticipation_seconds", "fair_credit_seconds", b"fair_credit_seconds", "gpus", b"gpus", "idle_lease_seconds", b"idle_lease_seconds", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "ordering", b"ordering", "phase_priority", b"phase_priority", "preempt_grace_seconds", b"preempt_grace_seconds", "preempt_lower_after_seconds", b"preempt_lower_after_seconds", "prefetch", b"prefetch", "switch_give_up_seconds", b"switch_give_up_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backfill_grace_seconds", b"_backfill_grace_seconds", "_fair_anticipation_seconds", b"_fair_anticipation_seconds", "_switch_cost_aware", b"_switch_cost_aware", "_switch_cost_seconds", b"_switch_cost_seconds", "agent_timeout_seconds", b"agent_timeout_seconds", "aging_seconds", b"aging_seconds", "backfill_grace_seconds", b"backfill_grace_seconds", "co_residency", b"co_residency", "continue_as_new_every", b"continue_as_new_every", "fair_anticipation_seconds", b"fair_anticipation_seconds", "fair_credit_seconds", b"fair_credit_seconds", "gpus", b"gpus", "idle_lease_seconds", b"idle_lease_seconds", "lease_seconds", b"lease_seconds", "max_turn_seconds", b"max_turn_seconds", "ordering", b"ordering", "phase_priority", b"phase_priority", "preempt_grace_seconds", b"preempt_grace_seconds", "preempt_lower_after_seconds", b"preempt_lower_after_seconds", "prefetch", b"prefetch", "switch_cost_aware", b"switch_cost_aware", "switch_cost_seconds", b"switch_cost_seconds", "switch_give_up_seconds", b"switch_give_up_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backfill_grace_seconds: _TypeAlias = _typing.Literal["backfill_grace_seconds"]  # noqa: Y015
     _WhichOneofArgType__backfill_grace_seconds: _TypeAlias = _typing.Literal["_backfill_grace_seconds", b"_backfill_grace_seconds"]  # noqa: Y015
     _WhichOneofReturnType__fair_anticipation_seconds: _TypeAlias = _typing.Literal["fair_anticipation_seconds"]  # noqa: Y015
     _WhichOneofArgType__fair_anticipation_seconds: _TypeAlias = _typing.Literal["_fair_anticipation_seconds", b"_fair_anticipation_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__switch_cost_aware: _TypeAlias = _typing.Literal["switch_cost_aware"]  # noqa: Y015
+    _WhichOneofArgType__switch_cost_aware: _TypeAlias = _typing.Literal["_switch_cost_aware", b"_switch_cost_aware"]  # noqa: Y015
+    _WhichOneofReturnType__switch_cost_seconds: _TypeAlias = _typing.Literal["switch_cost_seconds"]  # noqa: Y015
+    _WhichOneofArgType__switch_cost_seconds: _TypeAlias = _typing.Literal["_switch_cost_seconds", b"_switch_cost_seconds"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__backfill_grace_seconds) -> _WhichOneofReturnType__backfill_grace_seconds | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__fair_anticipation_seconds) -> _WhichOneofReturnType__fair_anticipation_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__switch_cost_aware) -> _WhichOneofReturnType__switch_cost_aware | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__switch_cost_seconds) -> _WhichOneofReturnType__switch_cost_seconds | None: ...
 
 Global___GroupPolicy: _TypeAlias = GroupPolicy  # noqa: Y015
 
