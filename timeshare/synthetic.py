@@ -187,31 +187,39 @@ def _iterations(job: timeshare.Job, report: SyntheticJobReport, spec: SyntheticJ
 def _backfill_turns(job: timeshare.Job, report: SyntheticJobReport, spec: SyntheticJobSpec) -> None:
     """Turns of GPU steps back to back until ``iterations`` steps are done,
     each given back at the first step boundary after should_yield (or, with
-    ``ignore_should_yield``, after ``turn_steps`` steps)."""
+    ``ignore_should_yield``, after ``turn_steps`` steps). A turn cut short by
+    a signal is recorded up to that moment."""
     steps = 0
     while steps < spec.iterations:
         requested = time.time()
         turn = job.acquire(phase=BACKFILL_PHASE)
         work_start = time.time()
-        in_turn = 0
-        while steps < spec.iterations and not (turn.should_yield and not spec.ignore_should_yield):
-            if spec.ignore_should_yield and in_turn == spec.turn_steps:
-                break
-            time.sleep(spec.step_seconds)  # stands for one batch's GPU kernels
-            steps += 1
-            in_turn += 1
-        work_end = time.time()
+        try:
+            steps += _steps_in_turn(turn, spec, spec.iterations - steps)
+        finally:
+            work_end = time.time()
+            report.phases.append(PhaseRecord(phase=BACKFILL_PHASE, start=work_start, end=work_end))
+            report.turns.append(
+                TurnRecord(
+                    phase=BACKFILL_PHASE, iteration=len(report.turns), epoch=turn.epoch,
+                    ticket=turn.ticket, requested=requested, granted=work_start,
+                    yielded=work_end, work_start=work_start, work_end=work_end,
+                    waited_seconds=turn.waited_seconds, switch_seconds=turn.switch_seconds,
+                )
+            )  # fmt: skip
         job.yield_nowait()
-        report.phases.append(PhaseRecord(phase=BACKFILL_PHASE, start=work_start, end=work_end))
-        report.turns.append(
-            TurnRecord(
-                phase=BACKFILL_PHASE, iteration=len(report.turns), epoch=turn.epoch,
-                ticket=turn.ticket, requested=requested, granted=work_start,
-                yielded=time.time(), work_start=work_start, work_end=work_end,
-                waited_seconds=turn.waited_seconds, switch_seconds=turn.switch_seconds,
-            )
-        )  # fmt: skip
     print(f"{spec.job}: {steps} backfill steps in {len(report.turns)} turns", flush=True)
+
+
+def _steps_in_turn(turn: timeshare.Turn, spec: SyntheticJobSpec, left: int) -> int:
+    """GPU steps until the turn should be given back; how many were done."""
+    done = 0
+    while done < left and not (turn.should_yield and not spec.ignore_should_yield):
+        if spec.ignore_should_yield and done == spec.turn_steps:
+            break
+        time.sleep(spec.step_seconds)  # stands for one batch's GPU kernels
+        done += 1
+    return done
 
 
 def _sleep_until(job: str, start: float) -> None:

@@ -1,5 +1,6 @@
-"""What synthetic jobs' records say: a timeline people can read, and the GPU
-busy fraction with and without sharing."""
+"""What synthetic jobs' records and a group's history say: a timeline people
+can read, the GPU busy fraction with and without sharing, and how long jobs
+waited behind others."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
+from timeshare.history import GroupHistory, TurnRecord
 from timeshare.status import table
 from timeshare.synthetic import BACKFILL_PHASE, SyntheticJobReport
 
@@ -50,6 +52,48 @@ def utilisation(reports: Sequence[SyntheticJobReport]) -> UtilisationFigures:
         switch_seconds=sum(t.switch_seconds for t in turns),
         wait_seconds=sum(t.granted - t.requested for t in turns),
     )
+
+
+def busy_between(reports: Sequence[SyntheticJobReport], start: float, end: float) -> float:
+    """The GPU's busy fraction from ``start`` to ``end``, every job's GPU phases counted."""
+    busy = sum(
+        max(0.0, min(p.end, end) - max(p.start, start))
+        for r in reports for p in r.phases if p.phase in GPU_PHASES
+    )  # fmt: skip
+    return busy / (end - start) if end > start else 0.0
+
+
+def busy_while_all_run(reports: Sequence[SyntheticJobReport]) -> float:
+    """The GPU's busy fraction from the last job's start to the first job's end."""
+    return busy_between(reports, max(r.started for r in reports), min(r.finished for r in reports))
+
+
+def idle_while_waiting(reports: Sequence[SyntheticJobReport], step: float = 0.001) -> float:
+    """Seconds in which some job waited for the GPU and none computed on it:
+    switch time plus scheduler overhead."""
+    start = min(r.started for r in reports)
+    end = max(r.finished for r in reports)
+    slots = int((end - start) / step) + 1
+    waiting = bytearray(slots)
+    working = bytearray(slots)
+    for report in reports:
+        for turn in report.turns:
+            for marks, (a, b) in ((waiting, (turn.requested, turn.granted)),
+                                  (working, (turn.work_start, turn.work_end))):  # fmt: skip
+                for slot in range(int((a - start) / step), min(slots, int((b - start) / step))):
+                    marks[slot] = 1
+    return sum(1 for w, g in zip(waiting, working, strict=True) if w and not g) * step
+
+
+def waits_behind(history: GroupHistory, jobs: set[str]) -> list[TurnRecord]:
+    """The turns of other jobs asked for while one of ``jobs`` held the GPUs
+    (each waited ``granted_at - requested_at``, ``switch_seconds`` of it switching)."""
+    held = [t for t in history.turns if t.job in jobs]
+    return [
+        t for t in history.turns
+        if t.job not in jobs and t.granted_at > 0 and any(
+            h.granted_at <= t.requested_at < (h.released_at or history.captured_at) for h in held)
+    ]  # fmt: skip
 
 
 def chart(reports: Sequence[SyntheticJobReport]) -> str:

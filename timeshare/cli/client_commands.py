@@ -145,6 +145,7 @@ def _synthetic_job_command(commands: Subparsers) -> None:
     job.add_argument("--agent-timeout-seconds", type=PERIOD, help="group policy, likewise")
     job.add_argument("--co-residency", choices=["auto", "off"], help="group policy, likewise")
     job.add_argument("--prefetch", choices=["auto", "off"], help="group policy, likewise")
+    job.add_argument("--switch-cost-aware", choices=["on", "off"], help="group policy, likewise")
     job.add_argument("--weight", type=WEIGHT, default=1.0, help="the job's weight (fair share)")
     job.add_argument("--priority", type=PRIORITY, default=0, help="the job's priority")
     job.add_argument(
@@ -287,6 +288,7 @@ def run_synthetic_job(args: argparse.Namespace) -> int:
             agent_timeout_seconds=args.agent_timeout_seconds or 30.0,
             co_residency=args.co_residency or "auto",
             prefetch=args.prefetch or "auto",
+            switch_cost_aware=args.switch_cost_aware != "off",
             ordering=args.ordering or "fair",
             **(
                 {"backfill_grace_seconds": args.backfill_grace_seconds}

@@ -28,6 +28,7 @@ from typing import Any
 import timeshare
 from timeshare.activities.backends.processes import alive, descendants
 from timeshare.activities.backends.sim_memory import DEVICE_MEMORY_ROOT
+from timeshare.history import GroupHistory
 from timeshare.models import GroupStatus
 from timeshare.testing.ports import free_port
 from timeshare.workers.common.children import spawn, stop_process
@@ -287,6 +288,10 @@ class LocalStack:
     def group(self, group: str) -> GroupStatus:
         with timeshare.connect(self.address) as client:
             return client.get_group(group)
+
+    def history(self, group: str) -> GroupHistory:
+        with timeshare.connect(self.address) as client:
+            return client.group_history(group)
 
     def wait_for(self, group: str, state: str, timeout: float = 60) -> GroupStatus:
         """Poll the group until it is in ``state`` (e.g. "switching")."""
