@@ -44,6 +44,9 @@ class SwitchRecord(BaseModel):
     error: str = ""
     # Bytes each job's checkpoint moved off the node (locked jobs moved none).
     checkpoint_bytes: dict[str, int] = Field(default_factory=dict)
+    # Seconds each job's checkpoint took, and the admitted job's restore.
+    checkpoint_seconds: dict[str, float] = Field(default_factory=dict)
+    restore_seconds: float = 0.0
 
 
 class GroupHistory(BaseModel):

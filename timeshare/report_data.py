@@ -265,6 +265,10 @@ def _switch_title(switch: SwitchRecord) -> str:
     details = f"{human_bytes(switch.bytes_moved)}" + (
         f", {switch.backend}" if switch.backend else ""
     )
+    timed = [f"{job} checkpoint {s:.3f} s" for job, s in sorted(switch.checkpoint_seconds.items())]
+    if switch.restore_seconds:
+        timed.append(f"{admitted} restore {switch.restore_seconds:.3f} s")
+    details += "".join(f", {part}" for part in timed)
     if switch.ok:
         return f"{what} ({details})"
     return f"FAILED {what} ({details}): {switch.error or 'no cause recorded'}"

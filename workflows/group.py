@@ -46,7 +46,12 @@ with workflow.unsafe.imports_passed_through():
     from timeshare.scheduling import events as ev
     from timeshare.scheduling.base import QueueError
     from timeshare.scheduling.group_core import GroupCore
-    from timeshare.scheduling.rules import RULES_ANTICIPATION, RULES_LEGACY, RULES_POLICIES
+    from timeshare.scheduling.rules import (
+        RULES_ANTICIPATION,
+        RULES_LEGACY,
+        RULES_POLICIES,
+        RULES_SWITCH_COSTS,
+    )
     from timeshare.scheduling.state import GroupState, StoredPolicy, SwitchPlan
     from timeshare.scheduling.undo import Snapshot
     from timeshare.workflows import node_calls, patches
@@ -461,7 +466,9 @@ def _rules_of_a_new_group() -> int:
     scheduler replays with the rules it was created with."""
     if not workflow.patched(patches.POLICIES):
         return RULES_LEGACY
-    return RULES_ANTICIPATION if workflow.patched(patches.ANTICIPATION) else RULES_POLICIES
+    if not workflow.patched(patches.ANTICIPATION):
+        return RULES_POLICIES
+    return RULES_SWITCH_COSTS if workflow.patched(patches.SWITCH_COSTS) else RULES_ANTICIPATION
 
 
 def _join(input: JoinInput) -> ev.Join:

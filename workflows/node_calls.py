@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
         SwitchPhase,
     )
     from timeshare.names import node_task_queue
+    from timeshare.scheduling import switch_costs
     from timeshare.scheduling.events import NodeFailed, NodeSwitched, SwitchAttempted
     from timeshare.scheduling.state import GroupState, StoredMove, StoredSwitch, SwitchPlan
 
@@ -92,6 +93,7 @@ async def _timed_move(
     output = await _move(state, plan, move, "switch")
     switched = isinstance(output, SwitchOutput)
     actions = output.actions if isinstance(output, SwitchOutput) else []
+    checkpoint_seconds, restore_seconds = switch_costs.measured(actions, move.admit)
     record = StoredSwitch(
         node=move.node,
         epoch=plan.epoch,
@@ -104,6 +106,8 @@ async def _timed_move(
         ok=switched,
         error=output.cause if isinstance(output, NodeFailed) else "",
         checkpoint_bytes={a.job: a.bytes for a in actions if a.action == "checkpoint"},
+        checkpoint_seconds=checkpoint_seconds,
+        restore_seconds=restore_seconds,
     )
     if isinstance(output, NodeFailed):
         return output, record

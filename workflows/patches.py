@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
 # -- live: the rules of a new group -------------------------------------------
 POLICIES = "timeshare-scheduling-policies"
 ANTICIPATION = "timeshare-fair-share-anticipation"
+SWITCH_COSTS = "timeshare-switch-cost-aware-admission"
 
 # No timer armed for the wait slice of an acquire already granted.
 SETTLED_SLICES = "timeshare-no-timer-for-settled-slices"
@@ -53,7 +54,7 @@ ANNOUNCED_BY_THE_CORE = (
 # included: a marker outside it in a history fails that history's replay.
 ISSUED = frozenset(
     {
-        POLICIES, ANTICIPATION, SETTLED_SLICES, STEADY_TIMER, SLICE_BY_MAIN_TIMER,
+        POLICIES, ANTICIPATION, SWITCH_COSTS, SETTLED_SLICES, STEADY_TIMER, SLICE_BY_MAIN_TIMER,
         LEASE_FROM_GRANT, RELEASE_LEFT_JOBS, *ANNOUNCED_BY_THE_CORE,
         visibility.PATCH, visibility.LEAN_PATCH, visibility.CARRIED_MEMO_PATCH,
     }

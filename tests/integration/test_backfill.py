@@ -59,6 +59,10 @@ async def test_a_backfill_job_that_does_not_yield_is_preempted_and_the_regular_j
     assert status.holder == "a" and status.preemptions == 1
     assert {j.job: j.preempted for j in status.jobs} == {"a": False, "bf": True}
     assert sim_nodes.backends[node].resident(group) == ["a"]
+    # The switch that preempted it says what its checkpoint took: what the
+    # group weighs before it hands the GPU to a backfill job again.
+    (handover,) = [s for s in (await api.group_history(group)).switches if s.admitted == "a"]
+    assert list(handover.checkpoint_seconds) == ["bf"]
     await regular.yield_()
     await regular.leave()
     await backfill.leave()

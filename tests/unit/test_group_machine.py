@@ -29,8 +29,13 @@ from timeshare.scheduling import commands as cmd
 from timeshare.scheduling import events as ev
 from timeshare.scheduling.base import QueueError
 from timeshare.scheduling.group_core import GroupCore
-from timeshare.scheduling.rules import RULES_ANTICIPATION, RULES_LEGACY, RULES_POLICIES
-from timeshare.scheduling.state import GroupState, StoredPolicy, SwitchPlan
+from timeshare.scheduling.rules import (
+    RULES_ANTICIPATION,
+    RULES_LEGACY,
+    RULES_POLICIES,
+    RULES_SWITCH_COSTS,
+)
+from timeshare.scheduling.state import GroupState, StoredPolicy, StoredSwitch, SwitchPlan
 
 # Short, so that random traffic reaches the give-up of failing switches.
 GIVE_UP_SECONDS = 10.0
@@ -80,7 +85,9 @@ class GroupMachine(RuleBasedStateMachine):
     # -- carrying out what the core says, as the group workflow does ----------------
 
     @initialize(
-        rules=st.sampled_from([RULES_LEGACY, RULES_POLICIES, RULES_ANTICIPATION]),
+        rules=st.sampled_from(
+            [RULES_LEGACY, RULES_POLICIES, RULES_ANTICIPATION, RULES_SWITCH_COSTS]
+        ),
         members=st.sets(JOBS, min_size=2),
         nodes=st.sampled_from(NODE_SETS),
     )
@@ -293,13 +300,22 @@ class GroupMachine(RuleBasedStateMachine):
             self.handle(ev.SwitchAttempted(done=[], failed=failures, moved=False))
             self.look_when_told()
             return
-        done, failures = [], []
+        done, failures, records = [], [], []
         for move in plan.moves:
             leaving = move.evict[0] if move.evict else ""
             if move.node not in failed or move.node in moved_unseen:
                 self.device[move.node] = {move.admit} if move.admit else set()
             if move.node not in failed:
                 done.append(ev.NodeSwitched(move.node))
+                # Measured: what switch-cost-aware admission (Rules 4) weighs.
+                records.append(
+                    StoredSwitch(
+                        node=move.node, epoch=plan.epoch, started_at=self.now - seconds,
+                        finished_at=self.now, evicted=move.evict, admitted=move.admit,
+                        checkpoint_seconds={job: seconds / 2 for job in move.evict},
+                        restore_seconds=seconds / 2,
+                    )
+                )  # fmt: skip
             elif failure == "restore":
                 self.device[move.node] = set()  # checkpointed, and nothing came back
                 failures.append(ev.NodeFailed(move.node, "restore failed", "restore"))
@@ -311,7 +327,7 @@ class GroupMachine(RuleBasedStateMachine):
                 failures.append(
                     ev.NodeFailed(move.node, "checkpoint failed", "checkpoint", leaving)
                 )
-        self.handle(ev.SwitchAttempted(done=done, failed=failures))
+        self.handle(ev.SwitchAttempted(done=done, failed=failures, records=records))
         self.look_when_told()
 
     def end_pause(self) -> None:

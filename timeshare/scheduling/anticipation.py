@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from timeshare.scheduling import ordering
+from timeshare.scheduling import ordering, switch_costs
 from timeshare.scheduling.base import (
     QueueBase,
 )
@@ -41,6 +41,12 @@ class Anticipating(QueueBase):
         if ordering.in_grant_order([asks, first], s.jobs, policy, now)[0] is not asks:
             return  # outranked (priority, phase priority, aging)
         window = min(cap, ANTICIPATION_GAP_SHARE * gap + ANTICIPATION_SLACK_SECONDS)
+        # Held open no longer than switching to the first waiter would take.
+        switch = switch_costs.anticipation_cap(s, first.job)
+        if switch is not None:
+            window = min(window, switch)
+        if window <= 0:
+            return
         s.anticipation = Anticipation(job=job, until=now + window)
 
     def _anticipated(self, now: float) -> str | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from timeshare.scheduling import backfill, ordering
+from timeshare.scheduling import backfill, ordering, switch_costs
 from timeshare.scheduling.base import (
     QueueBase,
 )
@@ -24,6 +24,9 @@ class Deadlines(QueueBase):
             deadlines.append(preempt_at)
         if self.policies and asked is not None and (now is None or asked > now):
             deadlines.append(asked)  # the request to yield is published then
+        held_back_until = switch_costs.recheck_at(self.state, self._clock if now is None else now)
+        if held_back_until is not None:
+            deadlines.append(held_back_until)
         return min(deadlines) if deadlines else None
 
     def expire(self, now: float) -> list[str]:
@@ -145,6 +148,9 @@ class Deadlines(QueueBase):
         if regular_asked is not None:
             asked.append(regular_asked)
             preempt.append(regular_asked + policy.backfill_grace_seconds)
+        ahead = switch_costs.yield_ahead_at(self.state, turn)
+        if ahead is not None:
+            asked.append(ahead)  # not preempted for it: no regular job waits yet
         return min(asked, default=None), min(preempt, default=None)
 
     def _outranked_from(self, turn: StoredGrant) -> float | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from timeshare.refusals import Refusal
+from timeshare.scheduling import switch_costs
 from timeshare.scheduling.base import (
     MAX_PHASES_REMEMBERED,
     QueueBase,
@@ -35,9 +36,11 @@ class PrefetchChoice:
 
 class Prefetching(QueueBase):
     def _idle(self) -> bool:
-        """Nobody holds, waits or is being switched in, and the group may grant."""
+        """Nobody holds, waits (but a backfill job its switches' cost holds
+        back) or is being switched in, and the group may grant."""
         s = self.state
-        return s.turn is None and s.switching is None and not s.queue and not s.paused
+        waiting = switch_costs.may_go(s, s.queue, self._clock)
+        return s.turn is None and s.switching is None and not waiting and not s.paused
 
     def expected_ask(self, job: str, now: float) -> float | None:
         """When the job is expected to ask again: as long after its last yield
@@ -77,7 +80,9 @@ class Prefetching(QueueBase):
         if not moves or set(s.drained).intersection(s.jobs[target].nodes):
             return None
         leaving = {job for move in moves + self._leaving_elsewhere(moves) for job in move.evict}
-        if any(known.get(job, known[target]) <= known[target] for job in leaving & set(s.jobs)):
+        # A backfill job held back for the gap is in the way of nobody's request.
+        in_the_way = leaving & set(s.jobs) - {w.job for w in s.queue}
+        if any(known.get(job, known[target]) <= known[target] for job in in_the_way):
             return None
         # A job that left would have held the prefetch up before that change.
         departed = leaving - set(s.jobs)

@@ -11,7 +11,10 @@ Versions:
 2. scheduling policies: fair share, weights, priorities, idle and contended
    leases (docs/user-guide.md, "Group policy");
 3. and fair share holds the turn open for a yielder behind its share
-   (scheduling/anticipation.py).
+   (scheduling/anticipation.py);
+4. and switch costs are weighed: a backfill job is granted only a gap longer
+   than its switches, anticipation lasts no longer than a switch
+   (scheduling/switch_costs.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from functools import cache
 RULES_LEGACY = 1
 RULES_POLICIES = 2
 RULES_ANTICIPATION = 3
-NEWEST = RULES_ANTICIPATION
+RULES_SWITCH_COSTS = 4
+NEWEST = RULES_SWITCH_COSTS
 
 
 @dataclass(frozen=True)
@@ -46,3 +50,7 @@ class Rules:
     @property
     def anticipation(self) -> bool:
         return self.version >= RULES_ANTICIPATION
+
+    @property
+    def switch_costs(self) -> bool:
+        return self.version >= RULES_SWITCH_COSTS

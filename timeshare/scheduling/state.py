@@ -145,6 +145,8 @@ class StoredSwitch(StoredModel):
     ok: bool = True
     error: str = ""
     checkpoint_bytes: dict[str, int] = Field(default_factory=dict)
+    checkpoint_seconds: dict[str, float] = Field(default_factory=dict)
+    restore_seconds: float = 0.0
 
     def as_record(self) -> SwitchRecord:
         return self.public(SwitchRecord)
@@ -174,6 +176,10 @@ class JobEntry(StoredModel):
     restored_ahead: bool = False
     # Runs only while no regular job holds or waits (scheduling/backfill.py).
     backfill: bool = False
+    # Smoothed seconds its checkpoint and its restore took, by node: what
+    # moving it costs (scheduling/switch_costs.py).
+    checkpoint_seconds: dict[str, float] = Field(default_factory=dict)
+    restore_seconds: dict[str, float] = Field(default_factory=dict)
 
 
 class Waiter(StoredModel):

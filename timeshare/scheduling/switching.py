@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from timeshare.history import HISTORY_SWITCHES
 from timeshare.refusals import Refusal
+from timeshare.scheduling import switch_costs
 from timeshare.scheduling.base import (
     UNKNOWN_RESIDENT,
     QueueBase,
@@ -157,6 +158,7 @@ class Switching(QueueBase):
 
     def record_switches(self, records: list[StoredSwitch]) -> None:
         self.state.recent_switches.extend(records)
+        switch_costs.learn(self.state.jobs, records)
         del self.state.recent_switches[:-HISTORY_SWITCHES]
 
     def switches_are_quick(self, seconds: float) -> bool:

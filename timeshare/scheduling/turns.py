@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from timeshare.history import HISTORY_TURNS
 from timeshare.refusals import Refusal
-from timeshare.scheduling import backfill, ordering
+from timeshare.scheduling import backfill, ordering, switch_costs
 from timeshare.scheduling.base import (
     QueueBase,
     QueueError,
@@ -244,18 +244,18 @@ class Turns(QueueBase):
         return 0
 
     def _eligible(self) -> list[Waiter]:
-        """The waiters that may go next: the group is not paused and none of
-        their nodes is drained; in arrival order."""
+        """The waiters that may go next: the group is not paused, none of
+        their nodes is drained, and (Rules 4) their switches cost less than
+        the gap they would fill; in arrival order."""
         if self.state.paused:
             return []
-        if not self.state.drained:
-            return list(self.state.queue)
         drained = set(self.state.drained)
-        return [
+        eligible = [
             waiter
             for waiter in self.state.queue
             if not drained.intersection(self.state.jobs[waiter.job].nodes)
         ]
+        return switch_costs.may_go(self.state, eligible, self._clock)
 
     def _next_waiter(self, now: float | None = None) -> Waiter | None:
         """The waiter that goes next: by the group's policy (ordering.py), or

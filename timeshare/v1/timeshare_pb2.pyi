@@ -935,6 +935,26 @@ class SwitchRecord(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class CheckpointSecondsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NODE_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
@@ -946,6 +966,8 @@ class SwitchRecord(_message.Message):
     OK_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     CHECKPOINT_BYTES_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_SECONDS_FIELD_NUMBER: _builtins.int
+    RESTORE_SECONDS_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     epoch: _builtins.int
     started_at: _builtins.float
@@ -955,12 +977,19 @@ class SwitchRecord(_message.Message):
     backend: _builtins.str
     ok: _builtins.bool
     error: _builtins.str
+    restore_seconds: _builtins.float
     @_builtins.property
     def evicted(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def checkpoint_bytes(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Bytes each job's checkpoint moved off the node in this switch (a job
         only locked beside the admitted one moved none and is absent).
+        """
+
+    @_builtins.property
+    def checkpoint_seconds(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Seconds each job's checkpoint took, and the admitted job's restore (what
+        switch-cost-aware admission learns from).
         """
 
     def __init__(
@@ -977,10 +1006,12 @@ class SwitchRecord(_message.Message):
         ok: _builtins.bool = ...,
         error: _builtins.str = ...,
         checkpoint_bytes: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        checkpoint_seconds: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        restore_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted", b"admitted", "backend", b"backend", "bytes_moved", b"bytes_moved", "checkpoint_bytes", b"checkpoint_bytes", "epoch", b"epoch", "error", b"error", "evicted", b"evicted", "finished_at", b"finished_at", "node", b"node", "ok", b"ok", "started_at", b"started_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted", b"admitted", "backend", b"backend", "bytes_moved", b"bytes_moved", "checkpoint_bytes", b"checkpoint_bytes", "checkpoint_seconds", b"checkpoint_seconds", "epoch", b"epoch", "error", b"error", "evicted", b"evicted", "finished_at", b"finished_at", "node", b"node", "ok", b"ok", "restore_seconds", b"restore_seconds", "started_at", b"started_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
