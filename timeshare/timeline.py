@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
-from timeshare.history import GroupHistory, TurnRecord
+from timeshare.history import GroupHistory
 from timeshare.status import table
 from timeshare.synthetic import BACKFILL_PHASE, SyntheticJobReport
 
@@ -85,15 +85,21 @@ def idle_while_waiting(reports: Sequence[SyntheticJobReport], step: float = 0.00
     return sum(1 for w, g in zip(waiting, working, strict=True) if w and not g) * step
 
 
-def waits_behind(history: GroupHistory, jobs: set[str]) -> list[TurnRecord]:
-    """The turns of other jobs asked for while one of ``jobs`` held the GPUs
-    (each waited ``granted_at - requested_at``, ``switch_seconds`` of it switching)."""
-    held = [t for t in history.turns if t.job in jobs]
-    return [
-        t for t in history.turns
-        if t.job not in jobs and t.granted_at > 0 and any(
-            h.granted_at <= t.requested_at < (h.released_at or history.captured_at) for h in held)
-    ]  # fmt: skip
+def waits_behind(history: GroupHistory, jobs: set[str]) -> list[tuple[float, float]]:
+    """For each request another job made while one of ``jobs`` held the GPUs:
+    the seconds until the GPUs next went to a job not in ``jobs`` after that
+    turn ended (what it waited for that holder, not for others queued ahead
+    of it), and the seconds of the switch in that hand-over."""
+    others = sorted((t for t in history.turns if t.job not in jobs and t.granted_at > 0),
+                    key=lambda t: t.granted_at)  # fmt: skip
+    waits = []
+    for held in (t for t in history.turns if t.job in jobs):
+        end = held.released_at or history.captured_at
+        handed = next((t for t in others if t.granted_at >= end), None)
+        asked = [t.requested_at for t in others if held.granted_at <= t.requested_at < end]
+        if handed is not None:
+            waits += [(handed.granted_at - at, handed.switch_seconds) for at in asked]
+    return waits
 
 
 def chart(reports: Sequence[SyntheticJobReport]) -> str:

@@ -79,14 +79,15 @@ def test_busy_between_counts_every_jobs_gpu_phases_clipped_to_the_window() -> No
     assert busy_between(reports, 5.0, 5.0) == 0.0
 
 
-def test_waits_behind_are_the_requests_made_while_a_backfill_job_held() -> None:
+def test_a_wait_behind_a_backfill_job_ends_when_the_gpus_go_to_a_regular_job() -> None:
     turns = [
         TurnRecord(job="bf", epoch=1, requested_at=0.0, granted_at=1.0, released_at=5.0),
         TurnRecord(job="a", epoch=2, requested_at=4.0, granted_at=5.5, switch_seconds=0.3),
-        TurnRecord(job="b", epoch=3, requested_at=5.2, granted_at=7.0),  # after bf gave back
-        TurnRecord(job="bf", epoch=4, requested_at=7.5, granted_at=8.0),  # still holding
-        TurnRecord(job="a", epoch=5, requested_at=9.0, granted_at=0.0),  # not granted yet
-        TurnRecord(job="b", epoch=6, requested_at=9.5, granted_at=10.0),
+        # Asked while bf held, then waited for a as well: 1.5 s of it for bf.
+        TurnRecord(job="b", epoch=3, requested_at=4.5, granted_at=7.0, switch_seconds=0.2),
+        TurnRecord(job="a", epoch=4, requested_at=6.0, granted_at=7.5),  # bf did not hold
+        TurnRecord(job="bf", epoch=5, requested_at=7.5, granted_at=8.0),  # still holds
+        TurnRecord(job="b", epoch=6, requested_at=9.5, granted_at=0.0),  # not granted yet
     ]
     history = GroupHistory(group="g", captured_at=20.0, turns=turns)
-    assert [t.epoch for t in waits_behind(history, {"bf"})] == [2, 6]
+    assert waits_behind(history, {"bf"}) == [(1.5, 0.3), (1.0, 0.3)]
