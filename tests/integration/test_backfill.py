@@ -10,17 +10,25 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from temporalio.client import Client
 
 import timeshare
 import timeshare.aio
 from tests.conftest import SimNodes
 from tests.integration.test_gateway import queued
+from tests.integration.test_replay import record, replayer
 from tests.polling import wait_until_async
 from timeshare.activities.backends.app import AppBackend
 from timeshare.activities.backends.base import BackendConfig
 from timeshare.errors import Aborted
 from timeshare.models import GroupPolicy
+from timeshare.names import group_workflow_id
 from timeshare.synthetic import BACKFILL_PHASE, SyntheticJobSpec, run_synthetic_job
+from timeshare.workflows.group import GroupWorkflow
+
+# How long the regular job takes to ask again after its turn, in the test of
+# switch-cost-aware admission.
+ASK_GAP_SECONDS = 2.0
 
 
 async def test_a_backfill_job_that_does_not_yield_is_preempted_and_the_regular_job_granted(
@@ -118,3 +126,36 @@ async def test_the_synthetic_backfill_job_steps_aside_at_a_step_boundary(
     history = await api.group_history(group)
     assert [t.ended_by for t in history.turns if t.job == "bf"] == [""] * len(backfilled.turns)
     assert (await api.get_group(group)).preemptions == 0
+
+
+async def test_a_backfill_job_waits_out_a_gap_shorter_than_its_switches_and_the_history_replays(
+    api: timeshare.aio.Client, client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    """Rules 4 on a real stack: the backfill job asks just as the regular job
+    yields, into a gap its switches (an operator's 5 s each) would not pay
+    for; it is granted only once the regular job's predicted request has
+    passed unasked (the group's timer, not a message, looks again)."""
+    group, node = f"g-{unique}", f"n-{unique}"
+    await sim_nodes.start(node)
+    policy = GroupPolicy(co_residency="off", prefetch="off", switch_cost_seconds=5.0)
+    regular = await api.join(group, "a", [node], policy=policy)
+    backfill = await api.join(group, "bf", [node], backfill=True)
+    await regular.acquire()
+    await regular.yield_()
+    await asyncio.sleep(ASK_GAP_SECONDS)
+    await regular.acquire()
+    await regular.yield_()
+    # a is expected to ask again ASK_GAP_SECONDS after this yield, sooner than
+    # bf's way in and back (10 s): bf waits for that moment.
+    await asyncio.wait_for(backfill.acquire(), timeout=60)
+    turns = (await api.group_history(group)).turns
+    (a_last,) = [t for t in turns if t.job == "a"][-1:]
+    (bf_turn,) = [t for t in turns if t.job == "bf"]
+    assert bf_turn.granted_at - a_last.released_at >= ASK_GAP_SECONDS / 2
+    await backfill.yield_()
+    await backfill.leave()
+    await regular.leave()
+    handle = client.get_workflow_handle_for(GroupWorkflow.run, group_workflow_id(group))
+    history = await handle.fetch_history()
+    await replayer().replay_workflow(history)
+    record(history, "group-switch-costs")

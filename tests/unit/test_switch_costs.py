@@ -199,14 +199,29 @@ def test_a_backfill_holder_is_asked_to_yield_one_switch_ahead_of_the_regular_req
     assert should_yield(group, "bf", ahead)
 
 
-def test_prefetch_brings_the_regular_job_back_past_a_backfill_job_held_back() -> None:
+@pytest.mark.parametrize("asks_again", [True, False], ids=["asking-again", "not-asking"])
+def test_prefetch_brings_the_regular_job_back_past_the_backfill_job(asks_again: bool) -> None:
+    """Once the backfill job yields one switch ahead, whether it asks again
+    (held back: its gap is shorter than its way back) or not (it would ask
+    again before the regular job)."""
     group, _ = backfill_asks(ROUND_TRIP + 0.5, policy=GroupPolicy(prefetch="auto"))
     ahead = EXPECTED_ASK - (CHECKPOINT + RESTORE)
     give_back(group, "bf", ahead)
-    ask(group, "bf", ahead)
+    if asks_again:
+        ask(group, "bf", ahead)
     commands = group.handle(ev.Tick(), ahead)
     plans = [c.plan for c in commands if isinstance(c, cmd.AttemptSwitch)]
     assert [(p.prefetch, p.waiter.job) for p in plans] == [(True, "a")]
+
+
+def test_a_backfill_job_is_not_brought_in_ahead_into_a_gap_shorter_than_its_round_trip() -> None:
+    group = measured(policy=GroupPolicy(prefetch="auto"))
+    # bf is expected to ask again before a, too close to a's request to be worth it.
+    now = EXPECTED_ASK - ROUND_TRIP + 1.0
+    bf = group.state.jobs["bf"]
+    bf.yielded_at, bf.ask_gaps[""] = YIELDED_AT, now + 0.5 - YIELDED_AT
+    commands = group.handle(ev.Tick(), now)
+    assert not [c for c in commands if isinstance(c, cmd.AttemptSwitch)]
 
 
 def anticipated_for(policy: GroupPolicy, checkpoint: float, restore: float) -> float:

@@ -75,13 +75,20 @@ class Prefetching(QueueBase):
         if not known:
             guess = self._longest_away()
             return PrefetchChoice(guess, (PREFETCH_GUESS,)) if guess is not None else None
+        # Nor a backfill job into a gap shorter than its switches (Rules 4).
+        known = {
+            job: at
+            for job, at in known.items()
+            if switch_costs.held_back_until(s, job, now) is None
+        }
+        if not known:
+            return None
         target = min(known, key=lambda job: (known[job], job))
         moves = self.moves_for(target)
         if not moves or set(s.drained).intersection(s.jobs[target].nodes):
             return None
         leaving = {job for move in moves + self._leaving_elsewhere(moves) for job in move.evict}
-        # A backfill job held back for the gap is in the way of nobody's request.
-        in_the_way = leaving & set(s.jobs) - {w.job for w in s.queue}
+        in_the_way = leaving & set(s.jobs) - switch_costs.making_way(s, target)
         if any(known.get(job, known[target]) <= known[target] for job in in_the_way):
             return None
         # A job that left would have held the prefetch up before that change.

@@ -17,6 +17,8 @@ From them, under Rules 4 with the policy's ``switch_cost_aware``:
   and measured;
 - a backfill holder is asked to yield one switch ahead of that request, so
   the regular job's state can be back by the time it asks;
+- prefetch brings a regular job back past backfill jobs, and a backfill
+  job only into a gap worth its switches;
 - fair share's anticipation holds the turn open no longer than switching to
   the first waiter would take, where that is measured.
 
@@ -143,12 +145,21 @@ def may_go(state: GroupState, waiters: list[Waiter], now: float) -> list[Waiter]
 
 def recheck_at(state: GroupState, now: float) -> float | None:
     """When a backfill waiter held back may go: its gap's prediction runs out."""
-    if not weighed(state) or state.turn is not None or state.switching is not None:
-        return None
-    if state.paused:
+    idle = state.turn is None and state.switching is None and not state.paused
+    if not weighed(state) or not idle:
         return None
     times = [held_back_until(state, w.job, now) for w in state.queue]
     return min((t for t in times if t is not None), default=None)
+
+
+def making_way(state: GroupState, target: str) -> set[str]:
+    """The jobs that bringing ``target`` in ahead of its request may push
+    out whenever they expect to ask: for a regular job, where costs are
+    weighed, the backfill jobs (a regular request goes before theirs, and
+    one held back waits for the regular job anyway)."""
+    if not weighed(state) or state.jobs[target].backfill:
+        return set()
+    return {job for job, entry in state.jobs.items() if entry.backfill}
 
 
 def yield_ahead_at(state: GroupState, turn: StoredGrant) -> float | None:
