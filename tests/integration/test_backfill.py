@@ -31,11 +31,17 @@ from timeshare.workflows.group import GroupWorkflow
 ASK_GAP_SECONDS = 2.0
 
 
+async def group_on_a_sim_node(sim_nodes: SimNodes, unique: str) -> tuple[str, str]:
+    """A group's name and a sim node of its own, started."""
+    group, node = f"g-{unique}", f"n-{unique}"
+    await sim_nodes.start(node)
+    return group, node
+
+
 async def test_a_backfill_job_that_does_not_yield_is_preempted_and_the_regular_job_granted(
     api: timeshare.aio.Client, gateway: str, sim_nodes: SimNodes, unique: str
 ) -> None:
-    group, node = f"g-{unique}", f"n-{unique}"
-    await sim_nodes.start(node)
+    group, node = await group_on_a_sim_node(sim_nodes, unique)
     policy = GroupPolicy(backfill_grace_seconds=1.0, co_residency="off")
     backfill = await api.join(group, "bf", [node], policy=policy, backfill=True)
     regular = await api.join(group, "a", [node])
@@ -100,8 +106,7 @@ async def test_a_backfill_job_moved_only_by_its_hooks_is_evicted_after_the_grace
 async def test_the_synthetic_backfill_job_steps_aside_at_a_step_boundary(
     api: timeshare.aio.Client, gateway: str, sim_nodes: SimNodes, unique: str
 ) -> None:
-    group, node = f"g-{unique}", f"n-{unique}"
-    await sim_nodes.start(node)
+    group, node = await group_on_a_sim_node(sim_nodes, unique)
     # A grace no run reaches: every turn the backfill job gives back is its own doing.
     policy = GroupPolicy(backfill_grace_seconds=600.0, co_residency="off")
     backfill = SyntheticJobSpec(
@@ -135,8 +140,7 @@ async def test_a_backfill_job_waits_out_a_gap_shorter_than_its_switches_and_the_
     yields, into a gap its switches (an operator's 5 s each) would not pay
     for; it is granted only once the regular job's predicted request has
     passed unasked (the group's timer, not a message, looks again)."""
-    group, node = f"g-{unique}", f"n-{unique}"
-    await sim_nodes.start(node)
+    group, node = await group_on_a_sim_node(sim_nodes, unique)
     policy = GroupPolicy(co_residency="off", prefetch="off", switch_cost_seconds=5.0)
     regular = await api.join(group, "a", [node], policy=policy)
     backfill = await api.join(group, "bf", [node], backfill=True)
