@@ -32,6 +32,7 @@ from pathlib import Path
 import timeshare
 from bench.parts.placement_costs import CostSamples
 from bench.parts.stack import running_stack
+from timeshare import timeline
 from timeshare.models import GroupPolicy
 from timeshare.placement.evaluate import Evaluator
 from timeshare.placement.figures import GroupPrediction, whole_run
@@ -67,9 +68,7 @@ class Measured:
     def __init__(self, reports: list[SyntheticJobReport], iterations: int) -> None:
         self.reports = reports
         start = min(r.started for r in reports)
-        end = max(r.finished for r in reports)
-        work = sum(p.end - p.start for r in reports for p in r.phases if p.phase == "gpu")
-        self.busy = work / (end - start)
+        self.busy = timeline.busy_between(reports, start, max(r.finished for r in reports))
         self.starts = {r.spec.job: r.started - start for r in reports}
         self.iteration_seconds = {
             r.spec.job: (r.finished - r.started) / iterations for r in reports

@@ -1,65 +1,104 @@
 """GPU busy fraction with and without sharing, for synthetic RL jobs on the real stack.
 
 Default profile, after the llm-d time-slicing blog: two GRPO-like jobs busy
-40 % of the time on dedicated GPUs (sampler and trainer on the GPU, reward
-on the CPU). Then sweeps of job counts and duty cycles, with co-residency,
-with hooks asking for discard mode (the agent runs `app+sim`) and with
-blocking yields: docs/benchmarks.md, "Utilisation gained".
-
-    python -m bench utilization           # about 5 minutes
-    python -m bench utilization --quick   # about 1 minute
-    python -m bench utilization --pairs 4 # yield_nowait against blocking yields, 4 min
-    python -m bench utilization --pairs 1 --timeline  # and every turn of each run
+40 % of the time on dedicated GPUs (sampler and trainer on the GPU, reward on
+the CPU). Then sweeps of job counts, duty cycles, co-residency, discard-mode
+hooks (the agent runs `app+sim`) and blocking yields; `--backfill`: with a
+backfill job; `--profile llmd-costs`: llm-d's recorded switch costs and duty.
+Options and figures: docs/benchmarks.md, "Utilisation gained".
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from typing import Literal
 
 from pydantic import BaseModel
 
 from bench.parts.stack import running_stack
+from timeshare import timeline
 from timeshare.status import table
-from timeshare.synthetic import SyntheticJobReport, load_report
+from timeshare.synthetic import load_report
 from timeshare.testing import LocalStack
-from timeshare.timeline import GPU_PHASES, chart, turns_table, utilisation
 
 ITERATION_SECONDS = 2.5
 # Sampler and trainer split the GPU time 60:40.
 SAMPLE_SHARE = 0.6
 # Per job, at 20 GB/s: 2 x 27 ms per switch, about 2 % of an iteration.
-STATE_GIB = 0.5
-BANDWIDTH_GBPS = 20.0
+STATE_GIB, BANDWIDTH_GBPS = 0.5, 20.0
 # Room for two jobs' state on the simulated GPU (used only where a group's
 # policy allows co-residency).
 CAPACITY_GIB = 2 * STATE_GIB
 # Time for every job's process to start and join before the first iteration
 # (a Python start on a loaded 2-core machine takes up to a few seconds).
 START_LEAD_SECONDS = 5.0
+BACKFILL_STEP_SECONDS = 0.05
+# A backfill job that never looks at should_yield: its turns' steps, its grace.
+IGNORING_TURN_STEPS, IGNORING_GRACE_SECONDS = 40, 0.5
+# llm-d's recorded veRL GRPO run: one job took 137 min for about 10.5 steps
+# (a step every 13 min), 55.5 % busy; two took 189 min, 87.1 % busy, one swap
+# per step and GPU. Replayed LLMD_SCALE times faster.
+LLMD_SCALE = 100.0
+LLMD_STEP_SECONDS, LLMD_DUTY = 13 * 60.0, 0.555
+LLMD_CHECKPOINT_SECONDS, LLMD_RESTORE_SECONDS = 21.3, 2.5  # medians, recorded
+RECORDED_BUSY, RECORDED_SPEEDUP = 0.871, 1.45
 Variant = Literal["", "co-resident", "discard", "blocking-yields"]
+Costs = Literal["blog", "llmd-costs"]
+# "steps": a backfill job that steps aside at a step boundary; "ignores": one
+# that never looks, preempted after a short grace.
+Backfill = Literal["", "steps", "ignores"]
 
 
 class Profile(BaseModel):
     jobs: int
     duty: float
     variant: Variant = ""
+    costs: Costs = "blog"
+    backfill: Backfill = ""
+    switch_cost_aware: bool = True
 
     @property
     def label(self) -> str:
-        return f"util-{self.jobs}-{int(self.duty * 100)}{'-' if self.variant else ''}{self.variant}"
+        parts = [self.variant, "llmd" * (self.costs == "llmd-costs"), self.backfill,
+                 "unaware" * (not self.switch_cost_aware)]  # fmt: skip
+        return "-".join(["util", str(self.jobs), str(int(self.duty * 100)), *filter(None, parts)])
 
     def options(self) -> list[str]:
-        co_residency = "auto" if self.variant == "co-resident" else "off"
-        hooks = ["--hooks=discard"] if self.variant == "discard" else []
-        blocking = ["--blocking-yields"] if self.variant == "blocking-yields" else []
-        return [f"--co-residency={co_residency}", *hooks, *blocking]
+        """Every job's (any may be the one whose join creates the group)."""
+        v, ignores = self.variant, self.backfill == "ignores"
+        return [f"--co-residency={'auto' if v == 'co-resident' else 'off'}",
+                *["--hooks=discard"] * (v == "discard"),
+                *["--blocking-yields"] * (v == "blocking-yields"),
+                *[f"--backfill-grace-seconds={IGNORING_GRACE_SECONDS}"] * ignores,
+                f"--switch-cost-aware={'on' if self.switch_cost_aware else 'off'}"]  # fmt: skip
+
+    def backfill_options(self) -> list[str]:
+        ignoring = [f"--ignore-should-yield={IGNORING_TURN_STEPS}"] * (self.backfill == "ignores")
+        return ["--backfill", "--iterations=10000000", f"--step-seconds={BACKFILL_STEP_SECONDS}",
+                *ignoring, *self.options()]  # fmt: skip
 
     def phases(self) -> tuple[float, float, float]:
-        gpu = ITERATION_SECONDS * self.duty
-        return gpu * SAMPLE_SHARE, ITERATION_SECONDS - gpu, gpu * (1 - SAMPLE_SHARE)
+        iteration = LLMD_STEP_SECONDS / LLMD_SCALE if self.costs != "blog" else ITERATION_SECONDS
+        gpu = iteration * self.duty
+        return gpu * SAMPLE_SHARE, iteration - gpu, gpu * (1 - SAMPLE_SHARE)
+
+    def job_options(self) -> list[str]:
+        """A regular job's iteration; llm-d's: a GPU block, then the wait for its other GPU."""
+        sample, reward, train = self.phases()
+        if self.costs == "llmd-costs":
+            return [f"--iteration=gpu:{sample + train:.4f}:step,cpu:{reward:.4f}"]
+        return [f"--sample-seconds={sample}", f"--reward-seconds={reward}",
+                f"--train-seconds={train}"]  # fmt: skip
+
+
+def stack_options(costs: Costs) -> dict[str, object]:
+    """The simulated GPU: llm-d's switch times (scaled) for each job's state, or 20 GB/s."""
+    gb = STATE_GIB * 2**30 / 1e9 * LLMD_SCALE
+    return {"backend": "app+sim", "state_gib": STATE_GIB, "capacity_gib": CAPACITY_GIB,
+            **({"bandwidth_gbps": BANDWIDTH_GBPS} if costs == "blog" else {
+                "bandwidth_gbps": gb / LLMD_CHECKPOINT_SECONDS,
+                "restore_bandwidth_gbps": gb / LLMD_RESTORE_SECONDS})}  # fmt: skip
 
 
 class Result(BaseModel):
@@ -79,192 +118,183 @@ class Result(BaseModel):
     # Busy while every job runs: the run without its ends (one job starting
     # or finishing alone).
     all_running_util: float = 0.0
+    # The backfill job's busy share; the longest wait of a regular request made
+    # while it held the GPU, the longest switch in such waits; the grace.
+    backfill_util: float = 0.0
+    longest_wait_s: float = 0.0
+    wait_switch_s: float = 0.0
+    grace_s: float = 0.0
 
     @property
     def slowdown(self) -> float:
         return self.shared_iteration_s / self.alone_iteration_s
 
+    @property
+    def speedup(self) -> float:
+        """The jobs' throughput taking turns against one job's alone."""
+        return self.profile.jobs / self.slowdown
 
-def measure(stack: LocalStack, profile: Profile, iterations: int, timeline: bool = False) -> Result:
-    """``timeline``: print the run's chart and each turn (who waited, for
-    which switch, how long it was held)."""
-    sample, reward, train = profile.phases()
+
+def measure(stack: LocalStack, profile: Profile, iterations: int, turns: bool = False) -> Result:
+    """``turns``: print the run's chart and each turn (waits, switches, holds)."""
     group = profile.label
     paths = [stack.workdir / f"{group}-job-{i}.json" for i in range(profile.jobs)]
     # Every job starts from one moment, each 0.2 s after the one before,
     # however long its process took to start and join.
     start_at = time.time() + START_LEAD_SECONDS
-    jobs = [
-        stack.job(
-            group, f"job-{i}", path, f"--iterations={iterations}",
-            f"--sample-seconds={sample}", f"--reward-seconds={reward}",
-            f"--train-seconds={train}", f"--start-delay-seconds={0.2 * i}",
-            f"--start-at={start_at}", *profile.options(),
-        )
-        for i, path in enumerate(paths)
-    ]  # fmt: skip
+    jobs = [stack.job(group, f"job-{i}", path, f"--iterations={iterations}", *profile.job_options(),
+                      f"--start-delay-seconds={0.2 * i}", f"--start-at={start_at}",
+                      *profile.options()) for i, path in enumerate(paths)]  # fmt: skip
+    backfill_path = stack.workdir / f"{group}-backfill.json"
+    backfill = [stack.job(group, "backfill", backfill_path, f"--start-at={start_at}",
+                          *profile.backfill_options())] if profile.backfill else []  # fmt: skip
     if any(job.wait(600) for job in jobs):
         raise RuntimeError(f"a job of {group} failed; see {stack.workdir}")
-    reports = [load_report(path) for path in paths]
-    if timeline:
-        print(f"{group}:\n{chart(reports)}\n{turns_table(reports)}", flush=True)
-    figures = utilisation(reports)
+    for job in backfill:
+        job.terminate()  # it leaves its group and writes its record
+        job.wait(60)
+    regular = [load_report(path) for path in paths]
+    reports = regular + [load_report(backfill_path) for _ in backfill]
+    if turns:
+        print(f"{group}:\n{timeline.chart(reports)}\n{timeline.turns_table(reports)}", flush=True)
+    figures = timeline.utilisation(regular)
+    start, end = min(r.started for r in regular), max(r.finished for r in regular)
     switch_frac = figures.switch_seconds / figures.span_seconds
-    alone = sum(p.end - p.start for r in reports for p in r.phases) / (profile.jobs * iterations)
-    shared = sum(r.finished - r.started for r in reports) / (profile.jobs * iterations)
-    moved = sum(
-        e["bytes"] for e in stack.record()
-        if e.get("group") == group and e["event"] in ("checkpoint", "restore")
-    )  # fmt: skip
-    switches = stack.group(group).switches
+    moved = sum(e["bytes"] for e in stack.record()
+                if e.get("group") == group and e["event"] in ("checkpoint", "restore"))  # fmt: skip
+    status = stack.group(group)
+    waits = timeline.waits_behind(stack.history(group), {"backfill"}) if backfill else []
     return Result(
         profile=profile,
         baseline_util=figures.dedicated_utilisation,
-        shared_util=figures.shared_utilisation,
+        shared_util=timeline.busy_between(reports, start, end),
         ideal_util=min(1.0, profile.jobs * profile.duty) - switch_frac,
         switch_frac=switch_frac,
-        overhead_frac=idle_while_waiting(reports) / figures.span_seconds - switch_frac,
-        alone_iteration_s=alone,
-        shared_iteration_s=shared,
-        moved_gib_per_switch=moved / 2**30 / max(1, switches),
-        switches=switches,
-        prefetched=max(0, switches - figures.switches),
-        all_running_util=busy_while_all_run(reports),
+        overhead_frac=timeline.idle_while_waiting(regular) / figures.span_seconds - switch_frac,
+        alone_iteration_s=figures.dedicated_gpu_seconds / (profile.jobs * iterations),
+        shared_iteration_s=sum(r.finished - r.started for r in regular)
+        / (profile.jobs * iterations),
+        moved_gib_per_switch=moved / 2**30 / max(1, status.switches),
+        switches=status.switches,
+        prefetched=max(0, status.switches - figures.switches),
+        all_running_util=timeline.busy_while_all_run(regular),
+        backfill_util=timeline.busy_between(reports[profile.jobs :], start, end),
+        longest_wait_s=max((wait for wait, _ in waits), default=0.0),
+        wait_switch_s=max((switch for _, switch in waits), default=0.0),
+        grace_s=status.policy.backfill_grace_seconds,
     )
 
 
-def busy_while_all_run(reports: list[SyntheticJobReport]) -> float:
-    """The GPU's busy fraction from the last job's start to the first job's end."""
-    start = max(r.started for r in reports)
-    end = min(r.finished for r in reports)
-    busy = sum(
-        max(0.0, min(p.end, end) - max(p.start, start))
-        for r in reports for p in r.phases if p.phase in GPU_PHASES
-    )  # fmt: skip
-    return busy / (end - start) if end > start else 0.0
-
-
-def idle_while_waiting(reports: list[SyntheticJobReport], step: float = 0.001) -> float:
-    """Seconds in which some job waited for the GPU and none computed on it:
-    switch time plus scheduler overhead."""
-    start = min(r.started for r in reports)
-    end = max(r.finished for r in reports)
-    slots = int((end - start) / step) + 1
-    waiting = bytearray(slots)
-    working = bytearray(slots)
-    for report in reports:
-        for turn in report.turns:
-            for marks, (a, b) in ((waiting, (turn.requested, turn.granted)),
-                                  (working, (turn.work_start, turn.work_end))):  # fmt: skip
-                for slot in range(int((a - start) / step), min(slots, int((b - start) / step))):
-                    marks[slot] = 1
-    return sum(1 for w, g in zip(waiting, working, strict=True) if w and not g) * step
-
-
-def run_profiles(profiles: list[Profile], iterations: int, timeline: bool = False) -> list[Result]:
-    """Each profile in turn, on one stack."""
+def run_profiles(profiles: list[Profile], iterations: int, turns: bool = False) -> list[Result]:
+    """Each profile in turn, on one stack (every profile of one kind of costs)."""
     results = []
-    with running_stack(
-        backend="app+sim", state_gib=STATE_GIB, bandwidth_gbps=BANDWIDTH_GBPS,
-        capacity_gib=CAPACITY_GIB,
-    ) as stack:  # fmt: skip
+    with running_stack(None, **stack_options(profiles[0].costs)) as stack:
         for profile in profiles:
-            results.append(measure(stack, profile, iterations, timeline))
-            r = results[-1]
-            print(f"{profile.jobs} jobs at {profile.duty:.0%} {profile.variant}: "
-                  f"{r.baseline_util:.0%} -> {r.shared_util:.0%}", flush=True)  # fmt: skip
+            results.append(r := measure(stack, profile, iterations, turns))
+            print(f"{profile.label}: {r.baseline_util:.0%} -> {r.shared_util:.0%}", flush=True)
     return results
 
 
-def compare_yields(pairs: int, iterations: int, timeline: bool = False) -> None:
-    """The default profile with Job.yield_nowait and with blocking yields,
-    alternately ``pairs`` times on one stack: a ratio on a noisy machine."""
-    default, blocking = Profile(jobs=2, duty=0.4), Profile(jobs=2, duty=0.4,
-                                                           variant="blocking-yields")  # fmt: skip
-    results = run_profiles([default, blocking] * pairs, iterations, timeline)
-    rows = []
-    for name, runs in (("yield_nowait", results[0::2]), ("blocking yields", results[1::2])):
-        rows.append([
-            name, " ".join(f"{r.shared_util:.3f}" for r in runs),
-            f"{statistics.median(r.shared_util for r in runs):.3f}",
-            f"{statistics.median(r.all_running_util for r in runs):.3f}",
-            f"{statistics.median(r.shared_iteration_s for r in runs):.3f}",
-        ])  # fmt: skip
-    print("\n" + table(["yields", "busy shared, each run", "median", "median busy, all running",
-                        "median iteration s"], rows))  # fmt: skip
-    nowait = statistics.median(r.shared_util for r in results[0::2])
-    waited = statistics.median(r.shared_util for r in results[1::2])
-    print(f"pairs={pairs} nowait_util={nowait:.3f} blocking_util={waited:.3f} "
-          f"gain={nowait - waited:+.3f}")  # fmt: skip
+def sweep(quick: bool) -> list[Profile]:
+    """The default profile, job counts, duty cycles, variants (not quick: blocking yields)."""
+    counts = [(2, 0.25), (3, 0.4), (3, 0.25)] + ([] if quick else [(4, 0.4), (4, 0.25)])
+    variants: list[tuple[int, Variant]] = [(2, "co-resident"), (3, "co-resident"), (2, "discard")]
+    variants += [] if quick else [(2, "blocking-yields")]
+    return [Profile(jobs=2, duty=0.4), *(Profile(jobs=n, duty=d) for n, d in counts),
+            *(Profile(jobs=n, duty=0.4, variant=v) for n, v in variants)]  # fmt: skip
+
+
+def cost_runs(costs: Costs, backfill: bool) -> list[Profile]:
+    """Two regular jobs (llm-d's costs: also not switch-cost-aware), then
+    (``backfill``) with a backfill job (the blog's: also one that ignores should_yield)."""
+    llmd = costs == "llmd-costs"
+    mine = Profile(jobs=2, duty=LLMD_DUTY if llmd else 0.4, costs=costs)
+    runs = [mine, *[mine.model_copy(update={"switch_cost_aware": False})] * llmd]
+    with_backfill: list[Backfill] = ["steps"] if llmd else ["steps", "ignores"]
+    return runs + [mine.model_copy(update={"backfill": b}) for b in with_backfill if backfill]
+
+
+def describe(profile: Profile, iterations: int) -> str:
+    sample, reward, train = profile.phases()
+    if profile.costs == "llmd-costs":
+        return (f"llmd-costs profile, SIMULATED, {LLMD_SCALE:g}x faster than llm-d's recorded "
+                f"run: 2 jobs; per iteration (a recorded step) {sample + train:.2f} s on the GPU, "
+                f"{reward:.2f} s off it (duty {profile.duty:.1%}); checkpoint "
+                f"{LLMD_CHECKPOINT_SECONDS / LLMD_SCALE:.3f} s, restore "
+                f"{LLMD_RESTORE_SECONDS / LLMD_SCALE:.3f} s; {iterations} iterations")  # fmt: skip
+    return (f"default profile: 2 jobs; per iteration sample {sample:.2f} s + train {train:.2f} s "
+            f"on the GPU, reward {reward:.2f} s on the CPU (duty 40 %); {STATE_GIB} GiB of state "
+            f"per job at {BANDWIDTH_GBPS:g} GB/s (SIMULATED GPU, room for "
+            f"{CAPACITY_GIB / STATE_GIB:g} jobs' state where co-residency is on); "
+            f"{iterations} iterations per job")  # fmt: skip
+
+
+def print_rows(results: list[Result]) -> None:
+    rows = [[
+        str(r.profile.jobs), f"{r.profile.duty:.0%}", r.profile.variant or "-",
+        r.profile.backfill or "-", "on" if r.profile.switch_cost_aware else "off",
+        f"{r.baseline_util:.0%}", f"{r.shared_util:.1%}", f"{r.ideal_util:.0%}",
+        f"{r.switch_frac:.1%}", f"{r.overhead_frac:.1%}", f"{r.alone_iteration_s:.2f}",
+        f"{r.shared_iteration_s:.2f}", f"{r.slowdown:.2f}x", f"{r.moved_gib_per_switch:.2f}",
+        f"{r.switches} ({r.prefetched})", f"{r.all_running_util:.0%}",
+        f"{r.backfill_util:.1%}" if r.profile.backfill else "-"] for r in results]  # fmt: skip
+    headers = ["jobs", "duty", "variant", "backfill", "cost-aware", "busy alone", "busy shared",
+               "ideal", "switching", "sched. overhead", "iter alone s", "iter shared s",
+               "slowdown", "GiB moved/switch", "switches (ahead)", "busy, all running",
+               "backfill busy"]  # fmt: skip
+    print("\n" + table(headers, rows))
+
+
+def print_costs(costs: Costs, results: list[Result]) -> None:
+    """cost_runs' figures: with backfill against without, waits, llm-d's recorded figures."""
+    alone, *others = results
+    print(f"busy_shared={alone.shared_util:.3f} iteration_s={alone.shared_iteration_s:.3f} "
+          f"speedup={alone.speedup:.2f}" + "".join(
+              f" recorded_busy={RECORDED_BUSY} recorded_speedup={RECORDED_SPEEDUP} "
+              f"unaware_busy_shared={r.shared_util:.3f} unaware_iteration_s="
+              f"{r.shared_iteration_s:.3f} unaware_speedup={r.speedup:.2f}"
+              for r in others if not r.profile.switch_cost_aware))  # fmt: skip
+    for r in others:
+        waits = (f"longest_wait_behind_backfill_s={r.longest_wait_s:.3f} "
+                 f"grace_plus_switch_s={r.grace_s + r.wait_switch_s:.3f}")  # fmt: skip
+        if r.profile.backfill == "steps":
+            ratio = r.shared_iteration_s / alone.shared_iteration_s
+            print(f"with backfill ({BACKFILL_STEP_SECONDS * 1000:g} ms steps): busy_shared="
+                  f"{r.shared_util:.3f} backfill_busy={r.backfill_util:.3f} "
+                  f"regular_iteration_ratio={ratio:.3f} {waits}")  # fmt: skip
+        elif r.profile.backfill == "ignores":
+            print(f"backfill ignoring should_yield, grace {r.grace_s:g} s: {waits}")
+    if costs == "llmd-costs":
+        print("A replay of llm-d's recorded switch costs and duty, scaled in time, by synthetic "
+              "jobs on a SIMULATED GPU: not a run of veRL; the recorded figures stand beside it "
+              "for scale, not as a like-for-like race.")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="GPU busy fraction with and without sharing.")
     parser.add_argument("--quick", action="store_true", help="fewer iterations and profiles")
-    parser.add_argument("--pairs", type=int, metavar="N", help="only the default profile, with "
-                        "yield_nowait and with blocking yields, alternately N times")  # fmt: skip
-    parser.add_argument("--timeline", action="store_true", help="print each run's chart and "
-                        "turns (waits, switches, holds)")  # fmt: skip
+    parser.add_argument("--timeline", action="store_true", help="print each run's turns")
+    parser.add_argument("--profile", choices=["blog", "llmd-costs"], default="blog", help="llmd-"
+                        "costs: llm-d's recorded switch costs and duty, scaled")  # fmt: skip
+    parser.add_argument("--backfill", action="store_true", help="two jobs without, then with a "
+                        "backfill job in their group")  # fmt: skip
     args = parser.parse_args()
     iterations = 4 if args.quick else 10
-    if args.pairs:
-        compare_yields(args.pairs, iterations, args.timeline)
-        return
-    profiles = [Profile(jobs=2, duty=0.4)]
-    sweep = [(2, 0.25), (3, 0.4), (3, 0.25)] if args.quick else [
-        (2, 0.25), (3, 0.4), (3, 0.25), (4, 0.4), (4, 0.25)]  # fmt: skip
-    profiles += [Profile(jobs=n, duty=d) for n, d in sweep]
-    profiles += [
-        Profile(jobs=2, duty=0.4, variant="co-resident"),
-        Profile(jobs=3, duty=0.4, variant="co-resident"),
-        Profile(jobs=2, duty=0.4, variant="discard"),
-    ]
-    if not args.quick:
-        # The default profile as before Job.yield_nowait, side by side.
-        profiles.append(Profile(jobs=2, duty=0.4, variant="blocking-yields"))
-    sample, reward, train = profiles[0].phases()
-    print(
-        f"default profile: 2 jobs; per iteration sample {sample:.2f} s + train {train:.2f} s "
-        f"on the GPU, reward {reward:.2f} s on the CPU (duty 40 %); "
-        f"{STATE_GIB} GiB of state per job at {BANDWIDTH_GBPS:g} GB/s (SIMULATED GPU, "
-        f"room for {CAPACITY_GIB / STATE_GIB:g} jobs' state where co-residency is on); "
-        f"{iterations} iterations per job",
-        flush=True,
-    )
+    plain = args.profile == "blog" and not args.backfill
+    profiles = sweep(args.quick) if plain else cost_runs(args.profile, args.backfill)
+    print(describe(profiles[0], iterations), flush=True)
     results = run_profiles(profiles, iterations, args.timeline)
-    rows = [
-        [
-            str(r.profile.jobs), f"{r.profile.duty:.0%}", r.profile.variant or "-",
-            f"{r.baseline_util:.0%}",
-            f"{r.shared_util:.0%}", f"{r.ideal_util:.0%}", f"{r.switch_frac:.1%}",
-            f"{r.overhead_frac:.1%}", f"{r.alone_iteration_s:.2f}", f"{r.shared_iteration_s:.2f}",
-            f"{r.slowdown:.2f}x", f"{r.moved_gib_per_switch:.2f}",
-            f"{r.switches} ({r.prefetched})", f"{r.all_running_util:.0%}",
-        ]
-        for r in results
-    ]  # fmt: skip
-    headers = ["jobs", "duty", "variant", "busy alone", "busy shared", "ideal", "switching",
-               "sched. overhead", "iter alone s", "iter shared s", "slowdown",
-               "GiB moved/switch", "switches (ahead)", "busy, all running"]  # fmt: skip
-    print("\n" + table(headers, rows))
+    # One that ignores should_yield steps on, unfrozen, when preempted: its busy is not GPU time.
+    print_rows([r for r in results if r.profile.backfill != "ignores"])
+    if not plain:
+        return print_costs(args.profile, results)
     d = results[0]
-    by_variant = {
-        r.profile.variant: r for r in results if r.profile.jobs == 2 and r.profile.duty == 0.4
-    }
-    print(
-        f"baseline_util={d.baseline_util:.3f} shared_util={d.shared_util:.3f} "
-        f"ideal_util={d.ideal_util:.3f} switch_frac={d.switch_frac:.3f} slowdown={d.slowdown:.3f} "
-        f"all_running_util={d.all_running_util:.3f} prefetched={d.prefetched}/{d.switches} "
-        f"co_resident_util={by_variant['co-resident'].shared_util:.3f} "
-        f"co_resident_switch_frac={by_variant['co-resident'].switch_frac:.3f} "
-        f"discard_util={by_variant['discard'].shared_util:.3f} "
-        f"discard_switch_frac={by_variant['discard'].switch_frac:.3f}"
-        + (
-            f" blocking_yields_util={by_variant['blocking-yields'].shared_util:.3f}"
-            if "blocking-yields" in by_variant
-            else ""
-        )
-    )
+    print(f"baseline_util={d.baseline_util:.3f} shared_util={d.shared_util:.3f} ideal_util="
+          f"{d.ideal_util:.3f} switch_frac={d.switch_frac:.3f} slowdown={d.slowdown:.3f} "
+          f"all_running_util={d.all_running_util:.3f} prefetched={d.prefetched}/{d.switches}"
+          + "".join(f" {v}_util={r.shared_util:.3f} {v}_switch_frac={r.switch_frac:.3f}"
+                    for r in results if (v := r.profile.variant.replace("-", "_"))
+                    and r.profile.jobs == 2))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """A synthetic RL job: a sampler phase and a trainer phase on the GPU with a
 CPU-only reward phase between them, in a loop, or any iteration of GPU and
-CPU phases a placement profile names. It uses only the public client
-library, and writes what happened as JSON for the demo, tests and benchmarks.
+CPU phases a placement profile names. As backfill, it runs short GPU steps
+back to back instead, and gives its turn back at the first step boundary
+after a regular job asks. It uses only the public client library, and
+writes what happened as JSON for the demo, tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -42,7 +44,13 @@ class SyntheticJobSpec(BaseModel):
     # and whether it runs as backfill (only while no regular job holds or waits).
     weight: float = 1.0
     priority: int = 0
+    # A backfill job runs `iterations` GPU steps of `step_seconds` (or until
+    # stopped), checking should_yield between them; one that ignores it keeps
+    # each turn for `turn_steps` steps, as a job that never looks would.
     backfill: bool = False
+    step_seconds: float = 0.05
+    ignore_should_yield: bool = False
+    turn_steps: int = 20
     # Applied if this job's join creates the group.
     policy: GroupPolicy | None = None
     # Serve workload hooks to the agent, asking to be evicted this way.
@@ -53,6 +61,10 @@ class SyntheticJobSpec(BaseModel):
     # turn (Job.next_turn) instead of going on where nobody waits
     # (Job.next_turn_nowait).
     blocking_yields: bool = False
+
+
+# What a backfill job's turns and steps are recorded (and asked for) as.
+BACKFILL_PHASE = "backfill"
 
 
 class TurnRecord(BaseModel):
@@ -136,36 +148,78 @@ def run_synthetic_job(
         if spec.start_at is not None:
             _sleep_until(spec.job, spec.start_at + spec.start_delay_seconds)
         report.started = time.time()
-        phases = _phases(spec)
-        steps = [(i, phase) for i in range(spec.iterations) for phase in phases]
-        holding = False
         try:
-            for index, (iteration, (name, on_gpu, seconds, asked_for)) in enumerate(steps):
-                if on_gpu:
-                    # GPU phases back to back (training, then the next
-                    # sampling) pass the turn on in one message.
-                    keep = index + 1 < len(steps) and steps[index + 1][1][1]
-                    _gpu_phase(job, report, name, iteration, seconds, asked_for, holding, keep,
-                               spec.blocking_yields)  # fmt: skip
-                    holding = keep
-                else:
-                    start = time.time()
-                    time.sleep(seconds)
-                    report.phases.append(PhaseRecord(phase=name, start=start, end=time.time()))
-                if (index + 1) % len(phases):
-                    continue
-                last = report.turns[-1]
-                print(
-                    f"{spec.job}: iteration {iteration + 1}/{spec.iterations} done "
-                    f"(last wait {last.waited_seconds:.2f} s, switch {last.switch_seconds:.2f} s)",
-                    flush=True,
-                )
+            (_backfill_turns if spec.backfill else _iterations)(job, report, spec)
         finally:
             job.leave()
             report.finished = time.time()
             if report_path is not None:
                 report_path.write_text(report.model_dump_json(indent=1))
     return report
+
+
+def _iterations(job: timeshare.Job, report: SyntheticJobReport, spec: SyntheticJobSpec) -> None:
+    phases = _phases(spec)
+    steps = [(i, phase) for i in range(spec.iterations) for phase in phases]
+    holding = False
+    for index, (iteration, (name, on_gpu, seconds, asked_for)) in enumerate(steps):
+        if on_gpu:
+            # GPU phases back to back (training, then the next sampling) pass
+            # the turn on in one message.
+            keep = index + 1 < len(steps) and steps[index + 1][1][1]
+            _gpu_phase(job, report, name, iteration, seconds, asked_for, holding, keep,
+                       spec.blocking_yields)  # fmt: skip
+            holding = keep
+        else:
+            start = time.time()
+            time.sleep(seconds)
+            report.phases.append(PhaseRecord(phase=name, start=start, end=time.time()))
+        if (index + 1) % len(phases):
+            continue
+        last = report.turns[-1]
+        print(
+            f"{spec.job}: iteration {iteration + 1}/{spec.iterations} done "
+            f"(last wait {last.waited_seconds:.2f} s, switch {last.switch_seconds:.2f} s)",
+            flush=True,
+        )
+
+
+def _backfill_turns(job: timeshare.Job, report: SyntheticJobReport, spec: SyntheticJobSpec) -> None:
+    """Turns of GPU steps back to back until ``iterations`` steps are done,
+    each given back at the first step boundary after should_yield (or, with
+    ``ignore_should_yield``, after ``turn_steps`` steps). A turn cut short by
+    a signal is recorded up to that moment."""
+    steps = 0
+    while steps < spec.iterations:
+        requested = time.time()
+        turn = job.acquire(phase=BACKFILL_PHASE)
+        work_start = time.time()
+        try:
+            steps += _steps_in_turn(turn, spec, spec.iterations - steps)
+        finally:
+            work_end = time.time()
+            report.phases.append(PhaseRecord(phase=BACKFILL_PHASE, start=work_start, end=work_end))
+            report.turns.append(
+                TurnRecord(
+                    phase=BACKFILL_PHASE, iteration=len(report.turns), epoch=turn.epoch,
+                    ticket=turn.ticket, requested=requested, granted=work_start,
+                    yielded=work_end, work_start=work_start, work_end=work_end,
+                    waited_seconds=turn.waited_seconds, switch_seconds=turn.switch_seconds,
+                )
+            )  # fmt: skip
+        job.yield_nowait()
+    print(f"{spec.job}: {steps} backfill steps in {len(report.turns)} turns", flush=True)
+
+
+def _steps_in_turn(turn: timeshare.Turn, spec: SyntheticJobSpec, left: int) -> int:
+    """GPU steps until the turn should be given back; how many were done."""
+    done = 0
+    while done < left and not (turn.should_yield and not spec.ignore_should_yield):
+        if spec.ignore_should_yield and done == spec.turn_steps:
+            break
+        time.sleep(spec.step_seconds)  # stands for one batch's GPU kernels
+        done += 1
+    return done
 
 
 def _sleep_until(job: str, start: float) -> None:

@@ -1,5 +1,6 @@
-"""What synthetic jobs' records say: a timeline people can read, and the GPU
-busy fraction with and without sharing."""
+"""What synthetic jobs' records and a group's history say: a timeline people
+can read, the GPU busy fraction with and without sharing, and how long jobs
+waited behind others."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
+from timeshare.history import GroupHistory
 from timeshare.status import table
-from timeshare.synthetic import SyntheticJobReport
+from timeshare.synthetic import BACKFILL_PHASE, SyntheticJobReport
 
-GPU_PHASES = ("sample", "train", "gpu")
+GPU_PHASES = ("sample", "train", "gpu", BACKFILL_PHASE)
 CHART_WIDTH = 72
-CHART_MARKS = {"sample": "S", "train": "T", "gpu": "G", "reward": "-", "cpu": "-", "wait": "."}
+CHART_MARKS = {"sample": "S", "train": "T", "gpu": "G", BACKFILL_PHASE: "B", "reward": "-",
+               "cpu": "-", "wait": "."}  # fmt: skip
 
 
 class UtilisationFigures(BaseModel):
@@ -51,8 +54,57 @@ def utilisation(reports: Sequence[SyntheticJobReport]) -> UtilisationFigures:
     )
 
 
+def busy_between(reports: Sequence[SyntheticJobReport], start: float, end: float) -> float:
+    """The GPU's busy fraction from ``start`` to ``end``, every job's GPU phases counted."""
+    busy = sum(
+        max(0.0, min(p.end, end) - max(p.start, start))
+        for r in reports for p in r.phases if p.phase in GPU_PHASES
+    )  # fmt: skip
+    return busy / (end - start) if end > start else 0.0
+
+
+def busy_while_all_run(reports: Sequence[SyntheticJobReport]) -> float:
+    """The GPU's busy fraction from the last job's start to the first job's end."""
+    return busy_between(reports, max(r.started for r in reports), min(r.finished for r in reports))
+
+
+def idle_while_waiting(reports: Sequence[SyntheticJobReport], step: float = 0.001) -> float:
+    """Seconds in which some job waited for the GPU and none computed on it:
+    switch time plus scheduler overhead."""
+    start = min(r.started for r in reports)
+    end = max(r.finished for r in reports)
+    slots = int((end - start) / step) + 1
+    waiting = bytearray(slots)
+    working = bytearray(slots)
+    for report in reports:
+        for turn in report.turns:
+            for marks, (a, b) in ((waiting, (turn.requested, turn.granted)),
+                                  (working, (turn.work_start, turn.work_end))):  # fmt: skip
+                for slot in range(int((a - start) / step), min(slots, int((b - start) / step))):
+                    marks[slot] = 1
+    return sum(1 for w, g in zip(waiting, working, strict=True) if w and not g) * step
+
+
+def waits_behind(history: GroupHistory, jobs: set[str]) -> list[tuple[float, float]]:
+    """For each request another job made while one of ``jobs`` held the GPUs:
+    the seconds until the GPUs next went to a job not in ``jobs`` after that
+    turn ended (what it waited for that holder, not for others queued ahead
+    of it), and the seconds of the switch in that hand-over."""
+    others = sorted((t for t in history.turns if t.job not in jobs and t.granted_at > 0),
+                    key=lambda t: t.granted_at)  # fmt: skip
+    waits = []
+    for held in (t for t in history.turns if t.job in jobs):
+        end = held.released_at or history.captured_at
+        handed = next((t for t in others if t.granted_at >= end), None)
+        asked = [t.requested_at for t in others if held.granted_at <= t.requested_at < end]
+        if handed is not None:
+            waits += [(handed.granted_at - at, handed.switch_seconds) for at in asked]
+    return waits
+
+
 def chart(reports: Sequence[SyntheticJobReport]) -> str:
-    """One row per job: S sampling, T training (on the GPU), - reward (CPU), . waiting."""
+    """One row per job: S sampling, T training, G a profile's GPU phase, B
+    backfill steps (on the GPU), - reward (CPU), . waiting."""
     start = min(r.started for r in reports)
     span = max(r.finished for r in reports) - start
     scale = CHART_WIDTH / span if span else 1.0

@@ -38,6 +38,10 @@ class BackendConfig(BaseModel):
     # None: a simulated GPU that holds one job at a time (and no co-residency).
     sim_capacity_bytes: int | None = None
     sim_bandwidth_bytes_per_second: float = 20e9
+    # Restores (host to device) at another speed than checkpoints, as on real
+    # hosts where saving a job's state takes longer than bringing it back
+    # (None: the same speed).
+    sim_restore_bandwidth_bytes_per_second: float | None = None
     sim_state_bytes: int = 2 * 2**30
     # Jobs whose simulated state has another size, by job name.
     sim_job_state_bytes: dict[str, int] = Field(default_factory=dict)

@@ -4,9 +4,10 @@ It holds no real device memory. A node has ``sim_gpus`` simulated GPUs and a
 simulated host memory, both shared by every group on the node, as a real
 host's are: a group's jobs live on the GPUs its policy claims (all of them by
 default). Each job's state has a size on each of those GPUs; a checkpoint or
-restore takes size / bandwidth seconds. A job's state is running, locked (on
-the device but stopped: co-residency), parked in host memory, or failed (the
-driver's terminal state: nothing brings it back).
+restore takes size / bandwidth seconds (restores may have a bandwidth of
+their own). A job's state is running, locked (on the device but stopped:
+co-residency), parked in host memory, or failed (the driver's terminal
+state: nothing brings it back).
 
 The backend checks its own invariant and records every interval, so that an
 overlap is caught by the device itself, not only by the scheduler that should
@@ -91,6 +92,7 @@ class SimBackend(Backend):
             [config.sim_state_bytes, *config.sim_job_state_bytes.values()]
         )
         self.bandwidth = config.sim_bandwidth_bytes_per_second
+        self.restore_bandwidth = config.sim_restore_bandwidth_bytes_per_second or self.bandwidth
         self.state_bytes = config.sim_state_bytes
         # Jobs whose state is not the default size, by job name (any group).
         self.job_state_bytes = dict(config.sim_job_state_bytes)
@@ -128,8 +130,13 @@ class SimBackend(Backend):
     def describe(self) -> str:
         gpus = f"{self.gpu_count} SIMULATED GPUs" if self.gpu_count > 1 else "SIMULATED GPU"
         host = f", {self.host_bytes / GiB:g} GiB host" if self.host_bytes is not None else ""
+        restores = (
+            f" ({self.restore_bandwidth / 1e9:g} GB/s restoring)"
+            if self.restore_bandwidth != self.bandwidth
+            else ""
+        )
         return (
-            f"sim ({gpus}: {self._memory()}, {self.bandwidth / 1e9:g} GB/s, "
+            f"sim ({gpus}: {self._memory()}, {self.bandwidth / 1e9:g} GB/s{restores}, "
             f"{self.state_bytes / GiB:g} GiB per job{host}"
             f"{f', {len(self.job_state_bytes)} sized apart' if self.job_state_bytes else ''})"
         )
@@ -325,7 +332,7 @@ class SimBackend(Backend):
             # A job never checkpointed has no host copy to bring back.
             moved = state.host_bytes * len(devices) if state is not None else 0
             rebuild = state.rebuild_bytes * len(devices) if state is not None else 0
-            seconds = moved / self.bandwidth
+            seconds = moved / self.restore_bandwidth
             if rebuild and self.rebuild_rate > 0:
                 seconds += rebuild / self.rebuild_rate
             if seconds > 0:

@@ -1,7 +1,8 @@
 """Backfill jobs through a real stack (gateway, scheduler, a simulated
 node): a backfill job that ignores should_yield is preempted after its
 group's grace (evicted, with the reason, where its node moves state only
-through the job's own hooks), and the regular job that asked gets the GPU. The core's
+through the job's own hooks), and the regular job that asked gets the GPU;
+the synthetic backfill job gives its turn back at a step boundary. The core's
 decisions are in tests/unit/test_backfill.py."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from timeshare.activities.backends.base import BackendConfig
 from timeshare.errors import Aborted
 from timeshare.models import GroupPolicy
 from timeshare.names import group_workflow_id
+from timeshare.synthetic import BACKFILL_PHASE, SyntheticJobSpec, run_synthetic_job
 from timeshare.workflows.group import GroupWorkflow
 
 # How long the regular job takes to ask again after its turn, in the test of
@@ -29,11 +31,17 @@ from timeshare.workflows.group import GroupWorkflow
 ASK_GAP_SECONDS = 2.0
 
 
+async def group_on_a_sim_node(sim_nodes: SimNodes, unique: str) -> tuple[str, str]:
+    """A group's name and a sim node of its own, started."""
+    group, node = f"g-{unique}", f"n-{unique}"
+    await sim_nodes.start(node)
+    return group, node
+
+
 async def test_a_backfill_job_that_does_not_yield_is_preempted_and_the_regular_job_granted(
     api: timeshare.aio.Client, gateway: str, sim_nodes: SimNodes, unique: str
 ) -> None:
-    group, node = f"g-{unique}", f"n-{unique}"
-    await sim_nodes.start(node)
+    group, node = await group_on_a_sim_node(sim_nodes, unique)
     policy = GroupPolicy(backfill_grace_seconds=1.0, co_residency="off")
     backfill = await api.join(group, "bf", [node], policy=policy, backfill=True)
     regular = await api.join(group, "a", [node])
@@ -95,6 +103,36 @@ async def test_a_backfill_job_moved_only_by_its_hooks_is_evicted_after_the_grace
     await regular.leave()
 
 
+async def test_the_synthetic_backfill_job_steps_aside_at_a_step_boundary(
+    api: timeshare.aio.Client, gateway: str, sim_nodes: SimNodes, unique: str
+) -> None:
+    group, node = await group_on_a_sim_node(sim_nodes, unique)
+    # A grace no run reaches: every turn the backfill job gives back is its own doing.
+    policy = GroupPolicy(backfill_grace_seconds=600.0, co_residency="off")
+    backfill = SyntheticJobSpec(
+        group=group, job="bf", address=gateway, nodes=[node], policy=policy, backfill=True,
+        iterations=80, step_seconds=0.05,
+    )  # fmt: skip
+    # The regular job asks for the GPU after the backfill job has it.
+    regular = backfill.model_copy(update={
+        "job": "a", "backfill": False, "iterations": 2, "sample_seconds": 0.2,
+        "reward_seconds": 0.5, "train_seconds": 0.1, "start_delay_seconds": 1.0,
+    })  # fmt: skip
+    backfilled, ran = await asyncio.gather(
+        asyncio.to_thread(run_synthetic_job, backfill),
+        asyncio.to_thread(run_synthetic_job, regular),
+    )
+    assert len(ran.turns) >= 2 and {t.phase for t in ran.turns} == {"sample", "train"}
+    # Each turn ends only at should_yield or after its last step: more than one
+    # turn means it stepped aside for the regular job before it was done.
+    assert len(backfilled.turns) >= 2
+    assert {t.phase for t in backfilled.turns} == {BACKFILL_PHASE}
+    assert [p.phase for p in backfilled.phases] == [BACKFILL_PHASE] * len(backfilled.turns)
+    history = await api.group_history(group)
+    assert [t.ended_by for t in history.turns if t.job == "bf"] == [""] * len(backfilled.turns)
+    assert (await api.get_group(group)).preemptions == 0
+
+
 async def test_a_backfill_job_waits_out_a_gap_shorter_than_its_switches_and_the_history_replays(
     api: timeshare.aio.Client, client: Client, sim_nodes: SimNodes, unique: str
 ) -> None:
@@ -102,8 +140,7 @@ async def test_a_backfill_job_waits_out_a_gap_shorter_than_its_switches_and_the_
     yields, into a gap its switches (an operator's 5 s each) would not pay
     for; it is granted only once the regular job's predicted request has
     passed unasked (the group's timer, not a message, looks again)."""
-    group, node = f"g-{unique}", f"n-{unique}"
-    await sim_nodes.start(node)
+    group, node = await group_on_a_sim_node(sim_nodes, unique)
     policy = GroupPolicy(co_residency="off", prefetch="off", switch_cost_seconds=5.0)
     regular = await api.join(group, "a", [node], policy=policy)
     backfill = await api.join(group, "bf", [node], backfill=True)

@@ -44,3 +44,22 @@ async def test_what_fits_is_reckoned_with_each_jobs_size() -> None:
     with pytest.raises(SimOverlapError, match="does not fit"):
         await sim.restore("g", "other")
     assert await sim.footprint("g", "big") == {"sim-gpu-0": 3 * GIB}
+
+
+async def test_restores_move_at_their_own_bandwidth() -> None:
+    # Checkpoints at 8 GiB/s, restores at 1: the same 0.3 GiB takes at least
+    # 0.3 s to come back (at the checkpoints' speed it would take 0.04 s).
+    sim = SimBackend(
+        BackendConfig(
+            node="n",
+            sim_state_bytes=int(0.3 * GIB),
+            sim_bandwidth_bytes_per_second=8 * GIB,
+            sim_restore_bandwidth_bytes_per_second=1 * GIB,
+        )
+    )
+    await sim.restore("g", "a")
+    saved = await sim.checkpoint("g", "a")
+    restored = await sim.restore("g", "a")
+    assert saved.bytes == restored.bytes == int(0.3 * GIB)
+    assert restored.seconds >= 0.3
+    assert "1.07374 GB/s restoring" in sim.describe()

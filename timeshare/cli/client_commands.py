@@ -145,12 +145,22 @@ def _synthetic_job_command(commands: Subparsers) -> None:
     job.add_argument("--agent-timeout-seconds", type=PERIOD, help="group policy, likewise")
     job.add_argument("--co-residency", choices=["auto", "off"], help="group policy, likewise")
     job.add_argument("--prefetch", choices=["auto", "off"], help="group policy, likewise")
+    job.add_argument("--switch-cost-aware", choices=["on", "off"], help="group policy, likewise")
     job.add_argument("--weight", type=WEIGHT, default=1.0, help="the job's weight (fair share)")
     job.add_argument("--priority", type=PRIORITY, default=0, help="the job's priority")
     job.add_argument(
         "--backfill", action="store_true",
-        help="join as backfill: use the GPUs only while no regular job holds or waits for them",
+        help="join as backfill: use the GPUs only while no regular job holds or waits for "
+        "them; run --iterations GPU steps back to back, giving the turn back at the first "
+        "step boundary after a regular job asks",
     )  # fmt: skip
+    job.add_argument("--step-seconds", type=PERIOD, default=0.05,
+                     help="with --backfill: each GPU step's length")  # fmt: skip
+    job.add_argument(
+        "--ignore-should-yield", type=COUNT, metavar="STEPS",
+        help="with --backfill: never look at should_yield; give each turn back after STEPS steps",
+    )  # fmt: skip
+    job.add_argument("--backfill-grace-seconds", type=SECONDS, help="group policy, likewise")
     job.add_argument("--ordering", choices=["fair", "fifo"], help="group policy, likewise")
     job.add_argument(
         "--hooks", choices=["offload", "discard"],
@@ -278,13 +288,25 @@ def run_synthetic_job(args: argparse.Namespace) -> int:
             agent_timeout_seconds=args.agent_timeout_seconds or 30.0,
             co_residency=args.co_residency or "auto",
             prefetch=args.prefetch or "auto",
+            switch_cost_aware=args.switch_cost_aware != "off",
             ordering=args.ordering or "fair",
+            **(
+                {"backfill_grace_seconds": args.backfill_grace_seconds}
+                if args.backfill_grace_seconds is not None
+                else {}
+            ),
         ),
         hooks=args.hooks,
         agent_socket=args.agent_socket,
         weight=args.weight,
         priority=args.priority,
         backfill=args.backfill,
+        step_seconds=args.step_seconds,
+        **(
+            {"ignore_should_yield": True, "turn_steps": args.ignore_should_yield}
+            if args.ignore_should_yield
+            else {}
+        ),
         blocking_yields=args.blocking_yields,
     )
     # SIGTERM unwinds like Ctrl-C, so the job leaves its group on the way out.

@@ -249,6 +249,11 @@ AGENT_OPTIONS = [
         "--sim-bandwidth-gbps", SIM, {"type": AMOUNT, "default": 20.0, "help": "GB/s host<->device"}
     ),
     AgentOption(
+        "--sim-restore-bandwidth-gbps",
+        SIM,
+        {"type": AMOUNT, "help": "GB/s host->device for restores (unset: --sim-bandwidth-gbps)"},
+    ),
+    AgentOption(
         "--sim-state-gib",
         SIM,
         {
@@ -344,6 +349,9 @@ def backend_config(args: argparse.Namespace) -> BackendConfig:
         node=args.node,
         sim_capacity_bytes=int(capacity * 2**30) if capacity is not None else None,
         sim_bandwidth_bytes_per_second=args.sim_bandwidth_gbps * 1e9,
+        sim_restore_bandwidth_bytes_per_second=(
+            args.sim_restore_bandwidth_gbps * 1e9 if args.sim_restore_bandwidth_gbps else None
+        ),
         sim_state_bytes=int(args.sim_state_gib * 2**30),
         sim_job_state_bytes={
             job: int(float(gib) * 2**30)

@@ -28,6 +28,7 @@ from typing import Any
 import timeshare
 from timeshare.activities.backends.processes import alive, descendants
 from timeshare.activities.backends.sim_memory import DEVICE_MEMORY_ROOT
+from timeshare.history import GroupHistory
 from timeshare.models import GroupStatus
 from timeshare.testing.ports import free_port
 from timeshare.workers.common.children import spawn, stop_process
@@ -69,6 +70,8 @@ class LocalStack:
     # The simulated device: state per job and host<->device bandwidth.
     state_gib: float = 0.25
     bandwidth_gbps: float = 10.0
+    # Restores at another speed (None: bandwidth_gbps).
+    restore_bandwidth_gbps: float | None = None
     # None: the simulated GPU holds one job at a time (no co-residency).
     capacity_gib: float | None = None
     # Jobs whose simulated state is not state_gib, by job name.
@@ -195,6 +198,8 @@ class LocalStack:
             "agent", f"--temporal={self.temporal}", f"--node={node}", f"--backend={self.backend}",
             f"--sim-state-gib={self.state_gib}", f"--sim-bandwidth-gbps={self.bandwidth_gbps}",
             *([f"--sim-capacity-gib={self.capacity_gib}"] if self.capacity_gib else []),
+            *([f"--sim-restore-bandwidth-gbps={self.restore_bandwidth_gbps}"]
+              if self.restore_bandwidth_gbps else []),
             *[f"--sim-job-state={job}={gib}" for job, gib in self.job_state_gib.items()],
             f"--sim-record={self._node_file(node, 'residency', '.jsonl')}",
             f"--sim-state={self._node_file(node, 'sim-state', '.json', self.device_dir)}",
@@ -294,6 +299,10 @@ class LocalStack:
     def group(self, group: str) -> GroupStatus:
         with timeshare.connect(self.address) as client:
             return client.get_group(group)
+
+    def history(self, group: str) -> GroupHistory:
+        with timeshare.connect(self.address) as client:
+            return client.group_history(group)
 
     def wait_for(self, group: str, state: str, timeout: float = 60) -> GroupStatus:
         """Poll the group until it is in ``state`` (e.g. "switching")."""
