@@ -199,6 +199,42 @@ def test_a_backfill_holder_is_asked_to_yield_one_switch_ahead_of_the_regular_req
     assert should_yield(group, "bf", ahead)
 
 
+# How long the backfill job below holds on once asked to yield.
+LAG = 1.5
+
+
+def slow_to_yield() -> tuple[GroupCore, float]:
+    """The measured group, where "bf" gave its turn back LAG after it was
+    asked to, and "a" then had a turn; when "a" is next expected to ask."""
+    group, _ = backfill_asks(ROUND_TRIP + 0.5)
+    ahead = EXPECTED_ASK - (CHECKPOINT + RESTORE)
+    give_back(group, "bf", ahead + LAG)
+    assert group.state.jobs["bf"].yield_lag_seconds == LAG
+    ask(group, "a", EXPECTED_ASK)
+    settle(group, EXPECTED_ASK)
+    give_back(group, "a", EXPECTED_ASK + 1.0)
+    return group, EXPECTED_ASK + 1.0 + ASK_GAP
+
+
+@pytest.mark.parametrize(("gap", "granted"), [(ROUND_TRIP + LAG - 0.5, False),
+                                             (ROUND_TRIP + LAG + 0.5, True)])  # fmt: skip
+def test_a_backfill_job_slow_to_yield_is_granted_only_a_gap_worth_its_lag_too(
+    gap: float, granted: bool
+) -> None:
+    group, next_ask = slow_to_yield()
+    ask(group, "bf", next_ask - gap)
+    settle(group, next_ask - gap)
+    assert (holder(group) == "bf") is granted
+
+
+def test_a_backfill_job_slow_to_yield_is_asked_that_much_earlier() -> None:
+    group, next_ask = slow_to_yield()
+    ask(group, "bf", next_ask - ROUND_TRIP - LAG - 0.5)
+    commands = settle(group, next_ask - ROUND_TRIP - LAG - 0.5)
+    assert holder(group) == "bf"
+    assert wake_at(commands) == pytest.approx(next_ask - (CHECKPOINT + RESTORE) - LAG)
+
+
 @pytest.mark.parametrize("asks_again", [True, False], ids=["asking-again", "not-asking"])
 def test_prefetch_brings_the_regular_job_back_past_the_backfill_job(asks_again: bool) -> None:
     """Once the backfill job yields one switch ahead, whether it asks again

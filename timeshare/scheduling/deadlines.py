@@ -78,6 +78,12 @@ def expire(group: Group, now: float) -> list[str]:
     return done
 
 
+def yield_asked_at(state: GroupState, now: float) -> float | None:
+    """When the holder was first asked to yield, if it has been by ``now``."""
+    asked, _ = _yield_times(state, now)
+    return asked if asked is not None and asked <= now else None
+
+
 def yield_requested_epoch(state: GroupState, now: float) -> int:
     """The epoch whose holder is asked to yield now (0: none): others wait
     past its turn limit, or a waiter outranks it."""

@@ -32,6 +32,7 @@ from timeshare.scheduling import (
     moves,
     prefetch,
     reporting,
+    switch_costs,
     switch_failures,
     switching,
     turns,
@@ -187,8 +188,12 @@ class GroupCore:
 
     def _give_back(self, job: str, epoch: int, now: float, asks_again: bool = False) -> YieldOutput:
         turn = self.state.turn
-        phase = turn.phase if turn is not None and turn.job == job else ""
+        holding = turn is not None and turn.job == job
+        phase = turn.phase if turn is not None and holding else ""
+        asked = deadlines.yield_asked_at(self.state, now) if holding else None
         held = turns.release(self.group, job, epoch, now, asks_again)
+        if asked is not None:
+            switch_costs.learn_yield_lag(self.state, job, now - asked)
         return YieldOutput(held_seconds=held, phase=phase)
 
     def _keep_turn(self, event: ev.KeepTurn, now: float) -> list[Command]:

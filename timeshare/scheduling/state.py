@@ -184,6 +184,9 @@ class JobEntry(StoredModel):
     # moving it costs (scheduling/switch_costs.py).
     checkpoint_seconds: dict[str, float] = Field(default_factory=dict)
     restore_seconds: dict[str, float] = Field(default_factory=dict)
+    # A backfill job's smoothed seconds from the group asking it to yield to
+    # its yield: hearing of it, then the step it was in (switch_costs.py).
+    yield_lag_seconds: float = 0.0
 
 
 class Waiter(StoredModel):

@@ -15,8 +15,12 @@ From them, under Rules 4 with the policy's ``switch_cost_aware``:
   backfill job's checkpoint and the returning job's restore; the slowest of
   its nodes counts. Unmeasured costs count 0, so a first turn is granted
   and measured;
-- a backfill holder is asked to yield one switch ahead of that request, so
-  the regular job's state can be back by the time it asks;
+- a backfill holder is asked to yield one switch ahead of that request, and
+  earlier by how long it has taken to yield once asked (its lag: hearing of
+  the request, then finishing its step; measured on every yield it was asked
+  for, JobEntry.yield_lag_seconds), so the regular job's state can be back by
+  the time it asks; a gap no longer than the switches and that lag is not
+  worth a backfill turn;
 - prefetch brings a regular job back past backfill jobs, and a backfill
   job only into a gap worth its switches;
 - fair share's anticipation holds the turn open no longer than switching to
@@ -71,6 +75,15 @@ def _smooth(estimates: dict[str, float], node: str, seconds: float) -> None:
 
 def weighed(state: GroupState) -> bool:
     return Rules.of(state.rules).switch_costs and state.policy.switch_cost_aware
+
+
+def learn_yield_lag(state: GroupState, job: str, seconds: float) -> None:
+    """A backfill job gave its turn back ``seconds`` after it was asked to."""
+    entry = state.jobs.get(job)
+    if entry is None or not entry.backfill or not weighed(state) or seconds < 0:
+        return
+    before = entry.yield_lag_seconds
+    entry.yield_lag_seconds = before + COST_SMOOTHING * (seconds - before) if before else seconds
 
 
 def switch_seconds(state: GroupState, node: str, leaving: str, coming: str) -> float | None:
@@ -133,7 +146,8 @@ def held_back_until(state: GroupState, job: str, now: float) -> float | None:
     if first is None:
         return None
     returning, ask = first
-    return ask if ask - now <= _back_seconds(state, job, returning) else None
+    worth = _back_seconds(state, job, returning) + state.jobs[job].yield_lag_seconds
+    return ask if ask - now <= worth else None
 
 
 def may_go(state: GroupState, waiters: list[Waiter], now: float) -> list[Waiter]:
@@ -177,7 +191,7 @@ def yield_ahead_at(state: GroupState, turn: StoredGrant) -> float | None:
         for node in state.jobs[turn.job].nodes
         if node in state.jobs[returning].nodes
     ]
-    return ask - max(back, default=0.0)
+    return ask - max(back, default=0.0) - state.jobs[turn.job].yield_lag_seconds
 
 
 def anticipation_cap(state: GroupState, first: str) -> float | None:
