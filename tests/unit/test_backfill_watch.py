@@ -27,7 +27,7 @@ def test_a_backfill_turn_is_polled_closely_while_it_is_watched() -> None:
     poller = GroupPoller(NoClient(), "g", every=5.0)  # type: ignore[arg-type]
     assert poller.every == 5.0
     poller.backfill_watchers += 1
-    assert poller.every == turn_watch.POLL_SECONDS
+    assert poller.every == turn_watch.BACKFILL_POLL_SECONDS < turn_watch.POLL_SECONDS
     poller.backfill_watchers -= 1
     assert poller.every == 5.0
 

@@ -37,9 +37,13 @@ from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH, YIELD_EPOCH_MEMO
 POLL_SECONDS = 0.25
 # In any other group a watch only tells the holder that others wait, so
 # that it renews its lease: polled this often, or a sixth of the lease,
-# whichever is sooner; but every POLL_SECONDS while a backfill job's turn is
-# watched (it must hear a regular job's request well within its grace).
+# whichever is sooner.
 SLOW_POLL_SECONDS = 5.0
+# While a backfill job's turn is watched, its group is polled this often:
+# every moment the backfill job holds on after a regular job asks (or after
+# the group asks it to yield ahead of a predicted request) is a moment the
+# regular job waits. One Describe per period, answered by Temporal alone.
+BACKFILL_POLL_SECONDS = 0.05
 # Groups whose poll interval a gateway remembers (their policies are fixed).
 REMEMBERED_GROUPS = 10_000
 # A watch says something at least this often, so its client can tell a
@@ -73,12 +77,13 @@ class GroupNotFound(Exception):
 
 
 class GroupPoller:
-    """Reads one group's published facts every POLL_SECONDS while anyone watches."""
+    """Reads one group's published facts while anyone watches: at the
+    group's pace, or every BACKFILL_POLL_SECONDS while a backfill turn is watched."""
 
     def __init__(self, client: Client, group: str, every: float = POLL_SECONDS) -> None:
         self._handle = client.get_workflow_handle(group_workflow_id(group))
         self.policy_every = every
-        # Watches of a backfill job's turn: while any runs, POLL_SECONDS.
+        # Watches of a backfill job's turn: while any runs, BACKFILL_POLL_SECONDS.
         self.backfill_watchers = 0
         self.facts = GroupFacts()
         self.version = 0
@@ -89,7 +94,7 @@ class GroupPoller:
 
     @property
     def every(self) -> float:
-        return POLL_SECONDS if self.backfill_watchers else self.policy_every
+        return BACKFILL_POLL_SECONDS if self.backfill_watchers else self.policy_every
 
     def start(self) -> bool:
         """Start polling unless it runs; whether this call started it. The
@@ -125,7 +130,7 @@ class GroupPoller:
         while True:
             # Woken often (no call made) so that a backfill watch that starts
             # meanwhile is served at its pace from then on.
-            await asyncio.sleep(POLL_SECONDS)
+            await asyncio.sleep(min(POLL_SECONDS, self.every))
             if clock() - last < self.every:
                 continue
             last = clock()
