@@ -21,8 +21,7 @@ def names() -> list[str]:
 def summary(name: str) -> str:
     """The first line of the benchmark's docstring, read without importing it
     (a benchmark's imports take seconds: the Temporal SDK, torch)."""
-    tree = ast.parse((HERE / f"{name}.py").read_text())
-    docstring = ast.get_docstring(tree) or ""
+    docstring = ast.get_docstring(ast.parse((HERE / f"{name}.py").read_text())) or ""
     return docstring.splitlines()[0] if docstring else "(no docstring)"
 
 

@@ -1,11 +1,9 @@
 """GPU busy fraction with and without sharing, for synthetic RL jobs on the real stack.
 
-Default profile, after the llm-d time-slicing blog: two GRPO-like jobs busy
-40 % of the time on dedicated GPUs (sampler and trainer on the GPU, reward on
-the CPU). Then sweeps of job counts, duty cycles, co-residency, discard-mode
-hooks (the agent runs `app+sim`) and blocking yields; `--backfill`: with a
-backfill job; `--profile llmd-costs`: llm-d's recorded switch costs and duty.
-Options and figures: docs/benchmarks.md, "Utilisation gained".
+Default profile, after the llm-d time-slicing blog: two GRPO-like jobs 40 %
+busy on dedicated GPUs; then sweeps (job counts, duty, co-residency, discard
+hooks, blocking yields). `--backfill`: with a backfill job; `--profile
+llmd-costs`: llm-d's recorded switch costs and duty. docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -28,8 +26,8 @@ SAMPLE_SHARE = 0.6
 # Per job, at 20 GB/s: 2 x 27 ms per switch, about 2 % of an iteration.
 STATE_GIB, BANDWIDTH_GBPS = 0.5, 20.0
 # Room for two jobs' state on the simulated GPU (used only where a group's
-# policy allows co-residency).
-CAPACITY_GIB = 2 * STATE_GIB
+# policy allows co-residency); with a backfill job, room for all three.
+ROOM, BACKFILL_ROOM = 2, 3
 # Time for every job's process to start and join before the first iteration
 # (a Python start on a loaded 2-core machine takes up to a few seconds).
 START_LEAD_SECONDS = 5.0
@@ -92,10 +90,10 @@ class Profile(BaseModel):
                 f"--train-seconds={train}"]  # fmt: skip
 
 
-def stack_options(costs: Costs) -> dict[str, object]:
+def stack_options(costs: Costs, room: int) -> dict[str, object]:
     """The simulated GPU: llm-d's switch times (scaled) for each job's state, or 20 GB/s."""
     gb = STATE_GIB * 2**30 / 1e9 * LLMD_SCALE
-    return {"backend": "app+sim", "state_gib": STATE_GIB, "capacity_gib": CAPACITY_GIB,
+    return {"backend": "app+sim", "state_gib": STATE_GIB, "capacity_gib": room * STATE_GIB,
             **({"bandwidth_gbps": BANDWIDTH_GBPS} if costs == "blog" else {
                 "bandwidth_gbps": gb / LLMD_CHECKPOINT_SECONDS,
                 "restore_bandwidth_gbps": gb / LLMD_RESTORE_SECONDS})}  # fmt: skip
@@ -115,11 +113,9 @@ class Result(BaseModel):
     # Switches made ahead of a request (prefetch), of all the group made.
     switches: int = 0
     prefetched: int = 0
-    # Busy while every job runs: the run without its ends (one job starting
-    # or finishing alone).
+    # Busy while every job runs (not while one job starts or finishes alone).
     all_running_util: float = 0.0
-    # The backfill job's busy share; the longest wait of a regular request made
-    # while it held the GPU, the longest switch in such waits; the grace.
+    # Backfill busy; longest regular wait behind it, longest switch in one; grace.
     backfill_util: float = 0.0
     longest_wait_s: float = 0.0
     wait_switch_s: float = 0.0
@@ -130,8 +126,7 @@ class Result(BaseModel):
         return self.shared_iteration_s / self.alone_iteration_s
 
     @property
-    def speedup(self) -> float:
-        """The jobs' throughput taking turns against one job's alone."""
+    def speedup(self) -> float:  # the jobs' throughput taking turns, against one's alone
         return self.profile.jobs / self.slowdown
 
 
@@ -139,8 +134,7 @@ def measure(stack: LocalStack, profile: Profile, iterations: int, turns: bool = 
     """``turns``: print the run's chart and each turn (waits, switches, holds)."""
     group = profile.label
     paths = [stack.workdir / f"{group}-job-{i}.json" for i in range(profile.jobs)]
-    # Every job starts from one moment, each 0.2 s after the one before,
-    # however long its process took to start and join.
+    # Every job starts at one moment (each 0.2 s after the last), however slow its start.
     start_at = time.time() + START_LEAD_SECONDS
     jobs = [stack.job(group, f"job-{i}", path, f"--iterations={iterations}", *profile.job_options(),
                       f"--start-delay-seconds={0.2 * i}", f"--start-at={start_at}",
@@ -185,10 +179,10 @@ def measure(stack: LocalStack, profile: Profile, iterations: int, turns: bool = 
     )
 
 
-def run_profiles(profiles: list[Profile], iterations: int, turns: bool = False) -> list[Result]:
+def run_profiles(profiles: list[Profile], iterations: int, turns: bool, room: int) -> list[Result]:
     """Each profile in turn, on one stack (every profile of one kind of costs)."""
     results = []
-    with running_stack(None, **stack_options(profiles[0].costs)) as stack:
+    with running_stack(None, **stack_options(profiles[0].costs, room)) as stack:
         for profile in profiles:
             results.append(r := measure(stack, profile, iterations, turns))
             print(f"{profile.label}: {r.baseline_util:.0%} -> {r.shared_util:.0%}", flush=True)
@@ -205,16 +199,18 @@ def sweep(quick: bool) -> list[Profile]:
 
 
 def cost_runs(costs: Costs, backfill: bool) -> list[Profile]:
-    """Two regular jobs (llm-d's costs: also not switch-cost-aware), then
-    (``backfill``) with a backfill job (the blog's: also one that ignores should_yield)."""
+    """Two jobs (llm-d's: also cost-unaware), then (``backfill``) with a backfill job: the
+    blog's state moved at each switch, then co-resident; then one ignoring should_yield."""
     llmd = costs == "llmd-costs"
     mine = Profile(jobs=2, duty=LLMD_DUTY if llmd else 0.4, costs=costs)
     runs = [mine, *[mine.model_copy(update={"switch_cost_aware": False})] * llmd]
-    with_backfill: list[Backfill] = ["steps"] if llmd else ["steps", "ignores"]
-    return runs + [mine.model_copy(update={"backfill": b}) for b in with_backfill if backfill]
+    pairs = [mine] if llmd else [mine, mine.model_copy(update={"variant": "co-resident"})]
+    more = [p for m in pairs for p in [m, m.model_copy(update={"backfill": "steps"})]][1:]
+    more += [] if llmd else [mine.model_copy(update={"backfill": "ignores"})]
+    return runs + more * backfill
 
 
-def describe(profile: Profile, iterations: int) -> str:
+def describe(profile: Profile, iterations: int, room: int) -> str:
     sample, reward, train = profile.phases()
     if profile.costs == "llmd-costs":
         return (f"llmd-costs profile, SIMULATED, {LLMD_SCALE:g}x faster than llm-d's recorded "
@@ -225,7 +221,7 @@ def describe(profile: Profile, iterations: int) -> str:
     return (f"default profile: 2 jobs; per iteration sample {sample:.2f} s + train {train:.2f} s "
             f"on the GPU, reward {reward:.2f} s on the CPU (duty 40 %); {STATE_GIB} GiB of state "
             f"per job at {BANDWIDTH_GBPS:g} GB/s (SIMULATED GPU, room for "
-            f"{CAPACITY_GIB / STATE_GIB:g} jobs' state where co-residency is on); "
+            f"{room} jobs' state where co-residency is on); "
             f"{iterations} iterations per job")  # fmt: skip
 
 
@@ -258,8 +254,12 @@ def print_costs(costs: Costs, results: list[Result]) -> None:
         waits = (f"longest_wait_behind_backfill_s={r.longest_wait_s:.3f} "
                  f"grace_plus_switch_s={r.grace_s + r.wait_switch_s:.3f}")  # fmt: skip
         if r.profile.backfill == "steps":
-            ratio = r.shared_iteration_s / alone.shared_iteration_s
-            print(f"with backfill ({BACKFILL_STEP_SECONDS * 1000:g} ms steps): busy_shared="
+            (base,) = [
+                b for b in results if b.profile == r.profile.model_copy(update={"backfill": ""})
+            ]
+            ratio = r.shared_iteration_s / base.shared_iteration_s
+            print(f"with backfill ({BACKFILL_STEP_SECONDS * 1000:g} ms steps, "
+                  f"{r.profile.variant or 'state moved at each switch'}): busy_shared="
                   f"{r.shared_util:.3f} backfill_busy={r.backfill_util:.3f} "
                   f"regular_iteration_ratio={ratio:.3f} {waits}")  # fmt: skip
         elif r.profile.backfill == "ignores":
@@ -282,8 +282,9 @@ def main() -> None:
     iterations = 4 if args.quick else 10
     plain = args.profile == "blog" and not args.backfill
     profiles = sweep(args.quick) if plain else cost_runs(args.profile, args.backfill)
-    print(describe(profiles[0], iterations), flush=True)
-    results = run_profiles(profiles, iterations, args.timeline)
+    room = BACKFILL_ROOM if args.backfill and args.profile == "blog" else ROOM
+    print(describe(profiles[0], iterations, room), flush=True)
+    results = run_profiles(profiles, iterations, args.timeline, room)
     # One that ignores should_yield steps on, unfrozen, when preempted: its busy is not GPU time.
     print_rows([r for r in results if r.profile.backfill != "ignores"])
     if not plain:

@@ -24,13 +24,13 @@ GIB = 2**30
 
 
 def test_the_llmd_profile_moves_each_jobs_state_in_the_recorded_times_scaled() -> None:
-    options = stack_options("llmd-costs")
+    options = stack_options("llmd-costs", room=2)
     moved_gb = STATE_GIB * GIB / 1e9
     checkpoint = moved_gb / float(options["bandwidth_gbps"])  # type: ignore[arg-type]
     restore = moved_gb / float(options["restore_bandwidth_gbps"])  # type: ignore[arg-type]
     assert checkpoint * LLMD_SCALE == pytest.approx(21.3)
     assert restore * LLMD_SCALE == pytest.approx(2.5)
-    assert "restore_bandwidth_gbps" not in stack_options("blog")
+    assert "restore_bandwidth_gbps" not in stack_options("blog", room=2)
 
 
 def test_an_llmd_iteration_is_one_recorded_step_scaled_at_the_recorded_duty() -> None:
@@ -49,8 +49,11 @@ def test_each_flag_chooses_its_runs() -> None:
     assert {p.costs for p in llmd} == {"llmd-costs"} and {p.duty for p in llmd} == {LLMD_DUTY}
     assert [p.backfill for p in cost_runs("llmd-costs", backfill=False)] == ["", ""]
     blog = cost_runs("blog", backfill=True)
-    assert [(p.backfill, p.duty) for p in blog] == [("", 0.4), ("steps", 0.4), ("ignores", 0.4)]
-    assert len({p.label for p in [*llmd, *blog]}) == 6  # a group of its own each
+    assert [(p.backfill, p.variant) for p in blog] == [
+        ("", ""), ("steps", ""), ("", "co-resident"), ("steps", "co-resident"), ("ignores", "")
+    ]  # fmt: skip
+    assert {p.duty for p in blog} == {0.4}
+    assert len({p.label for p in [*llmd, *blog]}) == 8  # a group of its own each
 
 
 @pytest.mark.parametrize("profile", [*cost_runs("llmd-costs", True), *cost_runs("blog", True)])
