@@ -16,6 +16,8 @@ from timeshare.cli.server_settings import AGENT_OPTIONS, agent_arguments, job_st
 from timeshare.credentials import llmd_job_token
 from timeshare.workers.temporal.dev_server import (
     MAX_IN_FLIGHT_UPDATES,
+    TIMER_FLOOR,
+    TIMER_FLOOR_SETTING,
     TRANSFER_QUEUE_READS_PER_SECOND,
     TRANSFER_READS_SETTING,
     dev_server_command,
@@ -164,3 +166,5 @@ def test_temporal_dynamic_config_goes_over_timeshares_own() -> None:
     assert f"history.maxInFlightUpdates={MAX_IN_FLIGHT_UPDATES}" in values
     default = dev_server_command(7233, 8233, Path("/tmp/x"))
     assert f"{TRANSFER_READS_SETTING}={TRANSFER_QUEUE_READS_PER_SECOND}" in default
+    # Sub-second timers ring on time, not a second after they are set.
+    assert f"{TIMER_FLOOR_SETTING}={TIMER_FLOOR}" in default

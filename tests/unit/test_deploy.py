@@ -39,6 +39,7 @@ from timeshare.cli import gateway_security, temporal_settings
 from timeshare.workers.temporal.dev_server import (
     MAX_IN_FLIGHT_UPDATES,
     SEARCH_ATTRIBUTES,
+    TIMER_FLOOR_SETTING,
     TRANSFER_QUEUE_READS_PER_SECOND,
     TRANSFER_READS_SETTING,
 )
@@ -100,6 +101,9 @@ def test_temporal_values_use_postgresql_and_admit_every_waiter(temporal_values: 
     # read: faster than Temporal's default of 20 reads a second.
     [reads] = server["dynamicConfig"][TRANSFER_READS_SETTING]
     assert 20 < reads["value"] <= TRANSFER_QUEUE_READS_PER_SECOND
+    # Sub-second deadlines ring well under Temporal's default floor of 1 s.
+    [floor] = server["dynamicConfig"][TIMER_FLOOR_SETTING]
+    assert floor["value"].endswith("ms") and int(floor["value"][:-2]) < 1000
 
 
 @pytest.mark.parametrize("name", UNITS)

@@ -26,6 +26,14 @@ SEARCH_ATTRIBUTES = {
 MAX_IN_FLIGHT_UPDATES = 256
 TRANSFER_QUEUE_READS_PER_SECOND = 1000
 TRANSFER_READS_SETTING = "history.transferProcessorMaxPollRPS"
+# No timer fires sooner than this after it is set: Temporal's default (1 s)
+# made every sub-second deadline of a group (a grace of 0.5 s, a yield asked
+# ahead of a predicted request, fair share's 30 ms hold) ring about 1 s after
+# it was set, 0.3-0.8 s late, unless a message woke the group first; at
+# 20 ms they rang 2-3 ms late (docs/facts.md). On one host no clock skew
+# needs the margin. A JSON string: the dev server parses each value as JSON.
+TIMER_FLOOR_SETTING = "history.timerProcessorMaxTimeShift"
+TIMER_FLOOR = '"20ms"'
 DYNAMIC_CONFIG = {
     "history.maxInFlightUpdates": str(MAX_IN_FLIGHT_UPDATES),
     # One partition per task queue: fewer hops on a single machine.
@@ -37,6 +45,7 @@ DYNAMIC_CONFIG = {
     # average, before it reached matching (`python -m bench floors hops`: Temporal's own
     # update awaiting an activity 97-99 ms at 20, 36-59 ms at 1000).
     TRANSFER_READS_SETTING: str(TRANSFER_QUEUE_READS_PER_SECOND),
+    TIMER_FLOOR_SETTING: TIMER_FLOOR,
 }
 # The file in write-ahead-log mode, every commit still synced: one fsync per
 # transaction instead of the rollback journal's two or more, and readers
