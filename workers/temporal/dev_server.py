@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from temporalio.client import Client
+
 from timeshare.workers.common.children import spawn, stop_process
 from timeshare.workers.common.service import StartupError, ready
 
@@ -116,22 +118,31 @@ def check_port_free(port: int, what: str) -> None:
             ) from None
 
 
-async def wait_until_listening(
+async def wait_until_serving(
     port: int, process: subprocess.Popen[bytes], log_path: Path, timeout: float
 ) -> None:
+    """Until the server answers a client's first call. Its port opens before
+    its frontend is healthy: a client that connects in between is refused
+    with UNAVAILABLE ("Frontend is not healthy yet"), and a service started
+    on `ready` would fail to start."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    last = "nothing listened"
     while loop.time() < deadline:
         if process.poll() is not None:
             raise StartupError(
                 f"the Temporal dev server exited with code {process.returncode}; see {log_path}"
             )
-        with contextlib.suppress(OSError):
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
+        try:
+            await Client.connect(f"127.0.0.1:{port}")
             return
+        except Exception as error:  # refused, or answered UNAVAILABLE while it starts
+            last = str(error)
         await asyncio.sleep(0.2)
-    raise StartupError(f"the Temporal dev server did not listen on {port} within {timeout:g} s")
+    raise StartupError(
+        f"the Temporal dev server did not serve on {port} within {timeout:g} s ({last}); "
+        f"see {log_path}"
+    )
 
 
 async def serve_temporal(
@@ -154,7 +165,7 @@ async def serve_temporal(
     with log_path.open("ab") as log:
         process = spawn(command, stdout=log)
     try:
-        await wait_until_listening(port, process, log_path, STARTUP_SECONDS)
+        await wait_until_serving(port, process, log_path, STARTUP_SECONDS)
         metrics = (
             "" if metrics_port is None else f", metrics http://localhost:{metrics_port}/metrics"
         )

@@ -1,0 +1,51 @@
+"""`timeshare temporal` says ready only once Temporal's frontend answers: its
+port opens before the frontend is healthy, and a scheduler started in between
+was refused ("Frontend is not healthy yet") and failed to start."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from timeshare.workers.common.service import StartupError
+from timeshare.workers.temporal.dev_server import wait_until_serving
+
+
+class NotHealthyYet(grpc.GenericRpcHandler):
+    """Answers every call as Temporal's frontend does while it starts."""
+
+    def service(self, handler_call_details: Any) -> grpc.RpcMethodHandler[Any, Any]:
+        async def refuse(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "Frontend is not healthy yet")
+            return b""
+
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+@pytest.fixture
+def running_process() -> Iterator[subprocess.Popen[bytes]]:
+    """Stands for the dev server's process, alive throughout."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+async def test_a_port_that_listens_but_is_not_healthy_is_not_ready(
+    running_process: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([NotHealthyYet()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        with pytest.raises(StartupError, match="not healthy yet"):
+            await wait_until_serving(port, running_process, tmp_path / "temporal.log", 2.0)
+    finally:
+        await server.stop(None)
