@@ -190,7 +190,9 @@ class GroupCore:
         turn = self.state.turn
         holding = turn is not None and turn.job == job
         phase = turn.phase if turn is not None and holding else ""
-        asked = deadlines.yield_asked_at(self.state, now) if holding else None
+        # Only a backfill holder's lag is learned (and only where costs are weighed).
+        lag_learned = holding and switch_costs.learns_yield_lag(self.state, job)
+        asked = deadlines.yield_asked_at(self.state, now) if lag_learned else None
         held = turns.release(self.group, job, epoch, now, asks_again)
         if asked is not None:
             switch_costs.learn_yield_lag(self.state, job, now - asked)

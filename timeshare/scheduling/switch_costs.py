@@ -77,11 +77,16 @@ def weighed(state: GroupState) -> bool:
     return Rules.of(state.rules).switch_costs and state.policy.switch_cost_aware
 
 
+def learns_yield_lag(state: GroupState, job: str) -> bool:
+    entry = state.jobs.get(job)
+    return entry is not None and entry.backfill and weighed(state)
+
+
 def learn_yield_lag(state: GroupState, job: str, seconds: float) -> None:
     """A backfill job gave its turn back ``seconds`` after it was asked to."""
-    entry = state.jobs.get(job)
-    if entry is None or not entry.backfill or not weighed(state) or seconds < 0:
+    if not learns_yield_lag(state, job) or seconds < 0:
         return
+    entry = state.jobs[job]
     before = entry.yield_lag_seconds
     entry.yield_lag_seconds = before + COST_SMOOTHING * (seconds - before) if before else seconds
 
