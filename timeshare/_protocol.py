@@ -102,6 +102,9 @@ class Turn:
     granted_at: float
     phase: str = ""
     _yield_requested: bool = field(default=False, repr=False, compare=False)
+    # The watch last said that every job waiting is a backfill job (and this
+    # turn a regular job's): none of them goes before this job's next phase.
+    _only_backfill_waiting: bool = field(default=False, repr=False, compare=False)
 
     @property
     def should_yield(self) -> bool:
@@ -151,6 +154,7 @@ def apply_notice(turn: Turn, lease: LeaseClock, notice: pb.TurnNotice) -> tuple[
     asked to yield, the job has just become contended: renew now)."""
     asked = notice.should_yield and not turn.should_yield
     turn._yield_requested = turn._yield_requested or notice.should_yield
+    turn._only_backfill_waiting = notice.only_backfill_waiting
     contended = notice.holding and notice.waiting > 0
     became = contended and not lease.contended
     lease.contended = contended
@@ -160,9 +164,12 @@ def apply_notice(turn: Turn, lease: LeaseClock, notice: pb.TurnNotice) -> tuple[
 def may_keep_turn(turn: Turn | None, lease: LeaseClock, heard: bool) -> bool:
     """Whether Job.next_turn_nowait keeps the turn without waiting for an
     answer: only once the turn's watch has spoken (``heard``), and while what
-    it last said is that nobody waits and nobody asks for the turn back.
-    Otherwise it waits for next_turn's answer, which lets others go first."""
-    return heard and turn is not None and not lease.contended and not turn.should_yield
+    it last said is that nobody waits but backfill jobs (which never go before
+    a regular job's next phase) and nobody asks for the turn back. Otherwise
+    it waits for next_turn's answer, which lets others go first."""
+    if not heard or turn is None or turn.should_yield:
+        return False
+    return not lease.contended or turn._only_backfill_waiting
 
 
 class GroupMember(Protocol):

@@ -264,7 +264,8 @@ class Job(protocol.JobIdentity):
         """As ``next_turn``, without waiting where nobody waits: the job goes
         on into ``phase`` on the GPUs it holds at once, and the message that
         says so travels meanwhile; the same turn is returned, its phase set.
-        Only where the turn's watch has last said that nobody waits and
+        Only where the turn's watch has last said that nobody waits (but
+        backfill jobs, which never go before a regular job's next phase) and
         nobody asks for the turn back; otherwise this is ``next_turn``. If
         someone asked in the meantime, the group asks for the turn back
         (``should_yield``): give it back after this phase. The next call

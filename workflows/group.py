@@ -54,7 +54,12 @@ with workflow.unsafe.imports_passed_through():
     )
     from timeshare.scheduling.state import GroupState, StoredPolicy, SwitchPlan
     from timeshare.workflows import node_calls, patches
-    from timeshare.workflows.visibility import LEAN_PATCH, YIELD_EPOCH_MEMO, GroupVisibility
+    from timeshare.workflows.visibility import (
+        BACKFILL_WAITING_MEMO,
+        LEAN_PATCH,
+        YIELD_EPOCH_MEMO,
+        GroupVisibility,
+    )
 
 # An acquire waits inside one update at most this long, then returns "still
 # waiting" and the gateway asks again: no update stays open for long, so the
@@ -104,6 +109,7 @@ class GroupWorkflow:
         self._visibility = GroupVisibility(
             lean=workflow.patched(LEAN_PATCH),
             carried_yield_epoch=workflow.memo_value(YIELD_EPOCH_MEMO, 0, type_hint=int),
+            carried_backfill_waiting=workflow.memo_value(BACKFILL_WAITING_MEMO, 0, type_hint=int),
         )
         workflow.deprecate_patch(patches.STEADY_TIMER)
         # The one timer: when it rings, and whether it has.

@@ -35,6 +35,14 @@ YIELD_EPOCH_MEMO = "yield_epoch"
 # asked to yield when the last run ended, and is no longer asked, kept saying
 # so. From this change on such a run writes 0 (asked only where they differ).
 CARRIED_MEMO_PATCH = "timeshare-carried-yield-epoch"
+# The memo key a regular holder's watch reads beside the queue depth: how
+# many of the jobs waiting are backfill jobs. None of them goes before a
+# regular holder's next phase, so while they are all that wait, it keeps its
+# turn without waiting for an answer (Job.next_turn_nowait). Written only when
+# it changes: never in a group without backfill jobs. Runs from before this
+# change never write it, and their holders ask for every next phase.
+BACKFILL_WAITING_MEMO = "backfill_waiting"
+BACKFILL_WAITING_PATCH = "timeshare-backfill-waiting-memo"
 # A failing switch's cause labels its gauge series; this much of it.
 FAILING_CAUSE_CHARS = 200
 
@@ -42,15 +50,18 @@ FAILING_CAUSE_CHARS = 200
 class GroupVisibility:
     """Publishes what changed since the last call; call it after every change."""
 
-    def __init__(self, lean: bool = False, carried_yield_epoch: int = 0) -> None:
-        """``lean``: LEAN_PATCH applies to this run. ``carried_yield_epoch``:
-        what the memo said when this run started (the last run's, after a
-        continue-as-new)."""
+    def __init__(
+        self, lean: bool = False, carried_yield_epoch: int = 0, carried_backfill_waiting: int = 0
+    ) -> None:
+        """``lean``: LEAN_PATCH applies to this run. ``carried_yield_epoch``,
+        ``carried_backfill_waiting``: what the memo said when this run started
+        (the last run's, after a continue-as-new)."""
         self.lean = lean
         self._shown: GroupSummary | None = None
         self._published: tuple[str, int, str] | None = None
         self._yield_epoch = 0
         self._carried_yield_epoch = carried_yield_epoch
+        self._backfill_waiting = carried_backfill_waiting
         # Made once: each new gauge is a call into the SDK's core.
         self._queue_depth: MetricGauge | None = None
         self._switch_failing: MetricGauge | None = None
@@ -69,6 +80,7 @@ class GroupVisibility:
         if yield_epoch is not None and yield_epoch != self._yield_epoch:
             workflow.upsert_memo({YIELD_EPOCH_MEMO: yield_epoch})
             self._yield_epoch = yield_epoch
+        self._publish_backfill_waiting(summary)
         if summary == self._shown:
             return
         self._shown = summary
@@ -86,6 +98,12 @@ class GroupVisibility:
         self._show_switch_failing(summary)
         self._backfill.publish(summary)
         workflow.set_current_details(current_details(summary))
+
+    def _publish_backfill_waiting(self, summary: GroupSummary) -> None:
+        waiting = sum(job in summary.backfill for job in summary.queue)
+        if waiting != self._backfill_waiting and workflow.patched(BACKFILL_WAITING_PATCH):
+            workflow.upsert_memo({BACKFILL_WAITING_MEMO: waiting})
+            self._backfill_waiting = waiting
 
     def _show_switch_failing(self, summary: GroupSummary) -> None:
         """The gauge of a failing switch: its attempts so far, under its cause

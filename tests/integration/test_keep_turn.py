@@ -99,3 +99,26 @@ async def test_the_asyncio_client_keeps_its_turn_and_the_next_waiter_goes_after_
     await a.yield_()
     assert (await waiting).epoch == first.epoch + 1
     await b.yield_()
+
+
+async def test_a_regular_holder_keeps_its_turn_unanswered_while_only_a_backfill_job_waits(
+    api: timeshare.aio.Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    """A backfill job waits through every regular turn: were it counted as
+    someone waiting, each next phase of a regular job would wait for an answer."""
+    group, node = f"g-{unique}", f"n-{unique}"
+    a, _ = await two_jobs(api, sim_nodes, group, node)
+    backfill = await api.join(group, "bf", [node], backfill=True)
+    first = await a.acquire(phase="train")
+    waiting = asyncio.create_task(backfill.acquire(phase="backfill"))
+    await queued(api, group, ["bf"])
+
+    async def only_backfill_heard() -> bool:
+        return a._heard and first._only_backfill_waiting
+
+    await wait_until_async(only_backfill_heard, "a's watch to say only bf waits", every=0.05)
+    kept = await a.next_turn_nowait(phase="sample")
+    assert kept is first and kept.phase == "sample"
+    await a.yield_()
+    assert (await waiting).epoch == first.epoch + 1
+    await backfill.yield_()

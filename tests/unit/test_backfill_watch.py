@@ -39,3 +39,16 @@ def test_a_backfill_jobs_watch_request_says_so() -> None:
         turn = protocol.Turn(epoch=3, ticket=1, waited_seconds=0, switch_seconds=0,
                              granted_at=0, phase="")  # fmt: skip
         assert job.watch_request(turn).backfill is backfill
+
+
+def test_only_a_regular_holder_hears_that_only_backfill_jobs_wait() -> None:
+    def said(holder: str, waiting: int, backfill_waiting: int, backfill: bool = False) -> bool:
+        facts = turn_watch.GroupFacts(holder, waiting, 0, backfill_waiting)
+        return turn_watch.notice_of(facts, "a", 3, backfill).only_backfill_waiting
+
+    assert said("a", 1, 1)
+    assert said("a", 2, 2)
+    assert not said("a", 2, 1)  # a regular job waits too: it may go first
+    assert not said("a", 0, 0)  # nobody waits: the waiting count says so already
+    assert not said("b", 1, 1)  # not holding
+    assert not said("a", 1, 1, backfill=True)  # any waiter may go before a backfill job

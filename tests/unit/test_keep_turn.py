@@ -83,20 +83,37 @@ def test_only_the_holder_of_the_epoch_keeps_it(who: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("heard", "waiting", "asked", "keeps"),
-    [(True, 0, False, True), (False, 0, False, False), (True, 1, False, False),
-     (True, 0, True, False)],
+    ("heard", "waiting", "only_backfill", "asked", "keeps"),
+    [(True, 0, False, False, True), (False, 0, False, False, False),
+     (True, 1, False, False, False), (True, 0, False, True, False),
+     (True, 2, True, False, True), (True, 2, True, True, False)],
 )  # fmt: skip
 def test_the_client_keeps_a_turn_unanswered_only_where_its_watch_said_nobody_waits(
-    heard: bool, waiting: int, asked: bool, keeps: bool
+    heard: bool, waiting: int, only_backfill: bool, asked: bool, keeps: bool
 ) -> None:
+    """Nobody, or backfill jobs alone: they never go before a regular job's next phase."""
     turn = Turn(epoch=3, ticket=3, waited_seconds=0.0, switch_seconds=0.0, granted_at=0.0)
     lease = LeaseClock(30.0, 30.0, now=0.0)
     if heard:
         apply_notice(turn, lease, pb.TurnNotice(holding=True, epoch=3, waiting=waiting,
-                                                should_yield=asked))  # fmt: skip
+                                                should_yield=asked,
+                                                only_backfill_waiting=only_backfill))  # fmt: skip
     assert may_keep_turn(turn, lease, heard) is keeps
     assert not may_keep_turn(None, lease, heard)
+    # Others waiting: the lease is renewed at the contended pace all the same.
+    assert lease.contended is (heard and waiting > 0)
+
+
+def test_a_backfill_job_waiting_never_takes_a_regular_holders_next_phase() -> None:
+    """What the client's keep without an answer relies on: the group keeps the
+    turn for the holder's next phase and does not ask it back."""
+    queue = policy_queue()
+    queue.join("bf", ["n1"], "hash-bf", now=0.0, backfill=True)
+    epoch = held(queue, "a", "train", 1.0)
+    assert queue.request("bf", "bf-1", now=1.5, phase="backfill") is None
+    assert queue.keep_turn("a", epoch, "sample", 2.0) == (False, 1.0)
+    assert queue.yield_requested_epoch(2.0) == 0
+    assert [w.job for w in queue.state.queue] == ["bf"]
 
 
 def test_an_unknown_call_is_reported_as_unimplemented() -> None:

@@ -406,6 +406,7 @@ class TurnNotice(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     WAITING_FIELD_NUMBER: _builtins.int
     SHOULD_YIELD_FIELD_NUMBER: _builtins.int
+    ONLY_BACKFILL_WAITING_FIELD_NUMBER: _builtins.int
     holding: _builtins.bool
     """The job holds the turn watched (false once it is preempted or evicted)."""
     epoch: _builtins.int
@@ -413,6 +414,11 @@ class TurnNotice(_message.Message):
     """Jobs waiting for the group's turn: while any do, renew the lease."""
     should_yield: _builtins.bool
     """The group asks the holder to give the turn back at its next step."""
+    only_backfill_waiting: _builtins.bool
+    """The holder is a regular job and every job waiting is a backfill job:
+    none of them goes before its next phase, so it may go on into that phase
+    without waiting for an answer (Job.next_turn_nowait).
+    """
     def __init__(
         self,
         *,
@@ -420,10 +426,11 @@ class TurnNotice(_message.Message):
         epoch: _builtins.int = ...,
         waiting: _builtins.int = ...,
         should_yield: _builtins.bool = ...,
+        only_backfill_waiting: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "holding", b"holding", "should_yield", b"should_yield", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "holding", b"holding", "only_backfill_waiting", b"only_backfill_waiting", "should_yield", b"should_yield", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

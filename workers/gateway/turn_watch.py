@@ -30,7 +30,12 @@ from timeshare.models import GroupPolicy
 from timeshare.names import group_workflow_id
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.workflows.group import GroupWorkflow
-from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH, YIELD_EPOCH_MEMO
+from timeshare.workflows.visibility import (
+    BACKFILL_WAITING_MEMO,
+    HOLDER,
+    QUEUE_DEPTH,
+    YIELD_EPOCH_MEMO,
+)
 
 # A holder hears that it is asked to yield within this (plus a round trip),
 # in a group whose policy can ask (a turn limit, preemption by priority).
@@ -70,6 +75,23 @@ class GroupFacts:
     holder: str = ""
     waiting: int = 0
     yield_epoch: int = 0
+    # Of those waiting, backfill jobs.
+    backfill_waiting: int = 0
+
+
+def notice_of(facts: GroupFacts, job: str, epoch: int, backfill: bool) -> pb.TurnNotice:
+    """What the watch of ``job``'s turn of ``epoch`` tells it (``backfill``:
+    the job is a backfill job, which any waiter may go before)."""
+    holding = facts.holder == job
+    return pb.TurnNotice(
+        holding=holding,
+        epoch=epoch,
+        waiting=facts.waiting,
+        should_yield=holding and facts.yield_epoch == epoch,
+        only_backfill_waiting=holding
+        and not backfill
+        and 0 < facts.waiting <= facts.backfill_waiting,
+    )
 
 
 class GroupNotFound(Exception):
@@ -122,6 +144,7 @@ class GroupPoller:
             holder="" if holder == "-" else holder,
             waiting=attributes.get(QUEUE_DEPTH) or 0,
             yield_epoch=int(await description.memo_value(YIELD_EPOCH_MEMO, 0)),
+            backfill_waiting=int(await description.memo_value(BACKFILL_WAITING_MEMO, 0)),
         )
 
     async def _poll(self) -> None:
@@ -228,13 +251,7 @@ class TurnWatches:
                 poller.seed(facts)
             version = poller.version
             while True:
-                holding = facts.holder == job
-                yield pb.TurnNotice(
-                    holding=holding,
-                    epoch=epoch,
-                    waiting=facts.waiting,
-                    should_yield=holding and facts.yield_epoch == epoch,
-                )
+                yield notice_of(facts, job, epoch, backfill)
                 await poller.wait_past(version, KEEPALIVE_SECONDS)
                 version, facts = poller.version, poller.facts
                 failed = poller.error
