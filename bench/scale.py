@@ -96,11 +96,10 @@ def print_idle(idle: IdleHistory) -> None:
 
 def print_watch(watch: WatchCost) -> None:
     parts = [name for name in watch.watched if name != "bench"]
-    rows = [
-        [f"{watch.groups} groups, each holder's turn watched",
-         *(f"{watch.watched[p]:.3f}" for p in parts)],
-        [f"{watch.groups} groups, no turn held", *(f"{watch.unwatched[p]:.3f}" for p in parts)],
-    ]  # fmt: skip
+    windows = {"each holder's turn watched": watch.watched, "no turn held": watch.unwatched,
+               "a backfill holder's turn watched": watch.backfill}  # fmt: skip
+    rows = [[f"{watch.groups} groups, {w}", *(f"{cores[p]:.3f}" for p in parts)]
+            for w, cores in windows.items()]  # fmt: skip
     print("\n" + table(["no hand-overs: cores busy", *parts], rows))
 
 
@@ -363,6 +362,8 @@ def report(
         f"history_events_per_idle_job_hour={idle.now_per_job_hour:.2f} "
         f"history_events_per_idle_job_hour_before={idle.before.per_job_hour():.0f} "
         f"watch_temporal_cores_per_100_groups={watch.watched['temporal'] * 100 / watch.groups:.2f}"
+        f" backfill_watch_temporal_cores_per_100_groups="
+        f"{watch.backfill['temporal'] * 100 / watch.groups:.2f}"
         f" temporal_requests_per_handover="
         f"{at_reference.total('service_requests', 'frontend') / handover_count:.2f}"
         f" temporal_store_requests_per_handover="

@@ -1,7 +1,7 @@
 """What turn watches cost with nothing else going on: one job per group holds
-its turn, so every group has a watch open and its gateway polls the group's
-published facts (workers/gateway/turn_watch.py); then the jobs yield, so no watch is
-open. The CPU of each process over each window is the difference."""
+its turn, its watch open (its gateway polls the group's published facts,
+workers/gateway/turn_watch.py); then no turn is held; then a backfill job per
+group holds, its watch polled closely. Each process's CPU over each window."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ SETTLE_SECONDS = 2.0
 @dataclass
 class WatchCost:
     groups: int
-    # Cores each process kept busy: with every group's holder watching, and with none.
+    # Cores each process kept busy: every group's holder watched; none; backfill holders.
     watched: dict[str, float]
     unwatched: dict[str, float]
+    backfill: dict[str, float]
 
 
 async def _cores(processes: dict[str, int], seconds: float) -> dict[str, float]:
@@ -36,15 +37,13 @@ async def measure_watch_cost(
     address: str, node: str, processes: dict[str, int], groups: int, seconds: float
 ) -> WatchCost:
     async with timeshare.aio.connect(address) as client:
-        jobs = await bounded(
-            [
-                partial(client.join, f"watch-{g}", "holder", [node], GroupPolicy(gpus=[g]))
-                for g in range(groups)
-            ]
-        )
-        await bounded([job.acquire for job in jobs])
-        watched = await _cores(processes, seconds)
-        await bounded([job.yield_ for job in jobs])
-        unwatched = await _cores(processes, seconds)
-        await bounded([job.leave for job in jobs])
-    return WatchCost(groups, watched, unwatched)
+        cores = []
+        for backfill in (False, True):
+            jobs = await bounded([partial(client.join, f"watch-{g}", f"holder{backfill:d}", [node],
+                                          GroupPolicy(gpus=[g]), backfill=backfill)
+                                  for g in range(groups)])  # fmt: skip
+            await bounded([job.acquire for job in jobs])
+            cores.append(await _cores(processes, seconds))
+            await bounded([job.leave for job in jobs])
+            cores += [] if backfill else [await _cores(processes, seconds)]
+    return WatchCost(groups, *cores)
