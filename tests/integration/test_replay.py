@@ -168,8 +168,12 @@ async def test_a_fresh_history_of_held_turns_and_a_given_up_switch_replays(
 ) -> None:
     """Rules 3: fair share holds the turn open for a short job behind its
     share (while a long job waits), a hold that ends unused, and a switch
-    whose checkpoints keep failing, given up: the stuck job evicted."""
-    policy = GroupPolicy(switch_give_up_seconds=2, fair_anticipation_seconds=1.0, prefetch="off")
+    whose checkpoints keep failing, given up: the stuck job evicted. Costs
+    not weighed: weighed (Rules 4), a hold lasts no longer than the sim's
+    switch of a few milliseconds, and a short job slowed by a loaded machine
+    missed it (seen in a CI run)."""
+    policy = GroupPolicy(switch_give_up_seconds=2, fair_anticipation_seconds=1.0, prefetch="off",
+                         switch_cost_aware=False)  # fmt: skip
     handle, backend = await group_on_one_node(client, sim_nodes, unique, ("long", "short"), policy)
     for _ in range(2):  # short shows how soon it asks again
         turn = await acquire(handle, "short")
