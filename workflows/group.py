@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from timeshare.scheduling.rules import (
         RULES_ANTICIPATION,
         RULES_LEGACY,
+        RULES_OVERDUE_ASKS,
         RULES_POLICIES,
         RULES_SWITCH_COSTS,
     )
@@ -56,9 +57,11 @@ with workflow.unsafe.imports_passed_through():
     from timeshare.workflows import node_calls, patches
     from timeshare.workflows.visibility import (
         BACKFILL_WAITING_MEMO,
+        BACKFILL_YIELD_AT_MEMO,
         LEAN_PATCH,
         YIELD_EPOCH_MEMO,
         GroupVisibility,
+        yield_at_from_memo,
     )
 
 # An acquire waits inside one update at most this long, then returns "still
@@ -110,6 +113,9 @@ class GroupWorkflow:
             lean=workflow.patched(LEAN_PATCH),
             carried_yield_epoch=workflow.memo_value(YIELD_EPOCH_MEMO, 0, type_hint=int),
             carried_backfill_waiting=workflow.memo_value(BACKFILL_WAITING_MEMO, 0, type_hint=int),
+            carried_backfill_yield_at=yield_at_from_memo(
+                workflow.memo_value(BACKFILL_YIELD_AT_MEMO, [0, 0.0], type_hint=list[float])
+            ),
         )
         workflow.deprecate_patch(patches.STEADY_TIMER)
         # The one timer: when it rings, and whether it has.
@@ -465,7 +471,9 @@ def _rules_of_a_new_group() -> int:
         return RULES_LEGACY
     if not workflow.patched(patches.ANTICIPATION):
         return RULES_POLICIES
-    return RULES_SWITCH_COSTS if workflow.patched(patches.SWITCH_COSTS) else RULES_ANTICIPATION
+    if not workflow.patched(patches.SWITCH_COSTS):
+        return RULES_ANTICIPATION
+    return RULES_OVERDUE_ASKS if workflow.patched(patches.OVERDUE_ASKS) else RULES_SWITCH_COSTS
 
 
 def _join(input: JoinInput) -> ev.Join:

@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
 POLICIES = "timeshare-scheduling-policies"
 ANTICIPATION = "timeshare-fair-share-anticipation"
 SWITCH_COSTS = "timeshare-switch-cost-aware-admission"
+OVERDUE_ASKS = "timeshare-overdue-asks"
 
 # No timer armed for the wait slice of an acquire already granted.
 SETTLED_SLICES = "timeshare-no-timer-for-settled-slices"
@@ -55,9 +56,9 @@ ANNOUNCED_BY_THE_CORE = (
 # included: a marker outside it in a history fails that history's replay.
 ISSUED = frozenset(
     {
-        POLICIES, ANTICIPATION, SWITCH_COSTS, SETTLED_SLICES, STEADY_TIMER, SLICE_BY_MAIN_TIMER,
-        LEASE_FROM_GRANT, RELEASE_LEFT_JOBS, *ANNOUNCED_BY_THE_CORE,
+        POLICIES, ANTICIPATION, SWITCH_COSTS, OVERDUE_ASKS, SETTLED_SLICES, STEADY_TIMER,
+        SLICE_BY_MAIN_TIMER, LEASE_FROM_GRANT, RELEASE_LEFT_JOBS, *ANNOUNCED_BY_THE_CORE,
         visibility.PATCH, visibility.LEAN_PATCH, visibility.CARRIED_MEMO_PATCH,
-        visibility.BACKFILL_WAITING_PATCH,
+        visibility.BACKFILL_WAITING_PATCH, visibility.BACKFILL_YIELD_AT_PATCH,
     }
 )  # fmt: skip

@@ -43,25 +43,43 @@ CARRIED_MEMO_PATCH = "timeshare-carried-yield-epoch"
 # change never write it, and their holders ask for every next phase.
 BACKFILL_WAITING_MEMO = "backfill_waiting"
 BACKFILL_WAITING_PATCH = "timeshare-backfill-waiting-memo"
+# The memo key a backfill holder's watch reads: [epoch, when] the group is to
+# ask that turn's holder to yield ahead of a predicted request, so that the
+# watch asks it at that moment by its gateway's clock, not after the
+# workflow's timer rings (Temporal fires none sooner than its timer floor
+# after it is set: docs/facts.md). Written when a new moment is set, or one
+# still to come is taken back; a stale one names an epoch that ended.
+BACKFILL_YIELD_AT_MEMO = "backfill_yield_at"
+BACKFILL_YIELD_AT_PATCH = "timeshare-backfill-yield-at-memo"
 # A failing switch's cause labels its gauge series; this much of it.
 FAILING_CAUSE_CHARS = 200
+
+
+def yield_at_from_memo(memo: list[float]) -> tuple[int, float]:
+    epoch, at = memo
+    return int(epoch), at
 
 
 class GroupVisibility:
     """Publishes what changed since the last call; call it after every change."""
 
     def __init__(
-        self, lean: bool = False, carried_yield_epoch: int = 0, carried_backfill_waiting: int = 0
+        self,
+        lean: bool = False,
+        carried_yield_epoch: int = 0,
+        carried_backfill_waiting: int = 0,
+        carried_backfill_yield_at: tuple[int, float] = (0, 0.0),
     ) -> None:
-        """``lean``: LEAN_PATCH applies to this run. ``carried_yield_epoch``,
-        ``carried_backfill_waiting``: what the memo said when this run started
-        (the last run's, after a continue-as-new)."""
+        """``lean``: LEAN_PATCH applies to this run. ``carried_*``: what the
+        memo said when this run started (the last run's, after a
+        continue-as-new)."""
         self.lean = lean
         self._shown: GroupSummary | None = None
         self._published: tuple[str, int, str] | None = None
         self._yield_epoch = 0
         self._carried_yield_epoch = carried_yield_epoch
         self._backfill_waiting = carried_backfill_waiting
+        self._backfill_yield_at = carried_backfill_yield_at
         # Made once: each new gauge is a call into the SDK's core.
         self._queue_depth: MetricGauge | None = None
         self._switch_failing: MetricGauge | None = None
@@ -81,6 +99,7 @@ class GroupVisibility:
             workflow.upsert_memo({YIELD_EPOCH_MEMO: yield_epoch})
             self._yield_epoch = yield_epoch
         self._publish_backfill_waiting(summary)
+        self._publish_backfill_yield_at(summary)
         if summary == self._shown:
             return
         self._shown = summary
@@ -104,6 +123,17 @@ class GroupVisibility:
         if waiting != self._backfill_waiting and workflow.patched(BACKFILL_WAITING_PATCH):
             workflow.upsert_memo({BACKFILL_WAITING_MEMO: waiting})
             self._backfill_waiting = waiting
+
+    def _publish_backfill_yield_at(self, summary: GroupSummary) -> None:
+        due, published = summary.backfill_yield_due, self._backfill_yield_at
+        if due == published:
+            return
+        epoch = published[0]
+        if due == (0, 0.0) and (summary.yield_epoch == epoch or summary.holder_epoch != epoch):
+            return  # the group asks that holder itself now, or its turn ended
+        if workflow.patched(BACKFILL_YIELD_AT_PATCH):
+            workflow.upsert_memo({BACKFILL_YIELD_AT_MEMO: list(due)})
+            self._backfill_yield_at = due
 
     def _show_switch_failing(self, summary: GroupSummary) -> None:
         """The gauge of a failing switch: its attempts so far, under its cause

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import grpc
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.worker import Worker
 
 import timeshare
@@ -29,7 +31,7 @@ from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from timeshare.workers.gateway import turn_watch
 from timeshare.workers.gateway.turn_watch import GroupFacts, GroupPoller, TurnWatches
 from timeshare.workflows.group import GroupInput, GroupWorkflow
-from timeshare.workflows.visibility import YIELD_EPOCH_MEMO
+from timeshare.workflows.visibility import BACKFILL_YIELD_AT_MEMO, HOLDER, YIELD_EPOCH_MEMO
 
 
 async def heartbeats_in_history(client: Client, group: str) -> int:
@@ -278,4 +280,29 @@ async def test_a_run_continued_as_new_clears_a_yield_request_its_memo_carried_ov
     try:
         await wait_until_async(published, what="the carried yield request cleared")
     finally:
+        await handle.terminate("test over")
+
+
+async def test_a_backfill_holders_watch_asks_it_to_yield_at_the_moment_its_group_published(
+    client: Client, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch asks at the published moment by its own clock: the group
+    here (a workflow no worker runs) never asks by itself, and the watch's
+    polls and keepalives are a minute apart, so only that moment wakes it."""
+    monkeypatch.setattr(turn_watch, "KEEPALIVE_SECONDS", 60.0)
+    group = f"ahead-{unique}"
+    due = time.time() + 3.0
+    handle = await client.start_workflow(
+        "NoWorkerRunsThis", id=group_workflow_id(group), task_queue=f"nobody-{unique}",
+        memo={turn_watch.WATCH_POLL_MEMO: 60.0, BACKFILL_YIELD_AT_MEMO: [3, due]},
+        search_attributes=TypedSearchAttributes([SearchAttributePair(HOLDER, "bf")]),
+    )  # fmt: skip
+    notices = TurnWatches(client).notices(group, "bf", 3, backfill=True)
+    try:
+        first = await asyncio.wait_for(anext(notices), timeout=30)
+        assert first.holding and not first.should_yield
+        asked = await asyncio.wait_for(anext(notices), timeout=30)
+        assert asked.should_yield and time.time() >= due
+    finally:
+        await notices.aclose()
         await handle.terminate("test over")

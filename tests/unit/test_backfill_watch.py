@@ -44,7 +44,7 @@ def test_a_backfill_jobs_watch_request_says_so() -> None:
 def test_only_a_regular_holder_hears_that_only_backfill_jobs_wait() -> None:
     def said(holder: str, waiting: int, backfill_waiting: int, backfill: bool = False) -> bool:
         facts = turn_watch.GroupFacts(holder, waiting, 0, backfill_waiting)
-        return turn_watch.notice_of(facts, "a", 3, backfill).only_backfill_waiting
+        return turn_watch.notice_of(facts, "a", 3, backfill, 0.0).only_backfill_waiting
 
     assert said("a", 1, 1)
     assert said("a", 2, 2)
@@ -52,3 +52,13 @@ def test_only_a_regular_holder_hears_that_only_backfill_jobs_wait() -> None:
     assert not said("a", 0, 0)  # nobody waits: the waiting count says so already
     assert not said("b", 1, 1)  # not holding
     assert not said("a", 1, 1, backfill=True)  # any waiter may go before a backfill job
+
+
+def test_a_backfill_holder_is_asked_to_yield_when_the_moment_its_group_set_comes() -> None:
+    facts = turn_watch.GroupFacts("a", 0, 0, 0, backfill_yield_at=(3, 100.0))
+    asked = [turn_watch.notice_of(facts, "a", 3, True, now).should_yield for now in (99.9, 100.0)]
+    assert asked == [False, True]
+    # Another epoch's moment (a turn that ended), or another holder's: not this turn's.
+    assert not turn_watch.notice_of(facts, "a", 4, True, 100.0).should_yield
+    assert not turn_watch.notice_of(facts, "b", 3, True, 100.0).should_yield
+    assert turn_watch.yield_at(facts, "a", 3) == 100.0

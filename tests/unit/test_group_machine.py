@@ -33,6 +33,7 @@ from timeshare.scheduling.group_core import GroupCore
 from timeshare.scheduling.rules import (
     RULES_ANTICIPATION,
     RULES_LEGACY,
+    RULES_OVERDUE_ASKS,
     RULES_POLICIES,
     RULES_SWITCH_COSTS,
 )
@@ -87,7 +88,13 @@ class GroupMachine(RuleBasedStateMachine):
 
     @initialize(
         rules=st.sampled_from(
-            [RULES_LEGACY, RULES_POLICIES, RULES_ANTICIPATION, RULES_SWITCH_COSTS]
+            [
+                RULES_LEGACY,
+                RULES_POLICIES,
+                RULES_ANTICIPATION,
+                RULES_SWITCH_COSTS,
+                RULES_OVERDUE_ASKS,
+            ]
         ),
         members=st.sets(JOBS, min_size=2),
         nodes=st.sampled_from(NODE_SETS),

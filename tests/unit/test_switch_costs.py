@@ -14,8 +14,9 @@ import pytest
 from timeshare.models import GroupPolicy, HeartbeatOutput
 from timeshare.scheduling import commands as cmd
 from timeshare.scheduling import events as ev
+from timeshare.scheduling import switch_costs
 from timeshare.scheduling.group_core import GroupCore
-from timeshare.scheduling.rules import RULES_ANTICIPATION, RULES_SWITCH_COSTS
+from timeshare.scheduling.rules import RULES_ANTICIPATION, RULES_OVERDUE_ASKS, RULES_SWITCH_COSTS
 from timeshare.scheduling.state import GroupState, StoredPolicy, StoredSwitch
 
 NODE = "n1"
@@ -196,7 +197,13 @@ def test_a_backfill_holder_is_asked_to_yield_one_switch_ahead_of_the_regular_req
     ahead = EXPECTED_ASK - (CHECKPOINT + RESTORE)
     assert wake_at(commands) == pytest.approx(ahead)
     assert not should_yield(group, "bf", ahead - 0.1)
+    # Published until then, for the holder's watch to ask it at that moment itself.
+    turn = group.state.turn
+    assert turn is not None
+    epoch, due = group.summary(ahead - 0.2).backfill_yield_due
+    assert epoch == turn.epoch and due == pytest.approx(ahead)
     assert should_yield(group, "bf", ahead)
+    assert group.summary(ahead).backfill_yield_due == (0, 0.0)
 
 
 # How long the backfill job below holds on once asked to yield.
@@ -286,3 +293,22 @@ def test_anticipation_lasts_no_longer_than_a_measured_or_set_switch() -> None:
     assert anticipated_for(weighed, 0.001, 0.001) == pytest.approx(0.002)
     set_switch = GroupPolicy(prefetch="off", switch_cost_seconds=0.003)
     assert anticipated_for(set_switch, 0.001, 0.001) == pytest.approx(0.003)
+
+
+@pytest.mark.parametrize(("rules", "held"), [(RULES_SWITCH_COSTS, False),
+                                             (RULES_OVERDUE_ASKS, True)])  # fmt: skip
+def test_a_regular_request_a_little_late_still_holds_a_backfill_waiter_back(
+    rules: int, held: bool
+) -> None:
+    """Rules 5: "a" is due at EXPECTED_ASK and has not asked yet; a backfill
+    turn granted now would be cut short as soon as it asks."""
+    group = measured(rules)
+    late = EXPECTED_ASK + 0.1
+    ask(group, "bf", late)
+    commands = settle(group, late)
+    assert (holder(group) == "bf") is not held
+    if held:
+        slack = ASK_GAP * switch_costs.OVERDUE_SHARE
+        assert wake_at(commands) == pytest.approx(EXPECTED_ASK + slack)
+        settle(group, EXPECTED_ASK + slack)
+        assert holder(group) == "bf"  # no request came: the gap is the backfill job's

@@ -84,6 +84,20 @@ def yield_asked_at(state: GroupState, now: float) -> float | None:
     return asked if asked is not None and asked <= now else None
 
 
+def backfill_yield_due(state: GroupState, now: float) -> tuple[int, float] | None:
+    """(epoch, when) a backfill holder is to be asked to yield, where that is
+    still to come: ahead of a predicted request, its turn's watch may ask it
+    at that moment by its own clock instead of after a timer of the
+    workflow's (which Temporal may fire late)."""
+    turn = state.turn
+    if turn is None or turn.job not in state.jobs or not state.jobs[turn.job].backfill:
+        return None
+    asked, _ = _yield_times(state, now)
+    if asked is None or asked <= now:
+        return None
+    return turn.resumes_epoch or turn.epoch, asked
+
+
 def yield_requested_epoch(state: GroupState, now: float) -> int:
     """The epoch whose holder is asked to yield now (0: none): others wait
     past its turn limit, or a waiter outranks it."""

@@ -38,6 +38,11 @@ class GroupSummary:
     backfill_busy_seconds: float = 0.0
     backfill_preemptions: int = 0
     backfill_delay_seconds: float = 0.0
+    # (epoch, when) a backfill holder is to be asked to yield, still to come
+    # ((0, 0.0): none).
+    backfill_yield_due: tuple[int, float] = (0, 0.0)
+    # The epoch of the turn held (0: none held).
+    holder_epoch: int = 0
 
 
 def history(state: GroupState, now: float) -> GroupHistory:
@@ -76,6 +81,8 @@ def summary(state: GroupState, now: float) -> GroupSummary:
         backfill_busy_seconds=s.backfill_busy_seconds,
         backfill_preemptions=s.backfill_preemptions,
         backfill_delay_seconds=s.backfill_delay_seconds,
+        backfill_yield_due=deadlines.backfill_yield_due(state, now) or (0, 0.0),
+        holder_epoch=(s.turn.resumes_epoch or s.turn.epoch) if s.turn is not None else 0,
     )
 
 

@@ -14,7 +14,10 @@ Versions:
    (scheduling/anticipation.py);
 4. and switch costs are weighed: a backfill job is granted only a gap longer
    than its switches, anticipation lasts no longer than a switch
-   (scheduling/switch_costs.py).
+   (scheduling/switch_costs.py);
+5. and a regular job's predicted request, once due, still holds a backfill
+   waiter back for a twentieth of its gap: a request that comes a little
+   late finds its state where it left it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ RULES_LEGACY = 1
 RULES_POLICIES = 2
 RULES_ANTICIPATION = 3
 RULES_SWITCH_COSTS = 4
-NEWEST = RULES_SWITCH_COSTS
+RULES_OVERDUE_ASKS = 5
+NEWEST = RULES_OVERDUE_ASKS
 
 
 @dataclass(frozen=True)
@@ -54,3 +58,7 @@ class Rules:
     @property
     def switch_costs(self) -> bool:
         return self.version >= RULES_SWITCH_COSTS
+
+    @property
+    def overdue_asks(self) -> bool:
+        return self.version >= RULES_OVERDUE_ASKS

@@ -44,6 +44,11 @@ COST_SMOOTHING = 0.5
 # A restore quicker than this brought nothing back (the job had never been
 # checkpointed there): it says nothing about what bringing it back costs.
 RESTORE_MEASURED_FROM_SECONDS = 0.001
+# Rules 5: a regular job's predicted request still holds a backfill waiter
+# back once due, for this share of its gap (its requests come a little late
+# as often as early: a backfill turn granted into that moment is cut short at
+# once, and the switches there and back are lost).
+OVERDUE_SHARE = 0.05
 
 
 def measured(actions: Iterable[BackendAction], admitted: str) -> tuple[dict[str, float], float]:
@@ -106,22 +111,28 @@ def switch_seconds(state: GroupState, node: str, leaving: str, coming: str) -> f
     return sum(known) if known else None
 
 
-def predicted_asks(state: GroupState, after: float) -> dict[str, float]:
+def predicted_asks(state: GroupState, after: float, overdue: float = 0.0) -> dict[str, float]:
     """When each regular member that neither holds nor waits is expected to
-    ask again, where that is later than ``after``."""
+    ask again, where that is later than ``after`` (or than ``after`` less
+    ``overdue`` of its gap: a request a little late)."""
     busy = {w.job for w in state.queue} | ({state.turn.job} if state.turn is not None else set())
     asks = {}
     for job, entry in state.jobs.items():
         gap = entry.ask_gaps.get(entry.yielded_phase)
         if entry.backfill or job in busy or not entry.yielded_at or gap is None:
             continue
-        if entry.yielded_at + gap > after:
+        if entry.yielded_at + gap * (1 + overdue) > after:
             asks[job] = entry.yielded_at + gap
     return asks
 
 
-def _first_ask(state: GroupState, after: float) -> tuple[str, float] | None:
-    asks = predicted_asks(state, after)
+def _overdue_seconds(state: GroupState, job: str) -> float:
+    entry = state.jobs[job]
+    return entry.ask_gaps.get(entry.yielded_phase, 0.0) * OVERDUE_SHARE
+
+
+def _first_ask(state: GroupState, after: float, overdue: float = 0.0) -> tuple[str, float] | None:
+    asks = predicted_asks(state, after, overdue)
     if not asks:
         return None
     job = min(asks, key=lambda j: (asks[j], j))
@@ -144,15 +155,19 @@ def _back_seconds(state: GroupState, job: str, returning: str) -> float:
 
 def held_back_until(state: GroupState, job: str, now: float) -> float | None:
     """Until when a backfill waiter is held back because the gap it would fill
-    is no longer than its switches; None: it may go."""
+    is no longer than its switches; None: it may go. (Rules 5: a request
+    due a little while ago, OVERDUE_SHARE of its gap, is still expected.)"""
     if not weighed(state) or not state.jobs[job].backfill:
         return None
-    first = _first_ask(state, now)
+    overdue = Rules.of(state.rules).overdue_asks
+    first = _first_ask(state, now, OVERDUE_SHARE if overdue else 0.0)
     if first is None:
         return None
     returning, ask = first
     worth = _back_seconds(state, job, returning) + state.jobs[job].yield_lag_seconds
-    return ask if ask - now <= worth else None
+    if ask - now > worth:
+        return None
+    return ask + _overdue_seconds(state, returning) if overdue else ask
 
 
 def may_go(state: GroupState, waiters: list[Waiter], now: float) -> list[Waiter]:

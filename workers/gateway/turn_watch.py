@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
@@ -32,9 +33,11 @@ from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.visibility import (
     BACKFILL_WAITING_MEMO,
+    BACKFILL_YIELD_AT_MEMO,
     HOLDER,
     QUEUE_DEPTH,
     YIELD_EPOCH_MEMO,
+    yield_at_from_memo,
 )
 
 # A holder hears that it is asked to yield within this (plus a round trip),
@@ -77,17 +80,27 @@ class GroupFacts:
     yield_epoch: int = 0
     # Of those waiting, backfill jobs.
     backfill_waiting: int = 0
+    # (epoch, when, in seconds since the epoch) the holder of that epoch, a
+    # backfill job, is to be asked to yield.
+    backfill_yield_at: tuple[int, float] = (0, 0.0)
 
 
-def notice_of(facts: GroupFacts, job: str, epoch: int, backfill: bool) -> pb.TurnNotice:
-    """What the watch of ``job``'s turn of ``epoch`` tells it (``backfill``:
-    the job is a backfill job, which any waiter may go before)."""
+def yield_at(facts: GroupFacts, job: str, epoch: int) -> float | None:
+    """When the group is to ask ``job``'s turn of ``epoch`` to yield, if it said so ahead."""
+    asked_epoch, at = facts.backfill_yield_at
+    return at if facts.holder == job and asked_epoch == epoch else None
+
+
+def notice_of(facts: GroupFacts, job: str, epoch: int, backfill: bool, now: float) -> pb.TurnNotice:
+    """What the watch of ``job``'s turn of ``epoch`` tells it at ``now``
+    (``backfill``: the job is a backfill job, which any waiter may go before)."""
     holding = facts.holder == job
+    due = yield_at(facts, job, epoch)
     return pb.TurnNotice(
         holding=holding,
         epoch=epoch,
         waiting=facts.waiting,
-        should_yield=holding and facts.yield_epoch == epoch,
+        should_yield=holding and (facts.yield_epoch == epoch or (due is not None and now >= due)),
         only_backfill_waiting=holding
         and not backfill
         and 0 < facts.waiting <= facts.backfill_waiting,
@@ -145,6 +158,11 @@ class GroupPoller:
             waiting=attributes.get(QUEUE_DEPTH) or 0,
             yield_epoch=int(await description.memo_value(YIELD_EPOCH_MEMO, 0)),
             backfill_waiting=int(await description.memo_value(BACKFILL_WAITING_MEMO, 0)),
+            backfill_yield_at=yield_at_from_memo(
+                await description.memo_value(
+                    BACKFILL_YIELD_AT_MEMO, [0, 0.0], type_hint=list[float]
+                )
+            ),
         )
 
     async def _poll(self) -> None:
@@ -251,8 +269,11 @@ class TurnWatches:
                 poller.seed(facts)
             version = poller.version
             while True:
-                yield notice_of(facts, job, epoch, backfill)
-                await poller.wait_past(version, KEEPALIVE_SECONDS)
+                yield notice_of(facts, job, epoch, backfill, time.time())
+                # Woken when the group's yield request comes due, to say so then.
+                due, now = yield_at(facts, job, epoch), time.time()
+                until_due = due - now if due is not None and due > now else KEEPALIVE_SECONDS
+                await poller.wait_past(version, min(KEEPALIVE_SECONDS, until_due))
                 version, facts = poller.version, poller.facts
                 failed = poller.error
                 if isinstance(failed, RPCError) and failed.status == RPCStatusCode.NOT_FOUND:
