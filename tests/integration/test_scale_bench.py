@@ -51,8 +51,11 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
     # --floor-handovers: the hand-over floor handed over in that same window.
     shape = next(line for line in run.stdout.splitlines() if "and the hand-over floor" in line)
     assert int(shape.split(" over ")[-1]) > 0 and figures["handover_floor_layer"] == "shape"
-    # The first grants and last yields are measured apart from the hand-overs.
-    assert float(figures["worker_cpu_ratio_with_edges"]) > float(figures["worker_cpu_ratio"])
+    # The first grants and last yields are measured apart from the hand-overs,
+    # and add to them. Not strictly more: /proc counts CPU in clock ticks
+    # (10 ms), and two groups' edges took less than one in a CI run.
+    assert "counting each group's first grant and last yield too" in run.stdout, output
+    assert float(figures["worker_cpu_ratio_with_edges"]) >= float(figures["worker_cpu_ratio"])
     # The old heartbeat wrote history that the count saw; renewals now write less.
     before = float(figures["history_events_per_idle_job_hour_before"])
     assert before > float(figures["history_events_per_idle_job_hour"]) >= 0, output
