@@ -304,7 +304,7 @@ class GroupModel:
             return
         self._last_epoch = turn.epoch
         job = self._jobs[turn.job]
-        told = turn.resumes_epoch or turn.epoch
+        told = turn.told_epoch
         epoch = turn.epoch
         self._at(self.now + self._grant_delay, lambda: self._granted(job, epoch, told))
 

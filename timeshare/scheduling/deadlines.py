@@ -95,7 +95,7 @@ def backfill_yield_due(state: GroupState, now: float) -> tuple[int, float] | Non
     asked, _ = _yield_times(state, now)
     if asked is None or asked <= now:
         return None
-    return turn.resumes_epoch or turn.epoch, asked
+    return turn.told_epoch, asked
 
 
 def yield_requested_epoch(state: GroupState, now: float) -> int:
@@ -105,7 +105,7 @@ def yield_requested_epoch(state: GroupState, now: float) -> int:
     asked, _ = _yield_times(state, now)
     if turn is None or asked is None or now < asked:
         return 0
-    return turn.resumes_epoch or turn.epoch
+    return turn.told_epoch
 
 
 def _lease_deadlines(state: GroupState) -> list[tuple[str, float, str]]:
@@ -228,7 +228,7 @@ def _preempt(group: Group, turn: StoredGrant, now: float) -> None:
             request_id=f"{turn.request_id}/resume-{turn.epoch}",
             ticket=state.next_ticket,
             since=now,
-            resumes_epoch=turn.resumes_epoch or turn.epoch,
+            resumes_epoch=turn.told_epoch,
             phase=turn.phase,
         )
     )

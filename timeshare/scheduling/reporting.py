@@ -82,7 +82,7 @@ def summary(state: GroupState, now: float) -> GroupSummary:
         backfill_preemptions=s.backfill_preemptions,
         backfill_delay_seconds=s.backfill_delay_seconds,
         backfill_yield_due=deadlines.backfill_yield_due(state, now) or (0, 0.0),
-        holder_epoch=(s.turn.resumes_epoch or s.turn.epoch) if s.turn is not None else 0,
+        holder_epoch=s.turn.told_epoch if s.turn is not None else 0,
     )
 
 

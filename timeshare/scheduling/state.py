@@ -100,6 +100,11 @@ class StoredGrant(StoredModel):
     # a next_turn would have let others go first: asked to yield from then.
     kept_past_others_at: float = 0.0
 
+    @property
+    def told_epoch(self) -> int:
+        """The epoch its job was told: a resumed turn keeps its first epoch."""
+        return self.resumes_epoch or self.epoch
+
     def as_grant(self) -> Grant:
         return self.public(Grant)
 

@@ -133,7 +133,7 @@ def cancel(group: Group, job: str, request_id: str, now: float, call_id: str = "
     if turn is not None:
         if call_id and state.turn_call_id != call_id:
             return False
-        release(group, job, turn.resumes_epoch or turn.epoch, now)
+        release(group, job, turn.told_epoch, now)
         return True
     for waiter in state.queue:
         if waiter.job == job and waiter.request_id == request_id:
@@ -252,7 +252,7 @@ def epoch_known_to(state: GroupState, job: str) -> int:
     """The epoch the job itself was told: a resumed turn keeps its first epoch."""
     turn = state.turn
     if turn is not None and turn.job == job:
-        return turn.resumes_epoch or turn.epoch
+        return turn.told_epoch
     for waiter in state.queue:
         if waiter.job == job and waiter.resumes_epoch:
             return waiter.resumes_epoch
