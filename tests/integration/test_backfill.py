@@ -8,6 +8,7 @@ decisions are in tests/unit/test_backfill.py."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from temporalio.client import Client
@@ -25,6 +26,7 @@ from timeshare.models import GroupPolicy
 from timeshare.names import group_workflow_id
 from timeshare.synthetic import BACKFILL_PHASE, SyntheticJobSpec, run_synthetic_job
 from timeshare.workflows.group import GroupWorkflow
+from timeshare.workflows.visibility import BACKFILL_WAITING_MEMO, BACKFILL_YIELD_AT_MEMO
 
 # How long the regular job takes to ask again after its turn, in the test of
 # switch-cost-aware admission.
@@ -163,3 +165,47 @@ async def test_a_backfill_job_waits_out_a_gap_shorter_than_its_switches_and_the_
     history = await handle.fetch_history()
     await replayer().replay_workflow(history)
     record(history, "group-switch-costs")
+
+
+async def test_the_group_publishes_its_backfill_waiters_and_when_it_will_ask_its_holder_to_yield(
+    api: timeshare.aio.Client, client: Client, sim_nodes: SimNodes, unique: str
+) -> None:
+    """What the turn watches read (memo): how many waiters are backfill jobs,
+    so that a regular holder keeps its turn unanswered; and the moment a
+    backfill holder is to be asked to yield ahead of a predicted request."""
+    group, node = await group_on_a_sim_node(sim_nodes, unique)
+    policy = GroupPolicy(co_residency="off", prefetch="off", switch_cost_seconds=0.001)
+    regular = await api.join(group, "a", [node], policy=policy)
+    backfill = await api.join(group, "bf", [node], backfill=True)
+    handle = client.get_workflow_handle(group_workflow_id(group))
+
+    async def memo(key: str) -> Any:
+        return await (await handle.describe()).memo_value(key, None)
+
+    await regular.acquire()
+    await regular.yield_()
+    await backfill.acquire()  # nothing predicts a's next request yet
+    await asyncio.sleep(ASK_GAP_SECONDS)
+    asking = asyncio.create_task(regular.acquire())
+    await queued(api, group, ["a"])
+    await backfill.yield_()
+    await asking  # a's gap between turns is measured
+    waiting = asyncio.create_task(backfill.acquire())
+
+    async def one_backfill_waiter() -> bool:
+        return bool(await memo(BACKFILL_WAITING_MEMO) == 1)
+
+    await wait_until_async(one_backfill_waiter, "the group to publish its backfill waiter")
+    await regular.yield_()
+    turn = await waiting  # a's next request is predicted a gap away
+
+    async def yield_moment_published() -> bool:
+        return bool((await memo(BACKFILL_YIELD_AT_MEMO) or [0, 0.0])[0] == turn.epoch)
+
+    await wait_until_async(yield_moment_published, "the group to publish when bf is asked")
+    _, at = await memo(BACKFILL_YIELD_AT_MEMO)
+    assert turn.granted_at < at
+    assert await memo(BACKFILL_WAITING_MEMO) == 0
+    await backfill.yield_()
+    await backfill.leave()
+    await regular.leave()
