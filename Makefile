@@ -2,19 +2,39 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# The whole development install (make install, test, lint, bench): every extra,
+# PyTorch's CPU build, the RL frameworks the integrations are tested against.
 STAMP := $(VENV)/.installed
+# What `make demo` needs and nothing more: the stack and its simulated GPU
+# (the `server` extra), no PyTorch, no RL framework. README.md has the sizes.
+DEMO_STAMP := $(VENV)/.installed-demo
 PROTO := proto/timeshare/v1/timeshare.proto proto/timeshare/v1/llmd_compat.proto
 
 .PHONY: install proto demo test test-unit chromium lint bench clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+define new_venv
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "timeshare needs Python >= 3.11; run make PYTHON=python3.11 ...")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+endef
+
+$(STAMP): pyproject.toml
+	$(new_venv)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# A development install already holds the server extra.
+$(DEMO_STAMP): pyproject.toml
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then touch $(DEMO_STAMP); exit 0; fi; \
+	$(MAKE) --no-print-directory demo-install
+
+.PHONY: demo-install
+demo-install:
+	$(new_venv)
+	$(BIN)/python -m pip install --quiet -e '.[server]'
+	touch $(DEMO_STAMP)
 
 # The stubs in timeshare/v1 are committed (so every pip install has them); run this after
 # changing a .proto, and commit the result: tests/integration/test_stubs.py fails while they differ.
@@ -24,7 +44,7 @@ proto: $(STAMP)
 		--mypy_out=. --mypy_grpc_out=. $(PROTO)
 	touch timeshare/v1/__init__.py
 
-demo: install
+demo: $(DEMO_STAMP)
 	$(BIN)/timeshare demo
 
 # Three test processes (most tests wait on stacks of processes more than they

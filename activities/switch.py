@@ -1,20 +1,26 @@
-"""The ``switch`` and ``release`` activities: one node's part of a
-hand-over, and letting a job that left its group go.
+"""The ``switch`` and ``release`` activities: one node's part of a hand-over,
+and letting a job that left its group go. A thin executor: every decision is
+the node's core's (timeshare/node/core.py), which this turns each request,
+reading and backend outcome into an event for, and whose commands it carries
+out in order, all in one place (``_carry_out``).
 
 An agent serves every group whose jobs use its node. Its switches and
-releases run one at a time, whatever their groups: two of them touching the
-same GPU at once could each find the device free for the job it admits, and
-each check the host's free memory before the other has moved anything."""
+releases run one at a time on each GPU, whatever their groups: two of them
+touching the same GPU at once could each find the device free for the job it
+admits, and each check the host's free memory before the other has moved
+anything."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import assert_never
 
 from opentelemetry import propagate, trace
 from temporalio import activity
@@ -26,260 +32,94 @@ from timeshare.activities.backends.base import (
     HookFailed,
     JobFailed,
     NoDeviceRoom,
+    Released,
 )
 from timeshare.activities.backends.processes import ProcessTable
-from timeshare.activities.residency import RoomPlan, extra, plan_room
-from timeshare.hooks.protocol import EvictMode
+from timeshare.background import background
 from timeshare.instruments import record_switch
 from timeshare.models import (
-    CHECKPOINT_FAILED,
-    HOOK_FAILED,
-    JOB_FAILED,
-    NO_DEVICE_ROOM,
-    RESTORE_FAILED,
     BackendAction,
     ReleaseInput,
     ReleaseOutput,
     SwitchInput,
     SwitchOutput,
 )
+from timeshare.node import commands as cmd
+from timeshare.node import events as ev
+from timeshare.node.core import NodeCore
+from timeshare.node.state import NodeState
 
 HEARTBEAT_SECONDS = 1.0
 log = logging.getLogger("timeshare.agent")
 tracer = trace.get_tracer("timeshare.agent")
-PHASE_OF_FAILURE = {CHECKPOINT_FAILED: "checkpoint", RESTORE_FAILED: "restore"}
+
+
+@dataclass
+class Outcome:
+    """What carrying out one request's commands came to."""
+
+    actions: list[BackendAction] = field(default_factory=list)
+    switched: cmd.AnswerSwitch | None = None
+    released: Released | None = None
+    too_late_for: int = 0
 
 
 class SwitchActivities:
-    def __init__(self, node: str, backend: Backend, processes: ProcessTable | None = None) -> None:
+    def __init__(
+        self,
+        node: str,
+        backend: Backend,
+        processes: ProcessTable | None = None,
+        state_path: Path | None = None,
+    ) -> None:
         self.node = node
         self.backend = backend
         self.processes = processes or ProcessTable()
-        # The job each group last admitted here: a process of any other job of
-        # the group that registers meanwhile is checkpointed at once.
-        self._admitted: dict[str, str] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._state_path = state_path
+        saved = load_state(state_path) if state_path is not None else None
+        self.core = NodeCore(
+            NodeState.restarted(node, saved, frozenset(self.processes.released_at_load))
+        )
+        self.processes.decided_by(self.core.released)
         self.processes.on_register.append(self._registered)
-        # One switch or release at a time on each GPU, whatever its group
-        # (groups that claim other GPUs of the node switch meanwhile), and
-        # never a switch older than its group's last: an attempt Temporal
-        # already gave up on must not move state after the next plan has.
+        self.backend.attach_host_ledger(self)
+        self._background: set[asyncio.Task[None]] = set()
+        # One switch or release at a time on each GPU, whatever its group.
         self._gpu_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
-        # The GPUs each group's policy claims here (none named: all of them).
-        self._claims: dict[str, list[int]] = {}
         self.waiting = 0  # switches and releases waiting for the node (for tests)
-        self._latest_plan: dict[str, int] = {}
         # Called with (group, job) once a job that left is released here.
         self.on_release: list[Callable[[str, str], Awaitable[None]]] = []
-        # Whether each group's last switch here kept jobs co-resident, and
-        # when each job last ran here: the least recently used leaves first.
-        self._co_residency: dict[str, bool] = {}
-        self._clock = itertools.count(1)
-        self._last_ran: dict[tuple[str, str], int] = {}
-        # Jobs that left while another job of their group held the device here,
-        # co-residency off: their state waits in host memory for the GPU to be free.
-        self._parked_leavers: defaultdict[str, set[str]] = defaultdict(set)
-        # Per (group, job), the latest membership (incarnation) a switch here
-        # named, and the one whose release last ran here: a job may leave and
-        # join again while its release is on its way, and a late release must
-        # not let go of the processes of the job that is back.
-        self._member_incarnation: dict[tuple[str, str], int] = {}
-        self._released_incarnation: dict[tuple[str, str], int] = {}
 
-    @activity.defn(name="switch")
+    # -- the activities --------------------------------------------------------------
+
+    @activity.defn
     async def switch(self, input: SwitchInput) -> SwitchOutput:
         """Make room for the admitted job and restore it: every other job of
         the group resident here is checkpointed or, with co-residency, locked
         where the admitted job fits beside it."""
-        move = input.move
-        if move.node != self.node:
-            raise ApplicationError(
-                f"switch for node {move.node!r} reached the agent of node {self.node!r}",
-                non_retryable=True,
-            )
-        self._claims[input.group] = list(input.gpus)
-        async with self._these_gpus(input.group):
-            if input.plan < self._latest_plan.get(input.group, 0):
-                raise ApplicationError(
-                    f"switch plan {input.plan} of group {input.group!r} was superseded by plan "
-                    f"{self._latest_plan[input.group]}",
-                    type="Superseded",
-                    non_retryable=True,
-                )
-            self._latest_plan[input.group] = input.plan
+        group, started = input.group, time.monotonic()
+        self.core.handle(ev.GpusClaimed(group, list(input.gpus), input.move.node))
+        async with self._these_gpus(group):
+            asked = ev.SwitchAsked(input, self.backend.co_residency())
             # The span joins the trace of the acquire this switch serves.
             with tracer.start_as_current_span(
                 "timeshare.switch",
                 context=propagate.extract(input.trace_context),
                 attributes={
-                    "timeshare.group": input.group,
+                    "timeshare.group": group,
                     "timeshare.node": self.node,
                     "timeshare.epoch": input.epoch,
-                    "timeshare.admit": move.admit,
+                    "timeshare.admit": input.move.admit,
                     "timeshare.backend": self.backend.name,
                 },
             ):
-                output = await self._switch(input)
-            record_switch(input.group, output)
-            return output
+                async with _heartbeating():
+                    outcome = await self._carry_out(self.core.handle(asked))
+            output = self._switch_output(input, outcome, started)
+        record_switch(group, output)
+        return output
 
-    def _gpus_of(self, group: str) -> list[int]:
-        claimed = self._claims.get(group)
-        if claimed:
-            return sorted(claimed)
-        # All of the node's GPUs; a node that cannot count them is one GPU.
-        return list(range(max(1, len(self.backend.gpus()))))
-
-    @contextlib.asynccontextmanager
-    async def _these_gpus(self, group: str) -> AsyncIterator[None]:
-        """The locks of the group's GPUs, taken in index order (two groups
-        that share a GPU never wait for each other's locks crosswise)."""
-        async with contextlib.AsyncExitStack() as held:
-            self.waiting += 1
-            try:
-                for gpu in self._gpus_of(group):
-                    await held.enter_async_context(self._gpu_locks[gpu])
-            finally:
-                self.waiting -= 1
-            yield
-
-    async def _switch(self, input: SwitchInput) -> SwitchOutput:
-        move, group = input.move, input.group
-        started = time.monotonic()
-        self.backend.place(group, input.gpus)
-        if move.admit:
-            # Admitted: a member again, whatever it did before.
-            self.processes.mark_released(group, move.admit, False)
-        self._note_members(group, input.incarnations)
-        if input.phase == "quiesce":
-            return await self._quiesce(input, started)
-        shared = input.co_residency == "auto" and self.backend.co_residency()
-        self._co_residency[group] = shared
-        async with _heartbeating():
-            try:
-                others, room = await self._room(input, shared)
-            except BackendError as error:
-                raise ApplicationError(str(error), type=CHECKPOINT_FAILED) from None
-            # A job that left keeps running beside the admitted one if it fits:
-            # nobody would ever unlock it.
-            kept = [job for job in room.keep if not self.processes.released(group, job)]
-            actions = [
-                await _step(self.backend.lock(group, job), CHECKPOINT_FAILED, job) for job in kept
-            ]
-            actions += [
-                await _step(
-                    self.backend.checkpoint(group, job, self._mode(group, job)),
-                    CHECKPOINT_FAILED,
-                    job,
-                )
-                for job in room.evict
-            ]
-            if move.admit:
-                actions.append(
-                    await _step(self.backend.restore(group, move.admit), RESTORE_FAILED, move.admit)
-                )
-        activity.logger.info(
-            "group %s epoch %d: node %s admitted %s (evicted %s; co-resident %s)",
-            group,
-            input.epoch,
-            self.node,
-            move.admit or "nobody",
-            room.evict or "nothing",
-            room.keep or "none",
-        )
-        if move.admit:
-            self._admitted[group] = move.admit
-            self._last_ran[(group, move.admit)] = next(self._clock)
-        else:
-            self._admitted.pop(group, None)
-            await self._restore_parked_leavers(group)
-        return self._output(input, started, actions, others, room.keep)
-
-    async def _room(self, input: SwitchInput, shared: bool) -> tuple[list[str], RoomPlan]:
-        """The group's other jobs here, and which of them leave the device."""
-        move, group = input.move, input.group
-        if not move.admit:
-            # The job leaves with its ranks elsewhere; nobody needs the room.
-            others = sorted(move.evict)
-            return others, RoomPlan(evict=[] if shared else others, keep=others if shared else [])
-        # Evict what the backend itself sees resident too, not only what the
-        # scheduler believes: after an agent restart the two can differ.
-        seen = await self.backend.resident_jobs(group)
-        others = sorted((set(move.evict) | set(seen)) - {move.admit})
-        if not shared:
-            return others, RoomPlan(evict=others, keep=[])
-        return others, await self._plan_room(group, move.admit, others, seen)
-
-    async def _quiesce(self, input: SwitchInput, started: float) -> SwitchOutput:
-        """Stop the leaving jobs here, state left on the device, so that none
-        of their ranks runs on once the checkpoint starts on any node."""
-        group = input.group
-        async with _heartbeating():
-            actions = [
-                await _step(
-                    self.backend.quiesce(group, job, self._mode(group, job)),
-                    CHECKPOINT_FAILED,
-                    job,
-                )
-                for job in sorted(input.move.evict)
-            ]
-        activity.logger.info(
-            "group %s epoch %d: node %s stopped %s before the checkpoint",
-            group, input.epoch, self.node, input.move.evict,
-        )  # fmt: skip
-        return self._output(input, started, actions, input.move.evict, [])
-
-    def _output(
-        self,
-        input: SwitchInput,
-        started: float,
-        actions: list[BackendAction],
-        others: list[str],
-        kept: list[str],
-    ) -> SwitchOutput:
-        jobs = [job for job in [input.move.admit, *others] if job]
-        return SwitchOutput(
-            node=self.node,
-            backend=self.backend.name,
-            actions=actions,
-            seconds=time.monotonic() - started,
-            gone=[job for job in jobs if self.processes.gone(input.group, job)],
-            co_resident=kept,
-        )
-
-    async def _plan_room(
-        self, group: str, admit: str, others: list[str], seen: list[str]
-    ) -> RoomPlan:
-        """Lock the others where the admitted job fits beside them; evict,
-        least recently run first, only what it needs room for."""
-        need = extra(
-            await self.backend.admission_footprint(group, admit),
-            await self.backend.footprint(group, admit),
-        )
-        free = await self.backend.free_memory(group)
-        on_device = sorted(
-            (job for job in others if job in seen),
-            key=lambda job: self._last_ran.get((group, job), 0),
-        )
-        footprints = {job: await self.backend.footprint(group, job) for job in on_device}
-        room = plan_room(need, free, on_device, footprints)
-        # Jobs the scheduler still names but that are off the device already:
-        # a checkpoint of them is a no-op, and never co-residency.
-        return RoomPlan(evict=room.evict + [j for j in others if j not in seen], keep=room.keep)
-
-    def _note_members(self, group: str, incarnations: dict[str, int]) -> None:
-        """Jobs the scheduler names as members: one whose earlier membership
-        was released here is the group's again (its processes are switched)."""
-        for job, incarnation in incarnations.items():
-            key = (group, job)
-            self._member_incarnation[key] = max(self._member_incarnation.get(key, 0), incarnation)
-            if incarnation > self._released_incarnation.get(key, 0):
-                self.processes.mark_released(group, job, False)
-
-    def _mode(self, group: str, job: str) -> EvictMode:
-        return self.backend.evict_mode(group, job) or "offload"
-
-    @activity.defn(name="release")
+    @activity.defn
     async def release(self, input: ReleaseInput) -> ReleaseOutput:
         """The job left its group (leave, eviction, lease, exit): its
         processes here run again, never left stopped without an owner."""
@@ -297,41 +137,22 @@ class SwitchActivities:
         incarnation: int = 0,
     ) -> ReleaseOutput:
         """``incarnation``: the membership that ended (0: whichever is here)."""
-        if gpus is not None:
-            self._claims[group] = list(gpus)
+        self.core.handle(ev.GpusClaimed(group, gpus))
         async with self._these_gpus(group):
-            if gpus is not None:
-                self.backend.place(group, gpus)
-            if incarnation and self._member_incarnation.get((group, job), 0) > incarnation:
-                return self._release_too_late(group, job, incarnation)
-            key = (group, job)
-            self._released_incarnation[key] = max(
-                self._released_incarnation.get(key, 0), incarnation
+            asked = ev.ReleaseAsked(group, job, gpus, incarnation)
+            outcome = await self._carry_out(self.core.handle(asked))
+        if outcome.too_late_for:
+            summary = (
+                f"job {group}/{job} not released on node {self.node}: it joined its group "
+                f"again after the membership this release was for ({outcome.too_late_for}) ended"
             )
-            # Marked first: no switch freezes it again from here on.
-            self.processes.mark_released(group, job)
-            holder = self._admitted.get(group)
-            # Co-residency off: the device is the holder's alone, so what the
-            # job left parked waits in host memory until the GPU is free.
-            restore = holder in (None, job) or self._co_residency.get(group, False)
-            try:
-                released = await self.backend.release(group, job, restore)
-            except BackendError as error:
-                raise ApplicationError(
-                    f"releasing {group}/{job} on node {self.node}: {error}", type="ReleaseFailed"
-                ) from None
-            if restore:
-                self._parked_leavers[group].discard(job)
-            else:
-                self._parked_leavers[group].add(job)
-            if holder == job:
-                self._admitted.pop(group)
-                await self._restore_parked_leavers(group)
+            log.info("%s", summary)
+            return ReleaseOutput(node=self.node, job=job, summary=summary)
+        released = outcome.released or Released()
         output = ReleaseOutput(
             node=self.node, job=job, running=released.running,
             checkpointed=released.checkpointed, failed=released.failed,
-            summary=release_summary(group, job, self.node, released.running,
-                                    released.checkpointed, released.failed, released.done),
+            summary=release_summary(group, job, self.node, released),
         )  # fmt: skip
         (log.warning if output.checkpointed or output.failed else log.info)(
             "%s%s", output.summary, f" ({reason})" if reason else ""
@@ -343,58 +164,201 @@ class SwitchActivities:
                 log.warning("after releasing %s/%s: %s", group, job, error)
         return output
 
-    def _release_too_late(self, group: str, job: str, incarnation: int) -> ReleaseOutput:
-        summary = (
-            f"job {group}/{job} not released on node {self.node}: it joined its group again "
-            f"after the membership this release was for ({incarnation}) ended"
-        )
-        log.info("%s", summary)
-        return ReleaseOutput(node=self.node, job=job, summary=summary)
+    # -- what the kernel and the backend tell ---------------------------------------
 
-    async def _restore_parked_leavers(self, group: str) -> None:
-        """The group's GPUs here are free: jobs that left while another held
-        them get their state back (their processes' CUDA calls go on)."""
-        for job in sorted(self._parked_leavers.pop(group, set())):
+    def _registered(self, group: str, job: str, new: bool) -> None:
+        self._carry_out_now(self.core.handle(ev.ProcessRegistered(group, job, new)))
+
+    def processes_exited(self, group: str, job: str) -> bool:
+        """Every process the job registered here exited: whether it is still
+        a member here, to be evicted from its group (workers/agent/exit_watch.py)."""
+        commands = self.core.handle(ev.ProcessesExited(group, job))
+        self._carry_out_now(commands)
+        return any(isinstance(command, cmd.EvictWhenGone) for command in commands)
+
+    def hold(self, asked: ev.HostAsked) -> None:
+        """The host memory a checkpoint needs (the backend asks before it
+        locks anything); raises BackendError where the core refuses it."""
+        for command in self.core.handle(asked):
+            if isinstance(command, cmd.Refuse):
+                raise BackendError(command.message)
+
+    def free(self, group: str, job: str) -> None:
+        self._carry_out_now(self.core.handle(ev.HostDone(group, job)))
+
+    # -- the one executor of the core's commands ------------------------------------
+
+    async def _carry_out(self, commands: list[cmd.Command]) -> Outcome:
+        """In order; a command that yields an event has the core's answer to
+        it carried out next. A Refuse ends the request with its failure."""
+        work, outcome = list(commands), Outcome()
+        while work:
+            command = work.pop(0)
+            match command:
+                case cmd.ReadRoom():
+                    work[:0] = self.core.handle(await self._read_room(command))
+                case cmd.Act():
+                    work[:0] = self.core.handle(await self._act(command, outcome))
+                case cmd.ReleaseProcesses():
+                    released = await self._release_processes(command, outcome)
+                    work[:0] = self.core.handle(released) if released is not None else []
+                case cmd.Refuse(type=kind, message=message, details=details):
+                    raise ApplicationError(
+                        message, *details, type=kind or None, non_retryable=command.non_retryable
+                    )
+                case cmd.AnswerSwitch():
+                    outcome.switched = command
+                case cmd.AnswerRelease(too_late_for=late):
+                    outcome.too_late_for = late
+                case _:
+                    self._carry_out_now([command])
+        return outcome
+
+    def _carry_out_now(self, commands: list[cmd.Command]) -> None:
+        """Commands that take no time (what a registration or a host hold asks)."""
+        for command in commands:
+            match command:
+                case cmd.Place(group=group, gpus=gpus):
+                    self.backend.place(group, gpus)
+                case cmd.MeetNewcomer(group=group, job=job):
+                    task = asyncio.get_running_loop().create_task(self._meet(group, job))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+                case cmd.Persist():
+                    self._persist()
+                case cmd.Log(message=message, warning=warning):
+                    (log.warning if warning else log.info)("%s", message)
+                case cmd.ReserveHost() | cmd.FreeHost() | cmd.EvictWhenGone():
+                    pass  # the core's record holds them; the exit watch reads the last
+                case (
+                    cmd.ReadRoom()
+                    | cmd.Act()
+                    | cmd.ReleaseProcesses()
+                    | cmd.Refuse()
+                    | cmd.AnswerSwitch()
+                    | cmd.AnswerRelease()
+                ):
+                    raise RuntimeError(
+                        f"the node's core asked for work outside a request: {command}"
+                    )
+                case _:
+                    assert_never(command)
+
+    async def _read_room(self, command: cmd.ReadRoom) -> ev.RoomRead | ev.RoomUnread:
+        group, admit = command.group, command.admit
+        try:
+            seen = await self.backend.resident_jobs(group)
+            if not command.shared:
+                return ev.RoomRead(group, seen)
+            admission = await self.backend.admission_footprint(group, admit)
+            footprints = {job: await self.backend.footprint(group, job) for job in [admit, *seen]}
+            free = await self.backend.free_memory(group)
+        except BackendError as error:
+            return ev.RoomUnread(group, _failure(error))
+        return ev.RoomRead(group, seen, admission, free, footprints)
+
+    async def _act(self, command: cmd.Act, outcome: Outcome) -> ev.ActionDone | ev.ActionFailed:
+        """One step on a job; a failure names the job, so that the core can
+        say whose state could not move."""
+        group, job, step = command.group, command.job, command.step
+        phase = "restore" if step == "restore" else "checkpoint"
+        with tracer.start_as_current_span(f"timeshare.{phase}") as span:
             try:
-                released = await self.backend.release(group, job)
+                done = await self._step(group, job, step)
             except BackendError as error:
+                span.set_status(trace.StatusCode.ERROR, str(error))
+                return ev.ActionFailed(group, job, step, _failure(error))
+            # A co-resident job is locked, not checkpointed; name what was done.
+            span.update_name(f"timeshare.{done.action}")
+            span.set_attributes({"timeshare.job": done.job, "timeshare.bytes": done.bytes})
+        outcome.actions.append(done)
+        return ev.ActionDone(group, done)
+
+    async def _step(self, group: str, job: str, step: cmd.Step) -> BackendAction:
+        mode = self.backend.evict_mode(group, job) or "offload"
+        match step:
+            case "lock":
+                return await self.backend.lock(group, job)
+            case "checkpoint":
+                return await self.backend.checkpoint(group, job, mode)
+            case "quiesce":
+                return await self.backend.quiesce(group, job, mode)
+            case "restore":
+                return await self.backend.restore(group, job)
+            case _:
+                assert_never(step)
+
+    async def _release_processes(
+        self, command: cmd.ReleaseProcesses, outcome: Outcome
+    ) -> ev.ProcessesReleased | ev.ReleaseFailed | None:
+        """The backend lets the job's processes go; a job that left while
+        parked is only logged (None: the core need not hear of it)."""
+        group, job = command.group, command.job
+        try:
+            released = await self.backend.release(group, job, command.restore)
+        except BackendError as error:
+            if command.leaver:
                 log.warning("restoring %s/%s, which left while parked: %s", group, job, error)
-                continue
-            log.info("%s", release_summary(group, job, self.node, released.running,
-                                          released.checkpointed, released.failed,
-                                          released.done))  # fmt: skip
+                return None
+            return ev.ReleaseFailed(group, job, _failure(error))
+        if command.leaver:
+            log.info("%s", release_summary(group, job, self.node, released))
+            return None
+        outcome.released = released
+        return ev.ProcessesReleased(group, job, command.restore)
 
-    def _registered(self, group: str, job: str) -> None:
-        holder = self._admitted.get(group)
-        if holder is not None and holder != job:
-            task = asyncio.get_running_loop().create_task(self._lock_newcomer(group, job))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
-    async def _lock_newcomer(self, group: str, job: str) -> None:
+    async def _meet(self, group: str, job: str) -> None:
         async with self._these_gpus(group):
-            if self.processes.released(group, job):
-                return  # a process of a job that left registered again (agent restart)
-            if self._admitted.get(group) not in (None, job):
-                try:
-                    if self._co_residency.get(group):
-                        await self.backend.lock(group, job)
-                    else:
-                        await self.backend.checkpoint(group, job, self._mode(group, job))
-                except BackendError as error:
-                    log.warning("could not lock newcomer %s/%s: %s", group, job, error)
+            await self._carry_out(self.core.handle(ev.NewcomerTurn(group, job)))
+
+    # -- what the executor keeps --------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _these_gpus(self, group: str) -> AsyncIterator[None]:
+        """The locks of the group's GPUs, taken in index order (two groups
+        that share a GPU never wait for each other's locks crosswise)."""
+        async with contextlib.AsyncExitStack() as held:
+            self.waiting += 1
+            try:
+                for gpu in self.core.gpus_of(group, len(self.backend.gpus())):
+                    await held.enter_async_context(self._gpu_locks[gpu])
+            finally:
+                self.waiting -= 1
+            yield
+
+    def _persist(self) -> None:
+        if self._state_path is not None:
+            save_state(self._state_path, self.core.state.durable())
+
+    def _switch_output(self, input: SwitchInput, outcome: Outcome, started: float) -> SwitchOutput:
+        answer = outcome.switched
+        assert answer is not None, "a switch the core never answered"
+        group = input.group
+        if answer.quiesce:
+            activity.logger.info(
+                "group %s epoch %d: node %s stopped %s before the checkpoint",
+                group, input.epoch, self.node, answer.others,
+            )  # fmt: skip
+        else:
+            activity.logger.info(
+                "group %s epoch %d: node %s admitted %s (evicted %s; co-resident %s)",
+                group, input.epoch, self.node, answer.admit or "nobody",
+                answer.evicted or "nothing", answer.kept or "none",
+            )  # fmt: skip
+        jobs = [job for job in [answer.admit, *answer.others] if job]
+        return SwitchOutput(
+            node=self.node,
+            backend=self.backend.name,
+            actions=outcome.actions,
+            seconds=time.monotonic() - started,
+            gone=[job for job in jobs if self.processes.gone(group, job)],
+            co_resident=answer.kept,
+        )
 
 
-def release_summary(
-    group: str,
-    job: str,
-    node: str,
-    running: list[int],
-    checkpointed: list[int],
-    failed: list[int],
-    done: list[str],
-) -> str:
+def release_summary(group: str, job: str, node: str, released: Released) -> str:
     parts = [f"job {group}/{job} released on node {node}:"]
+    running, checkpointed, failed = released.running, released.checkpointed, released.failed
     parts.append(f"processes {running} run again" if running else "no process left stopped")
     if checkpointed:
         parts.append(
@@ -403,45 +367,39 @@ def release_summary(
         )
     if failed:
         parts.append(f"; {failed} are in the driver's FAILED state: kill them")
-    if done:
-        parts.append(f" ({'; '.join(done)})")
+    if released.done:
+        parts.append(f" ({'; '.join(released.done)})")
     return " ".join(parts).replace(" ;", ";")
 
 
-async def _step(action: Awaitable[BackendAction], failure_type: str, job: str) -> BackendAction:
-    """One backend action of a switch on ``job``; a failure names the job in
-    its details, so that the workflow knows whose state could not move."""
-    with tracer.start_as_current_span(f"timeshare.{PHASE_OF_FAILURE[failure_type]}") as span:
-        try:
-            done = await action
-        except JobFailed as failed:
-            span.set_status(trace.StatusCode.ERROR, str(failed))
-            # Terminal: the workflow evicts the job named in the details.
-            raise ApplicationError(
-                str(failed), failed.job, type=JOB_FAILED, non_retryable=True
-            ) from None
-        except NoDeviceRoom as refused:
-            span.set_status(trace.StatusCode.ERROR, str(refused))
-            # Nothing was restored and retrying finds the same: the workflow
-            # tells it by the second detail and answers the waiting job.
-            raise ApplicationError(
-                str(refused), refused.job, NO_DEVICE_ROOM, type=RESTORE_FAILED, non_retryable=True
-            ) from None
-        except HookFailed as failed:
-            span.set_status(trace.StatusCode.ERROR, str(failed))
-            if failure_type != CHECKPOINT_FAILED:
-                # An admit hook: the job's own turn fails (RestoreFailed aborts it).
-                raise ApplicationError(str(failed), type=failure_type) from None
-            # Retried like any failed checkpoint; then the workflow evicts the
-            # job named in the details, whose own hooks hold the switch up.
-            raise ApplicationError(str(failed), failed.job, type=HOOK_FAILED) from None
-        except BackendError as error:
-            span.set_status(trace.StatusCode.ERROR, str(error))
-            raise ApplicationError(str(error), job, type=failure_type) from None
-        # A co-resident job is locked, not checkpointed; name what was done.
-        span.update_name(f"timeshare.{done.action}")
-        span.set_attributes({"timeshare.job": done.job, "timeshare.bytes": done.bytes})
-        return done
+def load_state(path: Path) -> NodeState | None:
+    try:
+        return NodeState.model_validate_json(path.read_text()) if path.exists() else None
+    except (OSError, ValueError) as error:
+        log.warning("the node's record in %s is unreadable (%s); starting afresh", path, error)
+        return None
+
+
+def save_state(path: Path, state: NodeState) -> None:
+    partial = path.with_name(path.name + ".partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(state.model_dump_json())
+        partial.replace(path)
+    except OSError as error:
+        log.warning(
+            "cannot keep the node's record in %s (%s): after a restart of this agent, jobs "
+            "that left may be stopped again; give the agent a writable socket directory",
+            path, error,
+        )  # fmt: skip
+
+
+def _failure(error: BackendError) -> ev.Failure:
+    """What the core reads of a backend's error: which of the kinds it tells
+    apart (models.FailureKind follows from it), and the job it names."""
+    kinds = (JobFailed, NoDeviceRoom, HookFailed)
+    kind = next((k.__name__ for k in kinds if isinstance(error, k)), BackendError.__name__)
+    return ev.Failure(kind, str(error), getattr(error, "job", ""))
 
 
 @contextlib.asynccontextmanager
@@ -458,10 +416,5 @@ async def _heartbeating() -> AsyncIterator[None]:
             await asyncio.sleep(period)
             activity.heartbeat()
 
-    task = asyncio.create_task(beat())
-    try:
+    async with background(beat()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

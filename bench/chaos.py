@@ -14,7 +14,9 @@ replica while the others serve (a job goes on through another gateway).
 Exit status 1 if any acquire was lost, any turn granted twice, any node held
 two jobs' state, any group stuck, or any live job failed otherwise. For a
 stuck group the run saves its history beside the records and prints the
-nondeterminism errors the schedulers logged (bench.parts.chaos_stuck).
+nondeterminism errors the schedulers logged; every group a scheduler healed
+(a history it could not replay) is printed and counted as ``healed``
+(bench.parts.chaos_stuck).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter
 from math import nan
@@ -30,9 +33,16 @@ from pathlib import Path
 
 from bench.parts import chaos_check as check
 from bench.parts import chaos_stuck
-from bench.parts.chaos_faults import KINDS, SCRIPTED, Fault, inject, run_scripted
+from bench.parts.chaos_conditions import (
+    DESCRIPTIONS,
+    FAULT_GAP_SECONDS,
+    WINDOW_SECONDS,
+    Chaos,
+    links_for,
+)
+from bench.parts.chaos_faults import KILLS, KINDS, SCRIPTED, inject, run_scripted
 from bench.parts.chaos_pool import JobPool, JobSettings
-from bench.parts.stack import running_stack
+from bench.parts.fault import Fault
 from bench.parts.stats import percentile
 from timeshare.errors import TimeshareError
 from timeshare.status import table
@@ -46,7 +56,6 @@ LEASE_SECONDS = 30.0
 AGENT_TIMEOUT_SECONDS = 5.0
 # Often, so that runs end and waiting acquires move to the next run under faults too.
 CONTINUE_AS_NEW_EVERY = 50
-FAULT_GAP_SECONDS = (3.0, 9.0)
 # Once the faults stop, every group must have served its waiters within this
 # (a dead holder's lease, then a few switches): a group still with waiters
 # after it is stuck.
@@ -77,27 +86,33 @@ def keep_up(stack: LocalStack, seconds: float, started: float, crashes: list[str
 
 
 def run_faults(
-    stack: LocalStack,
-    pool: JobPool,
+    chaos: Chaos,
     kinds: list[str],
     rng: random.Random,
     started: float,
     crashes: list[str],
+    most: int = 0,
+    in_turn: bool = False,
 ) -> list[Fault]:
+    """Faults of ``kinds`` at drawn moments until the time is up (or
+    ``most`` faults, if above 0): each of a drawn kind, or ``in_turn``
+    each kind in the order given."""
+    stack, pool = chaos.stack, chaos.pool
     faults: list[Fault] = []
     until = pool.settings.until
     while True:
-        gap = rng.uniform(*FAULT_GAP_SECONDS)
-        if time.time() + gap >= until:
+        gap = rng.uniform(*chaos.gaps)
+        if time.time() + gap >= until or (most and len(faults) >= most):
             keep_up(stack, max(0.0, until - time.time()), started, crashes)
             return faults
         keep_up(stack, gap, started, crashes)
-        kind = rng.choice(kinds)
+        kind = kinds[len(faults) % len(kinds)] if in_turn else rng.choice(kinds)
         if kind == "job" and not pool.running():
             continue
-        fault = inject(kind, stack, pool, rng)
+        fault = inject(kind, chaos, rng)
         faults.append(fault)
-        log(started, f"fault {len(faults)}: kill -9 {fault.target}; {fault.outcome}; "
+        what = f"kill -9 {fault.target}" if kind in KILLS else f"{kind} on {fault.target}"
+        log(started, f"fault {len(faults)}: {what}; {fault.outcome}; "
                      f"{check.turns_completed(pool.processes)} turns so far")  # fmt: skip
 
 
@@ -133,6 +148,11 @@ def p50_and_max(values: list[float]) -> list[str]:
     return [f"{percentile(values, 50):.2f}", f"{max(values, default=nan):.2f}"]
 
 
+def p50_p99_and_max(values: list[float]) -> list[str]:
+    return [f"{percentile(values, 50):.2f}", f"{percentile(values, 99):.2f}",
+            f"{max(values, default=nan):.2f}"]  # fmt: skip
+
+
 def fault_table(faults: list[Fault], grants: list[float]) -> str:
     """Recovery by kind of fault: from the kill, and from the part being ready again."""
     rows = []
@@ -140,11 +160,11 @@ def fault_table(faults: list[Fault], grants: list[float]) -> str:
         of_kind = [f for f in faults if f.kind == kind]
         rows.append([
             kind, str(len(of_kind)),
-            *p50_and_max(check.recovery_seconds([f.at for f in of_kind], grants)),
-            *p50_and_max(check.recovery_seconds([f.back_at for f in of_kind], grants)),
+            *p50_p99_and_max(check.recovery_seconds([f.at for f in of_kind], grants)),
+            *p50_p99_and_max(check.recovery_seconds([f.back_at for f in of_kind], grants)),
         ])  # fmt: skip
-    headers = ["fault (kill -9)", "injected", "to next grant p50 s", "max s",
-               "from restart p50 s", "max s"]  # fmt: skip
+    headers = ["fault", "injected", "to next grant p50 s", "p99 s", "max s",
+               "from its end p50 s", "p99 s", "max s"]  # fmt: skip
     return table(headers, rows)
 
 
@@ -155,6 +175,7 @@ def report(
     stuck: list[str],
     crashes: list[str],
     why_stuck: list[str],
+    healed: list[str],
 ) -> bool:
     """Print the figures; True if the run is clean."""
     processes = pool.processes
@@ -169,7 +190,7 @@ def report(
     print(f"job processes: {len(processes)} started, {killed} killed and replaced")
     for title, items in (
         ("lost acquires", lost), ("double grants", double), ("stuck groups", stuck),
-        ("why stuck", why_stuck), ("errors of live jobs", errors),
+        ("why stuck", why_stuck), ("healing", healed), ("errors of live jobs", errors),
         ("parts that exited by themselves", crashes),
     ):  # fmt: skip
         for item in items:
@@ -178,6 +199,7 @@ def report(
     print(
         f"turns={check.turns_completed(processes)} faults={len(faults)} lost={len(lost)} "
         f"double_grants={len(double)} overlaps={overlapping} stuck={len(stuck)} "
+        f"healed={chaos_stuck.heals_made(healed)} "
         f"recovery_p50_s={p50} recovery_max_s={worst}"
     )
     return not (lost or double or overlapping or stuck or errors or crashes)
@@ -192,12 +214,21 @@ def run(args: argparse.Namespace) -> bool:
         agent_timeout_seconds=AGENT_TIMEOUT_SECONDS, continue_as_new_every=CONTINUE_AS_NEW_EVERY,
     )  # fmt: skip
     crashes: list[str] = []
+    kinds = args.kinds.split(",")
+    scratch = tempfile.TemporaryDirectory()
     # Each group has a GPU of its own on every node (a GPU is one group's at a time).
-    with running_stack(
-        args.workdir, node=NODES[0], more_nodes=NODES[1:], bandwidth_gbps=5.0,
-        sim_gpus=args.groups, schedulers=args.replicas, gateways=args.replicas,
-    ) as stack:  # fmt: skip
+    stack = LocalStack(
+        args.workdir or Path(scratch.name), node=NODES[0], more_nodes=NODES[1:],
+        bandwidth_gbps=5.0, sim_gpus=args.groups, schedulers=args.replicas,
+        gateways=args.replicas,
+    )  # fmt: skip
+    # The gateways and the agents reach Temporal through links a fault can slow or cut.
+    linked = any(kind in ("slow-link", "lossy-link") for kind in kinds)
+    links = links_for(stack) if linked else {}
+    with scratch, stack:
         pool = JobPool(stack, settings)
+        chaos = Chaos(stack, pool, links, gaps=drawn(args.gap, FAULT_GAP_SECONDS),
+                      window=drawn(args.window, WINDOW_SECONDS))  # fmt: skip
         try:
             pool.settings.until = time.time() + args.minutes * 60
             for g, group in enumerate(groups):
@@ -207,16 +238,26 @@ def run(args: argparse.Namespace) -> bool:
             log(started, f"stack and {len(pool.processes)} jobs started; faults for "
                          f"{args.minutes:g} min (t=0 is Unix time {started:.3f}; records in "
                          f"{stack.workdir})")  # fmt: skip
-            faults = run_faults(stack, pool, args.kinds.split(","), rng, started, crashes)
+            faults = run_faults(chaos, kinds, rng, started, crashes, args.faults, args.in_turn)
             log(started, f"time's up after {len(faults)} faults; the jobs finish their last turns")
             stuck = settle(stack, pool, groups, started, crashes)
             why_stuck = explain_stuck(stack, groups, stuck)
         finally:
             pool.stop()
-        stack.stop_all()  # before the report; the records stay until the with ends
+            # Before the links close: an agent whose link to Temporal is gone
+            # takes seconds to stop.
+            stack.stop_all()  # before the report; the records stay until the with ends
+            for link in links.values():
+                link.close()
         counts = Counter(f.kind for f in faults)
         log(started, "faults: " + ", ".join(f"{kind} {counts[kind]}" for kind in KINDS))
-        return report(faults, pool, stack, stuck, crashes, why_stuck)
+        healed = chaos_stuck.heals(scheduler_logs(stack))
+        return report(faults, pool, stack, stuck, crashes, why_stuck, healed)
+
+
+def drawn(given: list[float] | None, default: tuple[float, float]) -> tuple[float, float]:
+    """A range given on the command line (two numbers), else the default."""
+    return (given[0], given[1]) if given else default
 
 
 def explain_stuck(stack: LocalStack, groups: list[str], stuck: list[str]) -> list[str]:
@@ -225,9 +266,12 @@ def explain_stuck(stack: LocalStack, groups: list[str], stuck: list[str]) -> lis
     names = [g for g in groups if any(line.startswith(f"{g}:") for line in stuck)]
     if not names:
         return []
-    logs = [stack.workdir / f"{part}.log" for part in stack.scheduler_parts]
     saved = chaos_stuck.save_histories(stack.temporal, names, stack.workdir)
-    return saved + chaos_stuck.explain(logs)
+    return saved + chaos_stuck.explain(scheduler_logs(stack))
+
+
+def scheduler_logs(stack: LocalStack) -> list[Path]:
+    return [stack.workdir / f"{part}.log" for part in stack.scheduler_parts]
 
 
 def scripted(runs: int) -> bool:
@@ -252,6 +296,22 @@ def scripted(runs: int) -> bool:
     return lost == overlapping == 0
 
 
+KILL_DESCRIPTIONS = {
+    "scheduler": "kill -9 of a scheduler worker (one replica of several), started again after "
+    "0-8 s",
+    "gateway": "kill -9 of a gateway (one replica of several), started again after 0-8 s",
+    "agent": "kill -9 of one node's agent, started again after 0-8 s",
+    "job": "kill -9 of a job process, replaced at once under its name or a new one",
+    "temporal": "kill -9 of the Temporal dev server, started again on the same SQLite file "
+    "after 0-8 s",
+}
+
+
+def kinds_listing() -> str:
+    described = {**KILL_DESCRIPTIONS, **DESCRIPTIONS}
+    return "\n".join(f"{kind:12} {described[kind]}" for kind in KINDS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Faults against a running stack.")
     parser.add_argument("--minutes", type=float, help="how long random faults go on")
@@ -261,12 +321,31 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--groups", type=int, default=3)
     parser.add_argument("--jobs-per-group", type=int, default=3)
-    parser.add_argument("--kinds", default=",".join(KINDS),
-                        help="faults to inject (default %(default)s)")  # fmt: skip
+    parser.add_argument("--kinds", nargs="?", const="", default=",".join(KINDS),
+                        help="faults to inject, comma-separated (default: all); alone, "
+                             "list them")  # fmt: skip
+    parser.add_argument("--in-turn", action="store_true",
+                        help="each of --kinds in the order given, instead of drawn")  # fmt: skip
+    parser.add_argument(
+        "--gap",
+        type=float,
+        nargs=2,
+        metavar=("LEAST", "MOST"),
+        help="seconds between faults, drawn from this range (default 3 9)",
+    )
+    parser.add_argument("--window", type=float, nargs=2, metavar=("LEAST", "MOST"),
+                        help="seconds a condition lasts, drawn from this range (default 3 8; "
+                             "the clock skew twice that)")  # fmt: skip
+    parser.add_argument("--faults", type=int, default=0,
+                        help="stop injecting after this many (default 0: until the time is "
+                             "up)")  # fmt: skip
     parser.add_argument("--workdir", type=Path, help="keep logs and records here")
     parser.add_argument("--replicas", type=int, default=1,
                         help="scheduler workers and gateways, each")  # fmt: skip
     args = parser.parse_args()
+    if args.kinds == "":
+        print(kinds_listing())
+        sys.exit(0)
     if args.scripted == (args.minutes is not None):
         parser.error("give either --minutes (random faults) or --scripted")
     if args.scripted:

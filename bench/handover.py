@@ -158,13 +158,9 @@ def two_nodes(iterations: int, state_gib: float, bandwidth_gbps: float) -> None:
         print(f"stack ready; {iterations} hand-overs each", flush=True)
         with timeshare.connect(stack.address) as client:
             # Each group on a GPU of its own: a GPU is one group's at a time.
-            pairs = {
-                n: [
-                    client.join(f"span-{n}", f"job-{x}", nodes, GroupPolicy(gpus=[n - 1]))
-                    for x in "ab"
-                ]
-                for n, nodes in spans.items()
-            }
+            pairs = {n: [client.join(f"span-{n}", f"job-{x}", nodes=nodes,
+                                     policy=GroupPolicy(gpus=[n - 1])) for x in "ab"]
+                     for n, nodes in spans.items()}  # fmt: skip
             for _ in range(iterations):
                 for n, (a, b) in pairs.items():
                     seconds: list[float] = []
@@ -215,8 +211,8 @@ def main() -> None:
         print(f"stack ready; {iterations} iterations each; transfer queue read at most "
               f"{reads} times a second", flush=True)  # fmt: skip
         with timeshare.connect(stack.address) as client:
-            a = client.join(GROUP, "job-a", [stack.node])
-            b = client.join(GROUP, "job-b", [stack.node])
+            a = client.join(GROUP, "job-a", nodes=[stack.node])
+            b = client.join(GROUP, "job-b", nodes=[stack.node])
             reacquire = measure_reacquire(a, iterations)
             print("re-acquire done", flush=True)
             wall_clock: list[tuple[float, float]] = []

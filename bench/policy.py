@@ -59,8 +59,8 @@ async def fairness(stack: LocalStack, ordering: str, seconds: float) -> float:
     group = f"fair-{ordering}-{uuid.uuid4().hex[:6]}"
     policy = GroupPolicy(ordering=ordering)  # type: ignore[arg-type]
     async with timeshare.aio.connect(stack.address) as api:
-        long = await api.join(group, "long", [stack.node], policy=policy)
-        shorts = [await api.join(group, f"short-{n}", [stack.node]) for n in range(2)]
+        long = await api.join(group, "long", nodes=[stack.node], policy=policy)
+        shorts = [await api.join(group, f"short-{n}", nodes=[stack.node]) for n in range(2)]
         until = asyncio.get_running_loop().time() + seconds
         log = Log()
         await asyncio.gather(
@@ -85,8 +85,8 @@ async def two_jobs(stack: LocalStack, anticipation: bool, seconds: float) -> Two
     group = f"two-{'ant' if anticipation else 'off'}-{uuid.uuid4().hex[:6]}"
     policy = GroupPolicy() if anticipation else GroupPolicy(fair_anticipation_seconds=0)
     async with timeshare.aio.connect(stack.address) as api:
-        long = await api.join(group, "long", [stack.node], policy=policy)
-        short = await api.join(group, "short", [stack.node])
+        long = await api.join(group, "long", nodes=[stack.node], policy=policy)
+        short = await api.join(group, "short", nodes=[stack.node])
         until = asyncio.get_running_loop().time() + seconds
         log = Log()
         await asyncio.gather(busy(long, 0.4, until, log), busy(short, 0.07, until, log))
@@ -116,8 +116,8 @@ async def two_jobs(stack: LocalStack, anticipation: bool, seconds: float) -> Two
 async def priority(stack: LocalStack, prioritised: bool, seconds: float) -> tuple[float, float]:
     group = f"prio-{'on' if prioritised else 'off'}-{uuid.uuid4().hex[:6]}"
     async with timeshare.aio.connect(stack.address) as api:
-        lows = [await api.join(group, f"low-{i}", [stack.node]) for i in range(3)]
-        high = await api.join(group, "high", [stack.node], priority=5 if prioritised else 0)
+        lows = [await api.join(group, f"low-{i}", nodes=[stack.node]) for i in range(3)]
+        high = await api.join(group, "high", nodes=[stack.node], priority=5 if prioritised else 0)
         until = asyncio.get_running_loop().time() + seconds
         log = Log()
         await asyncio.gather(busy(high, 0.2, until, log, every=1.0),
@@ -141,9 +141,9 @@ async def trainer_first(stack: LocalStack, variant: str, seconds: float) -> floa
         ),
     }
     async with timeshare.aio.connect(stack.address) as api:
-        trainer = await api.join(group, "trainer", [stack.node], policy=policies[variant])
+        trainer = await api.join(group, "trainer", nodes=[stack.node], policy=policies[variant])
         batch = [] if variant == "alone" else [
-            await api.join(group, f"batch-{i}", [stack.node]) for i in range(2)
+            await api.join(group, f"batch-{i}", nodes=[stack.node]) for i in range(2)
         ]  # fmt: skip
         until = asyncio.get_running_loop().time() + seconds
         log = Log()  # the trainer's alone

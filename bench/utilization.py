@@ -19,6 +19,7 @@ from timeshare import timeline
 from timeshare.status import table
 from timeshare.synthetic import load_report
 from timeshare.testing import LocalStack
+from timeshare.testing.clock_skew import skewed_environment
 
 ITERATION_SECONDS = 2.5
 # Sampler and trainer split the GPU time 60:40.
@@ -179,10 +180,16 @@ def measure(stack: LocalStack, profile: Profile, iterations: int, turns: bool = 
     )
 
 
-def run_profiles(profiles: list[Profile], iterations: int, turns: bool, room: int) -> list[Result]:
-    """Each profile in turn, on one stack (every profile of one kind of costs)."""
+def run_profiles(
+    profiles: list[Profile], iterations: int, turns: bool, room: int, skew: float = 0.0
+) -> list[Result]:
+    """Each profile in turn, on one stack (every profile of one kind of costs);
+    ``skew``: the gateway's wall clock runs that many seconds ahead (negative: behind)."""
     results = []
-    with running_stack(None, **stack_options(profiles[0].costs, room)) as stack:
+    options = stack_options(profiles[0].costs, room)
+    if skew:
+        options["part_env"] = {"gateway": skewed_environment(skew, {})}
+    with running_stack(None, **options) as stack:
         for profile in profiles:
             results.append(r := measure(stack, profile, iterations, turns))
             print(f"{profile.label}: {r.baseline_util:.0%} -> {r.shared_util:.0%}", flush=True)
@@ -278,13 +285,18 @@ def main() -> None:
                         "costs: llm-d's recorded switch costs and duty, scaled")  # fmt: skip
     parser.add_argument("--backfill", action="store_true", help="two jobs without, then with a "
                         "backfill job in their group")  # fmt: skip
+    parser.add_argument("--gateway-clock-skew", type=float, default=0.0, metavar="SECONDS",
+                        help="the gateway's wall clock this far ahead (negative: behind) of "
+                             "Temporal's (default 0)")  # fmt: skip
     args = parser.parse_args()
     iterations = 4 if args.quick else 10
     plain = args.profile == "blog" and not args.backfill
     profiles = sweep(args.quick) if plain else cost_runs(args.profile, args.backfill)
     room = BACKFILL_ROOM if args.backfill and args.profile == "blog" else ROOM
     print(describe(profiles[0], iterations, room), flush=True)
-    results = run_profiles(profiles, iterations, args.timeline, room)
+    if args.gateway_clock_skew:
+        print(f"the gateway's clock runs {args.gateway_clock_skew:+g} s off Temporal's", flush=True)
+    results = run_profiles(profiles, iterations, args.timeline, room, args.gateway_clock_skew)
     # One that ignores should_yield steps on, unfrozen, when preempted: its busy is not GPU time.
     print_rows([r for r in results if r.profile.backfill != "ignores"])
     if not plain:

@@ -4,10 +4,12 @@ scheduler and node-agent workers for workflow tests."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -42,6 +44,13 @@ from timeshare.workflows.registry import NodeRegistryWorkflow
 from timeshare.workflows.sandbox import workflow_runner
 
 REPO = Path(__file__).resolve().parent.parent
+# A runtime folder of this test process's own: `timeshare up` serves its
+# agent's socket there by default (timeshare.agent_socket), and the stacks of
+# test processes running side by side must not meet there. Children inherit it.
+RUNTIME_DIR = tempfile.mkdtemp(prefix="timeshare-test-runtime-")
+os.environ["XDG_RUNTIME_DIR"] = RUNTIME_DIR
+os.environ.pop("TIMESHARE_AGENT_SOCKET", None)
+atexit.register(shutil.rmtree, RUNTIME_DIR, True)
 
 
 def wait_for_line(process: subprocess.Popen[str], needle: str, timeout: float) -> list[str]:

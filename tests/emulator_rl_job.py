@@ -41,7 +41,7 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if k.startswith(("TIMESHARE_EMULATOR", "LD_"))}
     client = timeshare.connect(address)
     # Joined first: the ranks register with the token the Join returned.
-    handle = client.join(group, job, [node])
+    handle = client.join(group, job, nodes=[node])
     env[JOB_TOKEN_ENV] = handle.token
     ranks = [
         start_worker(env, directory, f"{job}-rank{index}", children=1 if index == 0 else 0,

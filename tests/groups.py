@@ -15,17 +15,9 @@ from temporalio.worker import Worker
 from tests.conftest import SimNodes
 from tests.polling import wait_until_async
 from timeshare.activities.backends.sim import SimBackend
-from timeshare.models import (
-    AcquireInput,
-    Grant,
-    GroupPolicy,
-    GroupStatus,
-    HeartbeatOutput,
-    JobInput,
-    JoinInput,
-    YieldInput,
-)
+from timeshare.models import Grant, GroupPolicy, GroupStatus, HeartbeatOutput
 from timeshare.names import group_workflow_id
+from timeshare.scheduling import events as ev
 from timeshare.workers.gateway.group_client import acquire_turn, join_group
 from timeshare.workers.scheduler.data_converter import DATA_CONVERTER
 from timeshare.workflows.group import GroupInput, GroupWorkflow
@@ -46,7 +38,7 @@ async def join(
     """``token_hash``: a real token's (timeshare.credentials.token_hash), for
     tests of the agent's check; the helpers below then cannot act for the job."""
     digest = token_hash or f"hash-{job}"
-    message = JoinInput(job=job, nodes=nodes, token_hash=digest, priority=priority)
+    message = ev.Join(job=job, nodes=nodes, token_hash=digest, priority=priority)
     await join_group(client, group, message, policy)
     return client.get_workflow_handle_for(GroupWorkflow.run, group_workflow_id(group))
 
@@ -69,7 +61,7 @@ async def group_on_one_node(
 async def acquire(handle: Handle, job: str, timeout: float = 0.0, phase: str = "") -> Grant:
     return await acquire_turn(
         handle,
-        AcquireInput(
+        ev.Acquire(
             job=job,
             token_hash=f"hash-{job}",
             request_id=uuid.uuid4().hex,
@@ -79,9 +71,9 @@ async def acquire(handle: Handle, job: str, timeout: float = 0.0, phase: str = "
     )
 
 
-async def release(handle: Handle, job: str, epoch: int) -> None:
+async def yield_turn(handle: Handle, job: str, epoch: int) -> None:
     await handle.execute_update(
-        GroupWorkflow.yield_turn, YieldInput(job=job, token_hash=f"hash-{job}", epoch=epoch)
+        GroupWorkflow.yield_turn, ev.Yield(job=job, token_hash=f"hash-{job}", epoch=epoch)
     )
 
 
@@ -92,7 +84,7 @@ def refusal_type(error: WorkflowUpdateFailedError) -> str | None:
 
 async def heartbeat(handle: Handle, job: str) -> HeartbeatOutput:
     return await handle.execute_update(
-        GroupWorkflow.heartbeat, JobInput(job=job, token_hash=f"hash-{job}")
+        GroupWorkflow.heartbeat, ev.Heartbeat(job=job, token_hash=f"hash-{job}")
     )
 
 

@@ -66,8 +66,8 @@ class LockQueue:
     ) -> StoredGrant | None:
         return turns.request(self.group, job, request_id, now, call_id, phase=phase)
 
-    def release(self, job: str, epoch: int, now: float, asks_again: bool = False) -> float:
-        return turns.release(self.group, job, epoch, now, asks_again)
+    def yield_turn(self, job: str, epoch: int, now: float, asks_again: bool = False) -> float:
+        return turns.yield_turn(self.group, job, epoch, now, asks_again)
 
     def keep_turn(self, job: str, epoch: int, phase: str, now: float) -> tuple[bool, float]:
         return turns.keep_turn(self.group, job, epoch, phase, now)

@@ -9,6 +9,8 @@ This package is what RL jobs import; it needs only grpcio, protobuf and
 pydantic, never temporalio.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from timeshare._protocol import Turn
 from timeshare.client import Client, Job, acquire_all, connect
 from timeshare.errors import (
@@ -26,6 +28,11 @@ from timeshare.errors import (
     Unavailable,
 )
 
+try:
+    __version__ = version("timeshare")
+except PackageNotFoundError:  # imported from a tree that was never installed
+    __version__ = "0+unknown"
+
 __all__ = [
     "Aborted",
     "Client",
@@ -42,6 +49,7 @@ __all__ = [
     "Turn",
     "Unauthenticated",
     "Unavailable",
+    "__version__",
     "acquire_all",
     "connect",
 ]

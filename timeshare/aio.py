@@ -68,6 +68,7 @@ class Client:
         self,
         group: str | None = None,
         job: str | None = None,
+        *,
         nodes: list[str] | None = None,
         policy: GroupPolicy | None = None,
         register: bool = False,

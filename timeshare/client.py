@@ -64,6 +64,7 @@ class Client:
         self,
         group: str | None = None,
         job: str | None = None,
+        *,
         nodes: list[str] | None = None,
         policy: GroupPolicy | None = None,
         register: bool = False,
@@ -76,7 +77,7 @@ class Client:
         creates the group. ``weight`` scales the job's fair share of GPU time; a higher
         ``priority`` goes first; a ``backfill`` job gets the GPUs only while no regular
         job holds or waits for them, and is asked to yield (``should_yield``) as soon as
-        one asks (docs/user-guide.md, "Backfill jobs"). The handle keeps the job's lease
+        one asks (docs/guide/backfill.md). The handle keeps the job's lease
         alive from a background thread until ``leave()`` or ``close()``.
         ``register=True`` also registers this process with the local agent: only for a
         process that both uses the GPU and asks for turns (see register_process)."""

@@ -35,6 +35,11 @@ TURN_DURATION = _seconds_histogram("timeshare.turn.duration", "Seconds a job hel
 BYTES_MOVED = _meter.create_counter(
     "timeshare.bytes.moved", unit="By", description="Device state bytes checkpointed or restored"
 )
+GROUP_HEALS = _meter.create_counter(
+    "timeshare.group.heals",
+    description="Groups whose workflow task kept failing, rebuilt by the scheduler in a new "
+    "run (outcome healed), or held off a while as its new runs failed at once (outcome held-off)",
+)
 # Backend actions by phase; "noop" is not a phase. Co-residency locks and unlocks.
 PHASES = frozenset({"checkpoint", "restore", "lock", "unlock"})
 
@@ -46,6 +51,11 @@ def record_grant(group: str, job: str, waited_seconds: float, phase: str = "") -
 
 def record_turn(group: str, job: str, held_seconds: float, phase: str = "") -> None:
     TURN_DURATION.record(held_seconds, {"group": group, "job": job, "phase": phase})
+
+
+def record_heal(group: str, outcome: str, cause: str) -> None:
+    """``cause``: the kind of failure (nondeterminism, workflow-error)."""
+    GROUP_HEALS.add(1, {"group": group, "outcome": outcome, "cause": cause})
 
 
 def record_switch(group: str, output: SwitchOutput) -> None:

@@ -7,6 +7,7 @@ be added later without breaking running workflow histories.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -17,7 +18,7 @@ GroupStateName = Literal["idle", "held", "switching", "degraded", "paused"]
 # figures); off: every switch checkpoints the job that yielded.
 CoResidency = Literal["auto", "off"]
 # fair: the next turn goes to the waiter with the least GPU time for its weight;
-# fifo: to the first that asked. Either within a priority (see docs/user-guide.md).
+# fifo: to the first that asked. Either within a priority (see docs/guide/policies.md).
 Ordering = Literal["fair", "fifo"]
 Prefetch = Literal["auto", "off"]
 # Per-device byte counts, keyed by device name ("gpu0", "sim-gpu-0").
@@ -114,40 +115,11 @@ def check_phase(phase: str) -> str:
     return phase
 
 
-class JoinInput(BaseModel):
-    job: str
-    nodes: list[str]
-    token_hash: str
-    # Fair share counts GPU time divided by weight; priority goes first.
-    weight: float = Field(default=1.0, gt=0.0, le=1000.0)
-    priority: int = Field(default=0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)
-    # A backfill job runs only while no regular job holds or waits for the GPU.
-    backfill: bool = False
-
-
 class JoinOutput(BaseModel):
     created: bool
     nodes: list[str]
     lease_seconds: float = 30.0
     idle_lease_seconds: float = 0.0
-
-
-class AcquireInput(BaseModel):
-    job: str
-    token_hash: str
-    request_id: str
-    # 0 waits until granted.
-    timeout_seconds: float = 0.0
-    # W3C trace context of the caller (traceparent, tracestate), if traced.
-    trace_context: dict[str, str] = Field(default_factory=dict)
-    # Names the gateway call waiting for this request (see CancelAcquireInput).
-    call_id: str = ""
-    # What the job will do with the turn ("rollout", "train"): recorded, and
-    # weighed by the group's phase_priority.
-    phase: str = ""
-    # Non-zero: the turn of this epoch, which the job holds, is given back
-    # first, in the same message (Job.next_turn).
-    yield_epoch: int = 0
 
 
 class Grant(BaseModel):
@@ -168,21 +140,14 @@ class Grant(BaseModel):
     # The holder kept the turn into a next phase (Job.next_turn_nowait) where
     # a next_turn would have let others go first: asked to yield from then.
     kept_past_others_at: float = 0.0
+    # The epoch its job is told, yields with and is watched by: a resumed
+    # turn keeps its first (set by the scheduling core, StoredGrant).
+    told_epoch: int = 0
 
 
 class YieldOutput(BaseModel):
     held_seconds: float
     # The phase of the turn given back.
-    phase: str = ""
-
-
-class KeepTurnInput(BaseModel):
-    """The holder of ``epoch`` goes on into ``phase`` on the GPUs it holds,
-    without giving the turn back (Job.next_turn_nowait)."""
-
-    job: str
-    token_hash: str
-    epoch: int
     phase: str = ""
 
 
@@ -200,19 +165,14 @@ class AcquireResult(BaseModel):
     are bounded so no update stays open across continue-as-new."""
 
     grant: Grant | None = None
-    # The turn the same message gave back first (AcquireInput.yield_epoch),
+    # The turn the same message gave back first (the acquire's yield_epoch),
     # in the answer of the call that gave it back.
     yielded: YieldOutput | None = None
 
 
-class YieldInput(BaseModel):
-    job: str
-    token_hash: str
-    epoch: int
-
-
-class JobInput(BaseModel):
-    """A message that names only the job (heartbeat, leave)."""
+class JobToken(BaseModel):
+    """A job's token, hashed: what a node agent asks its group about
+    (GroupWorkflow.token_matches) before a process joins the job's switches."""
 
     job: str
     token_hash: str
@@ -236,20 +196,6 @@ class HeartbeatOutput(BaseModel):
     should_yield: bool = False
     preempted: bool = False
     lease_seconds: float = 30.0
-
-
-class EvictInput(BaseModel):
-    job: str
-    reason: str
-
-
-class PauseInput(BaseModel):
-    paused: bool
-
-
-class DrainInput(BaseModel):
-    node: str
-    drained: bool
 
 
 class JobStatus(BaseModel):
@@ -286,6 +232,9 @@ class GroupStatus(BaseModel):
     evictions: int = 0
     # Runs of the group's workflow so far (continue-as-new starts a new one).
     runs: int = 1
+    # Times the scheduler rebuilt the group after its workflow task kept
+    # failing (docs/reliability.md, "A group that cannot be replayed").
+    heals: int = 0
     # When the group entered its current state (seconds since the Unix epoch).
     state_since: float = 0.0
     # The job a switch under way is bringing in.
@@ -329,24 +278,46 @@ class SwitchInput(BaseModel):
     incarnations: dict[str, int] = Field(default_factory=dict)
 
 
-# Failure types of the switch activity. The workflow tells a failed restore
-# (this job cannot come back: abort its acquire) from a failed checkpoint
-# (another job's state is still there: stay degraded and try again).
-CHECKPOINT_FAILED = "CheckpointFailed"
-RESTORE_FAILED = "RestoreFailed"
-# A process of the job, named in the failure's details, is in the driver's
-# terminal FAILED state: the workflow evicts that job (non-retryable).
-JOB_FAILED = "JobFailed"
-# The workload hooks of the job named in the details failed or hung while its
-# state was to leave the device (retryable): once the retries are spent, the
-# workflow evicts that job, and the switch goes on without it.
-HOOK_FAILED = "HookFailed"
-# The second detail of a non-retryable RESTORE_FAILED (the first is the job):
+class FailureKind(StrEnum):
+    """What failed in a node's part of a switch: the agent gives its switch
+    activity's failure this type, the workflow reads it back into the
+    event it hands the core (scheduling/events.NodeFailed), and the core
+    decides by it. The values are the types written in histories."""
+
+    # Another job's state could not leave the device (stay degraded and
+    # retry); the job is named in the failure's details where known.
+    CHECKPOINT = "CheckpointFailed"
+    # The admitted job's state could not come back: its acquire is aborted.
+    RESTORE = "RestoreFailed"
+    # A process of the job named in the details is in the driver's terminal
+    # FAILED state: the workflow evicts that job (non-retryable).
+    JOB_FAILED = "JobFailed"
+    # The workload hooks of the job named in the details failed or hung while
+    # its state was to leave the device (retryable): once the retries are
+    # spent, the workflow evicts that job, and the switch goes on without it.
+    HOOK = "HookFailed"
+    # The agent did not answer in time (an activity timeout; never raised).
+    UNREACHABLE = "Unreachable"
+    # Anything else the agent refused.
+    OTHER = "Other"
+
+    @classmethod
+    def of(cls, failure_type: str | None) -> FailureKind:
+        try:
+            return cls(failure_type or cls.OTHER)
+        except ValueError:
+            return cls.OTHER
+
+
+# The second detail of a non-retryable RESTORE failure (the first is the job):
 # the job's parked state does not fit in the device memory free on the node,
 # so nothing was restored; it stays parked and restorable. Not retried: a
 # restore the driver fails for lack of memory can never be retried on driver
 # 580 (NVIDIA/cuda-checkpoint#44), so the room is checked first.
 NO_DEVICE_ROOM = "NoDeviceRoom"
+# How a checkpoint refused for want of host memory to park the job in
+# begins: the cause a failing switch names (docs/reliability.md).
+NOT_ENOUGH_HOST_MEMORY = "not enough host memory to park the job"
 
 ActionName = Literal["checkpoint", "restore", "lock", "unlock", "noop"]
 

@@ -8,6 +8,8 @@ NAME_PATTERN = re.compile(r"[a-z0-9](?:[a-z0-9._-]{0,61}[a-z0-9])?")
 
 SCHEDULER_TASK_QUEUE = "timeshare.scheduler"
 NODE_REGISTRY_WORKFLOW_ID = "timeshare-nodes"
+# The entry-point group of the node agent's backends (pyproject.toml).
+BACKEND_ENTRY_POINT_GROUP = "timeshare.backends"
 
 
 def check_name(kind: str, value: str) -> str:

@@ -13,14 +13,9 @@ import os
 import socket
 from typing import Any, BinaryIO
 
+from timeshare.agent_socket import AGENT_SOCKET_ENV, agent_socket, candidates, where_looked
 from timeshare.credentials import JOB_TOKEN_ENV, job_token
 from timeshare.errors import FailedPrecondition, PermissionDenied, Unavailable, class_for_code
-
-DEFAULT_SOCKET = "/run/timeshare/agent.sock"
-
-
-def agent_socket(path: str | None = None) -> str:
-    return path or os.environ.get("TIMESHARE_AGENT_SOCKET") or DEFAULT_SOCKET
 
 
 def register_process(
@@ -88,9 +83,12 @@ def open_agent_connection(
         reply = json.loads(lines.readline() or b"{}")
     except (OSError, ValueError) as error:
         conn.close()
+        defaulted = path in candidates() and not os.path.exists(path)
+        looked = f" (looked at {where_looked()})" if defaulted else ""
         raise Unavailable(
-            f"no node agent answers on {path} ({error}); start `timeshare agent`, "
-            "or set TIMESHARE_AGENT_SOCKET"
+            f"no node agent answers on {path}{looked}: {error}. Start one with `timeshare up` "
+            f"(or `timeshare agent` on a GPU host), or set {AGENT_SOCKET_ENV} to the socket "
+            "`timeshare up` printed"
         ) from None
     if not isinstance(reply, dict) or not reply.get("ok"):
         conn.close()

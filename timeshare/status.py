@@ -1,4 +1,5 @@
-"""`timeshare status`: groups, holders, queues, residency and nodes as tables."""
+"""Groups, holders, queues, residency and nodes as tables (`timeshare status`,
+timeshare.status_command), and the operator commands that print them."""
 
 from __future__ import annotations
 
@@ -124,22 +125,4 @@ def run_control(args: argparse.Namespace) -> int:
     except TimeshareError as error:
         print(f"timeshare {args.command}: {error}", file=sys.stderr)
         return 1
-    return 0
-
-
-def print_status(address: str | None, group: str | None) -> int:
-    try:
-        with timeshare.connect(address) as client:
-            groups = [client.get_group(group)] if group else client.list_groups()
-            nodes = client.list_nodes()
-    except TimeshareError as error:
-        print(f"timeshare status: {error}", file=sys.stderr)
-        return 1
-    print(groups_table(groups) if groups else "no groups yet")
-    if group:
-        print()
-        print(policy_line(groups[0]))
-        print(jobs_table(groups[0]))
-    print()
-    print(nodes_table(nodes) if nodes else "no node agents have announced themselves")
     return 0

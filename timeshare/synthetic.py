@@ -134,7 +134,7 @@ def run_synthetic_job(
         client = open_until_done.enter_context(timeshare.connect(spec.address))
 
         def join() -> timeshare.Job:
-            return client.join(spec.group, spec.job, spec.nodes, spec.policy,
+            return client.join(spec.group, spec.job, nodes=spec.nodes, policy=spec.policy,
                                weight=spec.weight, priority=spec.priority,
                                backfill=spec.backfill)  # fmt: skip
 

@@ -146,14 +146,19 @@ def turns_table(reports: Sequence[SyntheticJobReport]) -> str:
 
 
 def summary(figures: UtilisationFigures) -> str:
+    """The run as the jobs saw it. A group's report (`timeshare report`)
+    counts from the scheduler's record instead, so each line says what it
+    counts where the two differ: the report's busy share is the time a job
+    held the GPUs, and its switches are every switch, those done ahead of a
+    request (prefetch) too."""
     return "\n".join(
         [
             f"GPU busy {figures.gpu_busy_seconds:.1f} s of work by {figures.jobs} jobs",
             f"  without sharing: {figures.jobs} GPUs, {figures.dedicated_gpu_seconds:.1f} "
             f"GPU-seconds, busy {figures.dedicated_utilisation:.0%}",
             f"  with timeshare:  1 GPU,  {figures.shared_gpu_seconds:.1f} GPU-seconds, "
-            f"busy {figures.shared_utilisation:.0%}",
-            f"  {figures.switches} switches took {figures.switch_seconds:.2f} s in all; "
-            f"jobs waited {figures.wait_seconds:.1f} s for turns",
+            f"busy {figures.shared_utilisation:.0%} (the jobs' GPU phases over the run)",
+            f"  {figures.switches} switches a job waited for took {figures.switch_seconds:.2f} s "
+            f"in all; jobs waited {figures.wait_seconds:.1f} s for turns",
         ]
     )

@@ -59,13 +59,19 @@ class Transport:
 
     def channel(self, address: str) -> grpc.Channel:
         if self.secure:
-            return grpc.secure_channel(address, self.credentials())
-        return grpc.insecure_channel(address)
+            return grpc.secure_channel(address, self.credentials(), CHANNEL_OPTIONS)
+        return grpc.insecure_channel(address, CHANNEL_OPTIONS)
 
     def aio_channel(self, address: str) -> grpc.aio.Channel:
         if self.secure:
-            return grpc.aio.secure_channel(address, self.credentials())
-        return grpc.aio.insecure_channel(address)
+            return grpc.aio.secure_channel(address, self.credentials(), CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(address, CHANNEL_OPTIONS)
+
+
+# gRPC shares a process's connections to one address among its channels, so
+# a connection made afresh after an outage would inherit the back-off of an
+# older client's refused attempts and fail at once; each channel keeps its own.
+CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
 
 
 def _path(value: str | Path | None) -> Path | None:

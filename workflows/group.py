@@ -12,7 +12,7 @@ continue-as-new. It decides nothing itself.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import Any, assert_never
@@ -24,45 +24,28 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from timeshare.history import GroupHistory
     from timeshare.models import (
-        AcquireInput,
         AcquireResult,
-        DrainInput,
-        EvictInput,
         GroupPolicy,
         GroupStatus,
         HeartbeatOutput,
-        JobInput,
-        JoinInput,
+        JobToken,
         JoinOutput,
-        KeepTurnInput,
         KeepTurnOutput,
-        PauseInput,
         TokenCheck,
-        YieldInput,
         YieldOutput,
     )
     from timeshare.refusals import Refusal
     from timeshare.scheduling import commands as cmd
     from timeshare.scheduling import events as ev
+    from timeshare.scheduling import versions
     from timeshare.scheduling.base import QueueError
     from timeshare.scheduling.group_core import GroupCore
-    from timeshare.scheduling.rules import (
-        RULES_ANTICIPATION,
-        RULES_LEGACY,
-        RULES_OVERDUE_ASKS,
-        RULES_POLICIES,
-        RULES_SWITCH_COSTS,
-    )
+    from timeshare.scheduling.healing import HealInput
     from timeshare.scheduling.state import GroupState, StoredPolicy, SwitchPlan
-    from timeshare.workflows import node_calls, patches
-    from timeshare.workflows.visibility import (
-        BACKFILL_WAITING_MEMO,
-        BACKFILL_YIELD_AT_MEMO,
-        LEAN_PATCH,
-        YIELD_EPOCH_MEMO,
-        GroupVisibility,
-        yield_at_from_memo,
-    )
+    from timeshare.scheduling.watch import TurnAsk
+    from timeshare.workflows import node_calls
+    from timeshare.workflows.patches import newest_granted
+    from timeshare.workflows.visibility import GroupVisibility
 
 # An acquire waits inside one update at most this long, then returns "still
 # waiting" and the gateway asks again: no update stays open for long, so the
@@ -80,14 +63,9 @@ class GroupInput(BaseModel):
     policy: GroupPolicy | None = None
     # Set when the workflow continues as new; a new group starts empty.
     state: GroupState | None = None
-
-
-class CancelAcquireInput(BaseModel):
-    job: str
-    token_hash: str
-    request_id: str
-    # Only the call now waiting for the request may withdraw it.
-    call_id: str = ""
+    # Set where the scheduler's healer started this run after the last one
+    # kept failing its workflow task: how ``state`` is brought up to date.
+    heal: HealInput | None = None
 
 
 @workflow.defn(name="GroupWorkflow")
@@ -99,7 +77,7 @@ class GroupWorkflow:
             policy=StoredPolicy.stored(input.policy or GroupPolicy()),
             rules=_rules_of_a_new_group(),
         )
-        workflow.deprecate_patch(patches.LEASE_FROM_GRANT)
+        workflow.deprecate_patch(versions.LEASE_FROM_GRANT)
         self._core = GroupCore(state)
         # The core's latest word on when to look again, and whether a look is
         # due now (the main loop's wait ends).
@@ -109,15 +87,8 @@ class GroupWorkflow:
         self._reply: Any = None
         # Set just before continuing as new: waiting acquires return "ask again".
         self._closing = False
-        self._visibility = GroupVisibility(
-            lean=workflow.patched(LEAN_PATCH),
-            carried_yield_epoch=workflow.memo_value(YIELD_EPOCH_MEMO, 0, type_hint=int),
-            carried_backfill_waiting=workflow.memo_value(BACKFILL_WAITING_MEMO, 0, type_hint=int),
-            carried_backfill_yield_at=yield_at_from_memo(
-                workflow.memo_value(BACKFILL_YIELD_AT_MEMO, [0, 0.0], type_hint=list[float])
-            ),
-        )
-        workflow.deprecate_patch(patches.STEADY_TIMER)
+        self._visibility = GroupVisibility(_visibility_of_this_run())
+        workflow.deprecate_patch(versions.STEADY_TIMER)
         # The one timer: when it rings, and whether it has.
         self._timer: asyncio.Task[None] | None = None
         self._timer_at = 0.0
@@ -128,6 +99,9 @@ class GroupWorkflow:
         # Workflow time, in nanoseconds and as _now() gives it, at the last call.
         self._now_ns = -1
         self._now_seconds = 0.0
+        if input.heal is not None:
+            # Before any message of this first task is checked or handled.
+            self._carry_out_now(self._core.handle(ev.Healed(input.heal), self._now()))
 
     @workflow.run
     async def run(self, input: GroupInput) -> None:
@@ -198,7 +172,7 @@ class GroupWorkflow:
             ends for job, request_id, ends in slices if self._core.is_waiting(job, request_id)
         ]
         # Asked only where a slice has settled: elsewhere both rules agree.
-        if len(waiting) < len(slices) and workflow.patched(patches.SETTLED_SLICES):
+        if len(waiting) < len(slices) and workflow.patched(versions.SETTLED_SLICES):
             return waiting
         return [ends for _, _, ends in slices]
 
@@ -223,7 +197,7 @@ class GroupWorkflow:
 
     def _start_releases(self, releases: tuple[cmd.Release, ...]) -> None:
         """In the background: a node that is down must not hold up the queue."""
-        workflow.deprecate_patch(patches.RELEASE_LEFT_JOBS)
+        workflow.deprecate_patch(versions.RELEASE_LEFT_JOBS)
         for release in releases:
             task = asyncio.create_task(self._release(release))
             self._release_tasks.add(task)
@@ -244,11 +218,7 @@ class GroupWorkflow:
         """One attempt of a planned switch; what the core makes of its outcome.
         A first attempt is not shown where the group's switches are quick: it
         would be over before anyone could look."""
-        quiet = (
-            plan.attempts == 0
-            and self._visibility.lean
-            and self._core.switches_are_quick(QUICK_SWITCH_SECONDS)
-        )
+        quiet = plan.attempts == 0 and self._core.switches_are_quick(QUICK_SWITCH_SECONDS)
         if not quiet:
             self._publish()
         outcome = await node_calls.attempt(self._core.state, plan)
@@ -280,9 +250,7 @@ class GroupWorkflow:
         return self._now_seconds
 
     def _publish(self) -> None:
-        summary = self._core.summary(self._now())
-        policies = self._core.policies
-        self._visibility.publish(summary, summary.yield_epoch if policies else None)
+        self._visibility.publish(self._core.summary(self._now()), self._core.decides_by_policies)
 
     # -- messages: each an event for the core -------------------------------------------
 
@@ -326,18 +294,18 @@ class GroupWorkflow:
             self._core.check(event)
 
     @workflow.update
-    def join(self, input: JoinInput) -> JoinOutput:
-        output: JoinOutput = self._answer("join", _join(input))
+    def join(self, input: ev.Join) -> JoinOutput:
+        output: JoinOutput = self._answer("join", input)
         return output
 
     @join.validator
-    def _check_join(self, input: JoinInput) -> None:
-        self._check("join", _join(input))
+    def _check_join(self, input: ev.Join) -> None:
+        self._check("join", input)
 
     @workflow.update
-    async def acquire(self, input: AcquireInput) -> AcquireResult:
+    async def acquire(self, input: ev.Acquire) -> AcquireResult:
         job, request_id = input.job, input.request_id
-        asked: AcquireResult = self._answer("acquire", _acquire(input))
+        asked: AcquireResult = self._answer("acquire", input)
         if asked.grant is not None:
             return asked
         final = 0 < input.timeout_seconds <= ACQUIRE_WAIT_SLICE_SECONDS
@@ -362,7 +330,7 @@ class GroupWorkflow:
         def over() -> bool:
             return self._closing or not self._core.is_waiting(job, request_id)
 
-        workflow.deprecate_patch(patches.SLICE_BY_MAIN_TIMER)
+        workflow.deprecate_patch(versions.SLICE_BY_MAIN_TIMER)
         update = workflow.current_update_info()
         key = update.id if update is not None else f"{job}/{request_id}"
         ends = self._now() + seconds
@@ -376,71 +344,100 @@ class GroupWorkflow:
             raise TimeoutError
 
     @acquire.validator
-    def _check_acquire(self, input: AcquireInput) -> None:
-        self._check("acquire", _acquire(input))
+    def _check_acquire(self, input: ev.Acquire) -> None:
+        self._check("acquire", input)
 
     @workflow.update
-    def keep_turn(self, input: KeepTurnInput) -> KeepTurnOutput:
+    def keep_turn(self, input: ev.KeepTurn) -> KeepTurnOutput:
         """The holder goes on into its next phase (Job.next_turn_nowait). An
         update of its own, not a flag on acquire: a scheduler from before it
         refuses it as unknown instead of passing the turn on while the job
         computes."""
-        output: KeepTurnOutput = self._answer("keep_turn", _keep_turn(input))
+        output: KeepTurnOutput = self._answer("keep_turn", input)
         return output
 
     @keep_turn.validator
-    def _check_keep_turn(self, input: KeepTurnInput) -> None:
-        self._check("keep_turn", _keep_turn(input))
+    def _check_keep_turn(self, input: ev.KeepTurn) -> None:
+        self._check("keep_turn", input)
 
     @workflow.update
-    def cancel_acquire(self, input: CancelAcquireInput) -> bool:
-        return bool(self._answer("cancel_acquire", _cancel(input)))
+    def cancel_acquire(self, input: ev.CancelAcquire) -> bool:
+        return bool(self._answer("cancel_acquire", input))
 
     @cancel_acquire.validator
-    def _check_cancel(self, input: CancelAcquireInput) -> None:
-        self._check("cancel_acquire", _cancel(input))
+    def _check_cancel(self, input: ev.CancelAcquire) -> None:
+        self._check("cancel_acquire", input)
 
     @workflow.update(name="yield")
-    def yield_turn(self, input: YieldInput) -> YieldOutput:
-        output: YieldOutput = self._answer("yield", _yield(input))
+    def yield_turn(self, input: ev.Yield) -> YieldOutput:
+        output: YieldOutput = self._answer("yield", input)
         return output
 
     @yield_turn.validator
-    def _check_yield(self, input: YieldInput) -> None:
-        self._check("yield", _yield(input))
+    def _check_yield(self, input: ev.Yield) -> None:
+        self._check("yield", input)
 
     @workflow.update
-    def heartbeat(self, input: JobInput) -> HeartbeatOutput:
-        output: HeartbeatOutput = self._answer("heartbeat", ev.Heartbeat(*_job(input)))
+    def heartbeat(self, input: ev.Heartbeat) -> HeartbeatOutput:
+        output: HeartbeatOutput = self._answer("heartbeat", input)
         return output
 
     @heartbeat.validator
-    def _check_heartbeat(self, input: JobInput) -> None:
-        self._check("heartbeat", ev.Heartbeat(*_job(input)))
+    def _check_heartbeat(self, input: ev.Heartbeat) -> None:
+        self._check("heartbeat", input)
 
     @workflow.update
-    def leave(self, input: JobInput) -> None:
-        self._answer("leave", ev.Leave(*_job(input)))
+    def leave(self, input: ev.Leave) -> None:
+        self._answer("leave", input)
 
     @leave.validator
-    def _check_leave(self, input: JobInput) -> None:
-        self._check("leave", ev.Leave(*_job(input)))
+    def _check_leave(self, input: ev.Leave) -> None:
+        self._check("leave", input)
+
+    @workflow.update
+    async def watch_turn(self, input: TurnAsk) -> None:
+        """Until the group says something new to the holder of the turn
+        watched (asks it to yield, others wait, the turn ends), or the run closes:
+        completed in the workflow task that decided it, so the holder's
+        gateway hears it without polling (workers/gateway/turn_push.py)."""
+        await workflow.wait_condition(lambda: self._closing or self._turn_news(input))
+
+    @watch_turn.validator
+    def _check_watch_turn(self, input: TurnAsk) -> None:
+        """Refused, leaving no event, where there is news already."""
+        if self._turn_news(input):
+            raise ApplicationError(
+                f"the group has news for {input.job!r}'s turn of epoch {input.epoch}: read it",
+                type=Refusal.FAILED_PRECONDITION,
+                non_retryable=True,
+            )
+
+    def _turn_news(self, ask: TurnAsk) -> bool:
+        shown = self._visibility.shown
+        if shown is None:
+            return True
+        return ask.news(shown.watch, shown.holder, shown.holder_epoch, len(shown.queue))
 
     # -- operator controls --------------------------------------------------------
 
     @workflow.update
-    def evict(self, input: EvictInput) -> bool:
-        return bool(self._answer("evict", ev.Evict(job=input.job, reason=input.reason)))
+    def evict(self, input: ev.Evict) -> bool:
+        return bool(self._answer("evict", input))
 
     @workflow.update
-    def pause(self, input: PauseInput) -> GroupStatus:
-        status: GroupStatus = self._answer("pause", ev.Pause(paused=input.paused))
+    def pause(self, input: ev.Pause) -> GroupStatus:
+        status: GroupStatus = self._answer("pause", input)
         return status
 
     @workflow.update
-    def drain(self, input: DrainInput) -> GroupStatus:
-        status: GroupStatus = self._answer("drain", ev.Drain(input.node, input.drained))
+    def drain(self, input: ev.Drain) -> GroupStatus:
+        status: GroupStatus = self._answer("drain", input)
         return status
+
+    def durable_state(self) -> GroupState:
+        """The state as the last activation left it: what the scheduler's
+        healer rebuilds a stuck group from (workers/scheduler/healing/)."""
+        return self._core.state
 
     @workflow.query
     def status(self) -> GroupStatus:
@@ -451,7 +448,7 @@ class GroupWorkflow:
         return self._core.history(self._now())
 
     @workflow.query
-    def token_matches(self, input: JobInput) -> TokenCheck:
+    def token_matches(self, input: JobToken) -> TokenCheck:
         """Whether ``input.token_hash`` is the job's: node agents ask before a
         process joins the job's switches. A query, so it adds nothing to the
         history and changes nothing; hashes only, like every other message."""
@@ -463,48 +460,26 @@ def _continue_as_new_suggested() -> bool:
     return workflow.info().is_continue_as_new_suggested()
 
 
+def _visibility_of_this_run() -> int:
+    """What this run publishes outside (versions.VISIBILITY), asked of
+    Temporal when it starts: a run that began before the record replays on
+    the legacy path until it continues as new."""
+    version = newest_granted(versions.VISIBILITY_LEGACY, versions.visibility_patches())
+    if version == versions.VISIBILITY_LEGACY:
+        # Asked where the run's visibility was chosen, before the record.
+        workflow.deprecate_patch(versions.LEAN_SEARCH_ATTRIBUTES)
+    return version
+
+
 def _rules_of_a_new_group() -> int:
     """The rules a group decides by for as long as it runs: the newest this
     scheduler knows, asked of Temporal so that a group created by an older
     scheduler replays with the rules it was created with."""
-    if not workflow.patched(patches.POLICIES):
-        return RULES_LEGACY
-    if not workflow.patched(patches.ANTICIPATION):
-        return RULES_POLICIES
-    if not workflow.patched(patches.SWITCH_COSTS):
-        return RULES_ANTICIPATION
-    return RULES_OVERDUE_ASKS if workflow.patched(patches.OVERDUE_ASKS) else RULES_SWITCH_COSTS
+    return rules_created_with(workflow.patched)
 
 
-def _join(input: JoinInput) -> ev.Join:
-    return ev.Join(
-        input.job, input.nodes, input.token_hash, input.weight, input.priority, input.backfill
-    )
-
-
-def _acquire(input: AcquireInput) -> ev.Acquire:
-    return ev.Acquire(
-        job=input.job,
-        token_hash=input.token_hash,
-        request_id=input.request_id,
-        call_id=input.call_id,
-        trace_context=input.trace_context,
-        phase=input.phase,
-        yield_epoch=input.yield_epoch,
-    )
-
-
-def _keep_turn(input: KeepTurnInput) -> ev.KeepTurn:
-    return ev.KeepTurn(input.job, input.token_hash, input.epoch, input.phase)
-
-
-def _cancel(input: CancelAcquireInput) -> ev.CancelAcquire:
-    return ev.CancelAcquire(input.job, input.token_hash, input.request_id, input.call_id)
-
-
-def _yield(input: YieldInput) -> ev.Yield:
-    return ev.Yield(input.job, input.token_hash, input.epoch)
-
-
-def _job(input: JobInput) -> tuple[str, str]:
-    return input.job, input.token_hash
+def rules_created_with(patched: Callable[[str], bool]) -> int:
+    """The rules of a group created where ``patched`` says which patches
+    hold: Temporal's answer in the workflow, the markers of a history in
+    the scheduler's healer."""
+    return newest_granted(versions.RULES_LEGACY, versions.rules_patches(), patched)

@@ -1,6 +1,7 @@
-"""The group workflow's calls to node agents: one ``switch`` activity per
-node of an attempt, in parallel, on each node's task queue, reported to the
-core as one SwitchAttempted event; and ``release`` of a job that left."""
+"""The group workflow's calls to node agents, by reference to the agent's
+activities (activities/switch.py): one switch per node of an attempt, in
+parallel, on each node's task queue, reported to the core as one
+SwitchAttempted event; and the release of a job that left."""
 
 from __future__ import annotations
 
@@ -14,13 +15,10 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
+    from timeshare.activities.switch import SwitchActivities
     from timeshare.models import (
-        CHECKPOINT_FAILED,
-        HOOK_FAILED,
-        JOB_FAILED,
-        RESTORE_FAILED,
+        FailureKind,
         ReleaseInput,
-        ReleaseOutput,
         SwitchInput,
         SwitchOutput,
         SwitchPhase,
@@ -34,13 +32,6 @@ with workflow.unsafe.imports_passed_through():
 # A switch activity is retried by Temporal this often before the workflow
 # sees the failure, marks the group degraded and decides what to do.
 SWITCH_ATTEMPTS = 3
-# How a failed activity's type names what failed (scheduling/events.NodeFailed).
-FAILURE_KINDS = {
-    CHECKPOINT_FAILED: "checkpoint",
-    RESTORE_FAILED: "restore",
-    JOB_FAILED: "job-failed",
-    HOOK_FAILED: "hook",
-}
 
 
 def _retries() -> RetryPolicy:
@@ -122,8 +113,8 @@ async def _move(
     """One node's part of a switch: what it did, or why it failed."""
     agent_timeout = timedelta(seconds=state.policy.agent_timeout_seconds)
     try:
-        output: SwitchOutput = await workflow.execute_activity(
-            "switch",
+        output = await workflow.execute_activity_method(
+            SwitchActivities.switch,
             SwitchInput(
                 group=state.group,
                 epoch=plan.epoch,
@@ -135,7 +126,6 @@ async def _move(
                 gpus=state.policy.gpus,
                 incarnations=_incarnations(state, move),
             ),
-            result_type=SwitchOutput,
             **_on_node(move.node, agent_timeout),
             retry_policy=_retries(),
         )
@@ -148,11 +138,13 @@ def _failed(node: str, failure: ActivityError, agent_timeout: timedelta) -> Node
     cause = failure.cause
     if isinstance(cause, ActivityTimeoutError):
         reason = f"the node agent did not answer within {agent_timeout.seconds} s"
-        return NodeFailed(node=node, cause=reason, kind="unreachable")
-    if isinstance(cause, ApplicationError) and cause.type in FAILURE_KINDS:
+        return NodeFailed(node=node, cause=reason, kind=FailureKind.UNREACHABLE)
+    if isinstance(cause, ApplicationError):
         job = str(cause.details[0]) if cause.details else ""
-        return NodeFailed(node=node, cause=str(cause), kind=FAILURE_KINDS[cause.type], job=job)
-    return NodeFailed(node=node, cause=str(cause or failure), kind="other")
+        kind = FailureKind.of(cause.type)
+        named = kind != FailureKind.OTHER
+        return NodeFailed(node=node, cause=str(cause), kind=kind, job=job if named else "")
+    return NodeFailed(node=node, cause=str(cause or failure), kind=FailureKind.OTHER)
 
 
 def _incarnations(state: GroupState, move: StoredMove) -> dict[str, int]:
@@ -167,8 +159,8 @@ async def release(state: GroupState, release: Release) -> None:
     job, node = release.job, release.node
     agent_timeout = timedelta(seconds=state.policy.agent_timeout_seconds)
     try:
-        output: ReleaseOutput = await workflow.execute_activity(
-            "release",
+        output = await workflow.execute_activity_method(
+            SwitchActivities.release,
             ReleaseInput(
                 group=state.group,
                 job=job,
@@ -176,7 +168,6 @@ async def release(state: GroupState, release: Release) -> None:
                 gpus=state.policy.gpus,
                 incarnation=release.incarnation,
             ),
-            result_type=ReleaseOutput,
             **_on_node(node, agent_timeout),
             retry_policy=_retries(),
         )

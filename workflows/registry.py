@@ -21,7 +21,8 @@ from pydantic import BaseModel, Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from timeshare.models import DrainInput, NodeInfo, NodeRecord
+    from timeshare.models import NodeInfo, NodeRecord
+    from timeshare.scheduling.events import Drain
     from timeshare.workflows.ui_text import registry_details
 
 NODE_HEARTBEAT_SECONDS = 10.0
@@ -200,7 +201,7 @@ class NodeRegistryWorkflow:
             record.alive = False
 
     @workflow.signal
-    def set_drained(self, drain: DrainInput) -> None:
+    def set_drained(self, drain: Drain) -> None:
         record = self._nodes.get(drain.node)
         if record is not None:
             record.drained = drain.drained

@@ -19,16 +19,28 @@ stopped; a restore goes the other way round.
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from pydantic import BaseModel, Field
 
 from timeshare.activities.backends.processes import ProcessTable
 from timeshare.hooks.protocol import EvictMode
 from timeshare.models import BackendAction, DeviceBytes
+from timeshare.node.events import HostAsked
 
 if TYPE_CHECKING:
     from timeshare.activities.backends.hook_registry import HookRegistry
+
+
+class HostLedger(Protocol):
+    """Where a backend holds the host memory a checkpoint needs: the node's
+    core decides (timeshare/node/core.py), against every checkpoint under
+    way on the node whatever its group."""
+
+    def hold(self, asked: HostAsked) -> None:
+        """Hold it, or raise BackendError saying why not (nothing was moved)."""
+
+    def free(self, group: str, job: str) -> None: ...
 
 
 class BackendConfig(BaseModel):
@@ -241,6 +253,11 @@ class Backend(abc.ABC):
     def attach_hooks(self, hooks: HookRegistry) -> None:
         """Hand the backend the node's workload hook connections; only the
         app backend keeps them."""
+        return None
+
+    def attach_host_ledger(self, ledger: HostLedger) -> None:
+        """Hand the backend the node's host memory ledger; only backends that
+        move state into their processes' host memory (CUDA) ask it."""
         return None
 
     def describe(self) -> str:

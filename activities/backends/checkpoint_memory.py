@@ -26,10 +26,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from timeshare.activities.backends.base import BackendError, NoDeviceRoom
+from timeshare.activities.backends.base import BackendError, HostLedger, NoDeviceRoom
 from timeshare.activities.backends.cgroups import memory_room
 from timeshare.activities.backends.gpus import DeviceMemory, host_memory_available
 from timeshare.models import DeviceBytes
+from timeshare.node.commands import Refuse
+from timeshare.node.core import NodeCore
+from timeshare.node.events import HostAsked, HostDone
+from timeshare.node.state import NodeState
 
 GiB = 2**30
 JobKey = tuple[str, str]
@@ -81,45 +85,56 @@ def _gib(count: int) -> str:
     return f"{count / GiB:.1f} GiB"
 
 
+class OwnLedger:
+    """The ledger of a backend no agent handed one (a backend used on its
+    own): a node's core of its own decides, as an agent's would."""
+
+    def __init__(self, node: str) -> None:
+        self._core = NodeCore(NodeState(node=node))
+
+    def hold(self, asked: HostAsked) -> None:
+        for command in self._core.handle(asked):
+            if isinstance(command, Refuse):
+                raise BackendError(command.message)
+
+    def free(self, group: str, job: str) -> None:
+        self._core.handle(HostDone(group, job))
+
+
 class MemoryHeld:
-    """Host bytes held for checkpoints and device bytes for restores under
-    way on one node, per job, whatever its group."""
+    """Host bytes held for checkpoints (in the node's ledger: its core's
+    record) and device bytes for restores under way on one node, per job,
+    whatever its group."""
 
     def __init__(self, node: str) -> None:
         self.node = node
-        self._host: dict[JobKey, int] = {}
+        self.ledger: HostLedger = OwnLedger(node)
         self._device: dict[JobKey, DeviceBytes] = {}
 
     @contextlib.contextmanager
     def host_for(self, key: JobKey, needed: int, pids: list[int], parked: str) -> Iterator[None]:
-        """Hold ``needed`` host bytes for the job's checkpoint; refuse before
-        anything is locked if the node or the job's cgroup cannot take them,
-        rather than let an OOM killer pick a victim."""
+        """Hold ``needed`` host bytes for the job's checkpoint, read against
+        the node's MemAvailable and the memory limit of every cgroup of the
+        job's processes (the driver copies device memory into the process's
+        own host memory, charged to its container); the ledger refuses
+        (BackendError) before anything is locked where they cannot take it."""
         group, job = key
-        elsewhere = sum(count for other, count in self._host.items() if other != key)
-        available = host_memory_available() - elsewhere
-        if needed > available:
-            raise BackendError(
-                f"job {group}/{job} holds {_gib(needed)} of device memory but the host "
-                f"has {_gib(available)} available"
-                + (f" ({_gib(elsewhere)} more held by checkpoints under way)" if elsewhere else "")
-                + (f"; parked here already: {parked}" if parked else "")
-                + "; nothing was moved"
-            )  # fmt: skip
         limit = memory_room(pids)
-        if limit is not None and needed > limit.bytes:
-            raise BackendError(
-                f"job {group}/{job} holds {_gib(needed)} of device memory but the memory "
-                f"limit of its cgroup {limit.cgroup} ({limit.file} {_gib(limit.limit)}, "
-                f"{_gib(limit.used)} in use) leaves room for {_gib(limit.bytes)}; nothing was "
-                "moved: raise the container's memory limit by the job's device memory, or "
-                "run it with co-residency"
+        described = (
+            f"{limit.cgroup} ({limit.file} {_gib(limit.limit)}, {_gib(limit.used)} in use)"
+            if limit is not None
+            else ""
+        )
+        self.ledger.hold(
+            HostAsked(
+                group, job, needed, host_memory_available(),
+                room=limit.bytes if limit is not None else None, limit=described, parked=parked,
             )
-        self._host[key] = needed
+        )  # fmt: skip
         try:
             yield
         finally:
-            self._host.pop(key, None)
+            self.ledger.free(group, job)
 
     @contextlib.contextmanager
     def device_for(

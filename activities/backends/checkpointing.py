@@ -32,12 +32,11 @@ Rules:
   to end and reads the state again. Reads count as in flight too, and hung
   calls cannot take every thread (bounded_calls.py).
 - A checkpoint that leaves any CUDA process of the job on the device fails.
-- Host memory for a checkpoint is reserved before anything is locked, and
-  device memory for a restore before the driver is asked (checkpoint_memory.py);
-  a restore that does not fit is refused (NoDeviceRoom) and the job stays
-  parked, restorable. One the driver still fails for lack of memory can never
-  be restored on driver 580 (NVIDIA/cuda-checkpoint#44): the job is
-  failed (JobFailed) and never asked to restore again.
+- Host memory for a checkpoint is held before anything is locked (the node's
+  ledger), device memory for a restore before the driver is asked; a restore
+  that does not fit is refused (NoDeviceRoom) and the job stays parked. One
+  the driver still fails for lack of memory can never be restored on driver
+  580 (NVIDIA/cuda-checkpoint#44): the job fails (JobFailed) for good.
 - A job's footprint is read from NVML while it is on the device and is the
   one NVML showed at its checkpoint while parked. Memory NVML cannot tell
   (MIG, no accounting, a process it does not list) is unknown, never zero:
@@ -60,6 +59,7 @@ from timeshare.activities.backends.base import (
     Backend,
     BackendConfig,
     BackendError,
+    HostLedger,
     JobFailed,
     NoDeviceRoom,
     Released,
@@ -105,9 +105,8 @@ class ProcessCheckpointBackend(Backend):
         self.processes = ProcessTable()
         self.calls = BoundedCalls(self.call_timeout, stuck_limit)
         self.held = MemoryHeld(self.node)
-        # Each checkpointed job's device bytes per GPU, as NVML saw them
-        # (None: NVML could not tell), and the room its restore needs (where
-        # unknown, all that was in use on its GPUs).
+        # Each checkpointed job's device bytes per GPU as NVML saw them (None: it
+        # could not tell), and the room its restore needs (unknown: all in use).
         self._parked: dict[JobKey, DeviceBytes | None] = {}
         self._room: dict[JobKey, DeviceBytes] = {}
         # Jobs whose device memory NVML cannot tell, and why.
@@ -124,6 +123,9 @@ class ProcessCheckpointBackend(Backend):
 
     def attach(self, processes: ProcessTable) -> None:
         self.processes = processes
+
+    def attach_host_ledger(self, ledger: HostLedger) -> None:
+        self.held.ledger = ledger
 
     def gpus(self) -> list[str]:
         return node_gpus()
@@ -278,8 +280,7 @@ class ProcessCheckpointBackend(Backend):
         """Hold host memory for the device bytes about to move (per GPU)."""
         moving = self._noted_footprint(group, job, memory, pids)
         # Unknown per process: as much as is used on the GPUs it holds.
-        bounds = upper_bounds(memory, pids)
-        needed = sum(moving.values()) if moving is not None else sum(bounds.values())
+        needed = sum((moving if moving is not None else upper_bounds(memory, pids)).values())
         parked = ", ".join(
             f"{g}/{j} {sum((b or {}).values()) / GiB:.1f} GiB"
             for (g, j), b in sorted(self._parked.items())

@@ -9,8 +9,7 @@ from importlib.metadata import entry_points
 
 from timeshare.activities.backends.base import Backend, BackendConfig, BackendNotFound
 from timeshare.activities.backends.stacked import StackedBackend
-
-BACKEND_ENTRY_POINT_GROUP = "timeshare.backends"
+from timeshare.names import BACKEND_ENTRY_POINT_GROUP
 
 
 def available_backends() -> list[str]:

@@ -9,9 +9,9 @@ The table survives an agent restart: it is kept in a file beside the agent's
 socket, and on load keeps only processes that are the very ones registered
 (same id and same start time, so a reused process id is not taken for one).
 
-A job that left its group is marked released: its processes are never
-stopped again here, until it registers a new process or is admitted by a
-switch (it joined again)."""
+Whether a job that left its group was released here (its processes never
+stopped again until it is a member again) is the node's core's to say
+(timeshare/node/core.py): the table asks it (``decided_by``)."""
 
 from __future__ import annotations
 
@@ -138,13 +138,17 @@ class ProcessTable:
         self._pids: defaultdict[JobKey, set[int]] = defaultdict(set)
         # Jobs that registered processes here and have none left.
         self._gone: set[JobKey] = set()
-        # Of those, the ones that had not left their group, not yet taken by take_exited().
+        # Of those, the ones not yet taken by take_exited().
         self._exited: set[JobKey] = set()
-        # Called with (group, job) after each registration.
-        self.on_register: list[Callable[[str, str], None]] = []
+        # Called with (group, job, new) after each registration; ``new``: a
+        # process the table did not hold.
+        self.on_register: list[Callable[[str, str, bool], None]] = []
         self._state_path = state_path
         self._started: dict[int, str] = {}
-        self._released: set[JobKey] = set()
+        self._released_by: Callable[[str, str], bool] = _never
+        # Jobs a registrations file written before the node's record marked
+        # released: the agent's core starts from them.
+        self.released_at_load: set[JobKey] = set()
         if state_path is not None:
             self._load(state_path)
 
@@ -155,17 +159,14 @@ class ProcessTable:
                 raise RegistrationRefused(
                     f"process {pid} is registered to {key[0]}/{key[1]} already"
                 )
-        if pid not in self._pids[(group, job)]:
-            # A new process: the job is back (a registration that comes again
-            # after an agent restart changes nothing).
-            self._released.discard((group, job))
+        new = pid not in self._pids[(group, job)]
         self._pids[(group, job)].add(pid)
         self._started[pid] = start_time(pid)
         self._gone.discard((group, job))
         self._exited.discard((group, job))
         self._save()
         for listener in self.on_register:
-            listener(group, job)
+            listener(group, job, new)
 
     def groups(self) -> list[str]:
         self.forget_exited()
@@ -183,24 +184,18 @@ class ProcessTable:
             tree += [p for p in descendants(pid) if p not in tree and alive(p)]
         return tree
 
-    def released(self, group: str, job: str) -> bool:
-        return (group, job) in self._released
+    def decided_by(self, released: Callable[[str, str], bool]) -> None:
+        """Who says whether a job was released here (the node's core)."""
+        self._released_by = released
 
-    def mark_released(self, group: str, job: str, released: bool = True) -> None:
-        """Mark (or unmark) a job with processes registered here as released."""
-        if released == self.released(group, job) or not self._pids.get((group, job)):
-            return
-        if released:
-            self._released.add((group, job))
-        else:
-            self._released.discard((group, job))
-        self._save()
+    def released(self, group: str, job: str) -> bool:
+        """The job left its group and its processes here were let go."""
+        return self._released_by(group, job)
 
     def forget(self, group: str, job: str) -> list[int]:
         """Drop the job's registrations (its processes are no longer switched
         here); returns the registered processes that were dropped."""
         pids = sorted(self._pids.pop((group, job), set()))
-        self._released.discard((group, job))
         self._save()
         return pids
 
@@ -217,17 +212,14 @@ class ProcessTable:
             self._pids[key] = living
             if not living:
                 self._gone.add(key)
-                if key not in self._released:
-                    self._exited.add(key)
-                self._released.discard(key)
+                self._exited.add(key)
                 del self._pids[key]
         if changed:
             self._save()
 
     def take_exited(self) -> list[JobKey]:
         """The jobs whose registered processes have all exited here since the
-        last call, or before this agent started, while still in their group
-        (not released): each is returned once."""
+        last call, or before this agent started: each is returned once."""
         self.forget_exited()
         exited, self._exited = sorted(self._exited), set()
         return exited
@@ -243,13 +235,12 @@ class ProcessTable:
             for entry in entries:
                 pid, started = int(entry["pid"]), str(entry["started"])
                 key = (str(entry["group"]), str(entry["job"]))
-                if not entry.get("released"):
-                    exited.add(key)  # until one of its processes is found alive
+                exited.add(key)  # until one of its processes is found alive
+                if entry.get("released"):
+                    self.released_at_load.add(key)
                 if started and start_time(pid) == started:
                     self._pids[key].add(pid)
                     self._started[pid] = started
-                    if entry.get("released"):
-                        self._released.add(key)
         except (OSError, ValueError, TypeError, KeyError) as error:
             log.warning(
                 "registrations in %s are unreadable (%s); processes must register again",
@@ -269,7 +260,6 @@ class ProcessTable:
             return
         entries = [
             {"group": group, "job": job, "pid": pid, "started": self._started.get(pid, "")}
-            | ({"released": True} if (group, job) in self._released else {})
             for (group, job), pids in sorted(self._pids.items())
             for pid in sorted(pids)
         ]
@@ -289,3 +279,7 @@ class ProcessTable:
         return ", ".join(
             f"{group}/{job} {sorted(pids)}" for (group, job), pids in sorted(self._pids.items())
         )
+
+
+def _never(group: str, job: str) -> bool:
+    return False

@@ -38,7 +38,7 @@ from timeshare.activities.backends.base import (
     Released,
 )
 from timeshare.hooks.protocol import EvictMode
-from timeshare.models import BackendAction, DeviceBytes
+from timeshare.models import NOT_ENOUGH_HOST_MEMORY, BackendAction, DeviceBytes
 
 Location = Literal["running", "locked", "host", "failed"]
 JobKey = tuple[str, str]  # (group, job)
@@ -307,8 +307,8 @@ class SimBackend(Backend):
         if sum(parked.values()) + moving > self.host_bytes:
             held = ", ".join(f"{g}/{j} {b / GiB:g} GiB" for (g, j), b in sorted(parked.items()))
             raise BackendError(
-                f"job {group}/{job} holds {moving / GiB:g} GiB of simulated device memory but "
-                f"the simulated host of node {self.node} has "
+                f"{NOT_ENOUGH_HOST_MEMORY}: job {group}/{job} holds {moving / GiB:g} GiB of "
+                f"simulated device memory but the simulated host of node {self.node} has "
                 f"{(self.host_bytes - sum(parked.values())) / GiB:g} GiB left (parked: "
                 f"{held or 'nothing'}); nothing was moved"
             )

@@ -34,6 +34,7 @@ from timeshare.activities.backends.base import (
     Backend,
     BackendConfig,
     BackendNotFound,
+    HostLedger,
     Released,
 )
 from timeshare.activities.backends.hook_registry import HookRegistry
@@ -77,6 +78,10 @@ class StackedBackend(Backend):
     def attach_hooks(self, hooks: HookRegistry) -> None:
         for layer in self.layers:
             layer.attach_hooks(hooks)
+
+    def attach_host_ledger(self, ledger: HostLedger) -> None:
+        for layer in self.layers:
+            layer.attach_host_ledger(ledger)
 
     def describe(self) -> str:
         return " + ".join(layer.describe() for layer in self.layers)

@@ -1,5 +1,5 @@
 """The faults of the chaos runs: a SIGKILL (or a stop) of one process and
-its restart.
+its restart, or a condition of bench.parts.chaos_conditions for a while.
 
 - Random (``python -m bench chaos --minutes N``): the kind and the moment
   drawn by a seeded schedule, the part down for a drawn while; a killed job
@@ -20,33 +20,26 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from bench.parts import chaos_check as check
+from bench.parts.chaos_conditions import CONDITIONS, Chaos
 from bench.parts.chaos_pool import JobPool, JobSettings
+from bench.parts.fault import Fault
 from bench.parts.stack import running_stack
 from timeshare.models import GroupStatus
 from timeshare.testing import LocalStack, overlaps
 
-KINDS = ("scheduler", "gateway", "agent", "job", "temporal")
+# A SIGKILL of one part (and its restart), and the conditions of
+# bench.parts.chaos_conditions.
+KILLS = ("scheduler", "gateway", "agent", "job", "temporal")
+KINDS = (*KILLS, *CONDITIONS)
 # A part stays down this long before it is started again: longer than the
 # agent timeout sometimes (the switch fails and is planned again), shorter
 # than the lease by far (a live job keeps its place through the outage).
 DOWNTIME_SECONDS = (0.0, 8.0)
-
-
-@dataclass
-class Fault:
-    kind: str
-    target: str
-    at: float
-    # When the part was ready again (a replacement job starts at once).
-    back_at: float
-    # What came back, in words.
-    outcome: str
 
 
 def replicas(stack: LocalStack, kind: str) -> list[str]:
@@ -60,7 +53,10 @@ def replicas(stack: LocalStack, kind: str) -> list[str]:
     return [kind]
 
 
-def inject(kind: str, stack: LocalStack, pool: JobPool, rng: random.Random) -> Fault:
+def inject(kind: str, chaos: Chaos, rng: random.Random) -> Fault:
+    if kind in CONDITIONS:
+        return CONDITIONS[kind](chaos, rng)
+    stack, pool = chaos.stack, chaos.pool
     if kind == "job":
         victim = rng.choice(pool.running())
         at, replacement = pool.kill_and_replace(victim, rng)
@@ -88,7 +84,7 @@ GROUP = "faults"
 JOBS = [f"job-{i}" for i in range(4)]
 # How long the jobs keep asking for turns; the fault comes within the first
 # seconds, and a job waiting when it ends still gets its turn.
-ASKING_SECONDS = 10.0
+ASKING_SECONDS = 7.0
 HOLDER_AND_WAITER = "holder and a waiter killed"
 
 

@@ -40,8 +40,8 @@ def join_afresh(
     deadline = time.monotonic() + JOIN_RETRY_SECONDS
     while True:
         try:
-            client.join(group, job, nodes, policy).leave()
-            return client.join(group, job, nodes, policy)
+            client.join(group, job, nodes=nodes, policy=policy).leave()
+            return client.join(group, job, nodes=nodes, policy=policy)
         except Unavailable:
             if time.monotonic() > deadline:
                 raise

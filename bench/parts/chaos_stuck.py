@@ -1,7 +1,8 @@
-"""Why a group was stuck at the end of a chaos run: the nondeterminism errors
-the scheduler workers logged, and the group's history saved beside the run's
-records, where `tests/integration/test_replay.py`'s replayer (or `temporal workflow
-show`) can read it, before the stack and its Temporal stop."""
+"""Why a group was stuck at the end of a chaos run, and which groups healed
+on the way: the nondeterminism errors the scheduler workers logged, the
+heals they logged, and a stuck group's history saved beside the run's
+records, where `tests/integration/test_replay.py`'s replayer (or `temporal
+workflow show`) can read it, before the stack and its Temporal stop."""
 
 from __future__ import annotations
 
@@ -18,12 +19,10 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 NONDETERMINISM = re.compile(
     r'message: "(?P<message>(?:[^"\\]|\\.)*Nondeterminism error(?:[^"\\]|\\.)*)"'
 )
-# What the known SDK bug (docs/reliability.md, "Limits") says on replay.
-SDK_BUG_SIGN = "Update machine does not handle this event"
-SDK_BUG_HINT = (
-    "the known SDK bug (docs/reliability.md, 'A known SDK bug can leave a group stuck'); "
-    "compare the saved history with tests/histories/sdk-bugs/"
-)
+# What a scheduler logs when it heals a group, or holds a heal off a while
+# (timeshare.workers.scheduler.healing.healer).
+HEALED = re.compile(r"group (?P<group>\S+) (?P<what>healed: .*|heals again in .*)")
+HEALED_RUN = re.compile(r" healed: run (\S+)")
 
 
 def nondeterminism_errors(log_text: str) -> list[str]:
@@ -38,14 +37,25 @@ def nondeterminism_errors(log_text: str) -> list[str]:
 
 def explain(logs: list[Path]) -> list[str]:
     """What the schedulers' logs say about failed workflow tasks, one line each."""
-    lines = []
-    for path in logs:
-        if not path.exists():
-            continue
-        for message in nondeterminism_errors(path.read_text(errors="replace")):
-            hint = f" ({SDK_BUG_HINT})" if SDK_BUG_SIGN in message else ""
-            lines.append(f"{path.name}: {message}{hint}")
-    return lines
+    return [f"{name}: {message}" for name, text in _read(logs)
+            for message in nondeterminism_errors(text)]  # fmt: skip
+
+
+def heals(logs: list[Path]) -> list[str]:
+    """Each group a scheduler healed, or found it could not, one line each."""
+    return [f"{name}: {found.group('group')} {found.group('what')[:300]}"
+            for name, text in _read(logs) for found in HEALED.finditer(text)]  # fmt: skip
+
+
+def heals_made(lines: list[str]) -> int:
+    """How many runs were healed: two schedulers that heal one failed run
+    start the one new run (new_run.start_healed_run), and both log it."""
+    return len({found.group(1) for line in lines if (found := HEALED_RUN.search(line))})
+
+
+def _read(logs: list[Path]) -> list[tuple[str, str]]:
+    """Each log that exists, by name, its colours taken out."""
+    return [(p.name, ANSI.sub("", p.read_text(errors="replace"))) for p in logs if p.exists()]
 
 
 async def _save_all(address: str, groups: list[str], workdir: Path) -> list[str]:
@@ -68,28 +78,3 @@ async def _save_all(address: str, groups: list[str], workdir: Path) -> list[str]
 def save_histories(address: str, groups: list[str], workdir: Path) -> list[str]:
     """Save each group's history; one line each saying where, or why not."""
     return asyncio.run(_save_all(address, groups, workdir))
-
-
-def only_the_known_sdk_bug(report: list[str]) -> bool:
-    """Whether a chaos run's report (its printed lines) failed only by groups
-    stuck on the known SDK bug: each nondeterminism error logged is the bug's,
-    and every lost acquire and every live job's error is in a stuck group.
-    A double grant, an overlap or a part that exited by itself is never this."""
-    stuck = {line.split(": ")[1] for line in report if line.startswith("stuck groups: ")}
-    errors = [line.split(": ", 2)[2] for line in report if line.startswith("why stuck: ")]
-    errors = [e for e in errors if "Nondeterminism error" in e]
-    in_stuck = all(
-        line.split(": ")[1].split("/")[0] in stuck
-        for line in report
-        if line.startswith(("lost acquires: ", "errors of live jobs: "))
-    )
-    others = any(line.startswith(("double grants: ", "parts that exited")) for line in report)
-    last = dict(item.split("=", 1) for item in report[-1].split()) if report else {}
-    return (
-        bool(stuck and errors)
-        and all(SDK_BUG_SIGN in e for e in errors)
-        and in_stuck
-        and not others
-        and last.get("double_grants") == "0"
-        and last.get("overlaps") == "0"
-    )

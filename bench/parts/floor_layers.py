@@ -8,7 +8,7 @@ side each worker's CPU is its own layer's.
   and an update awaiting one activity on another task queue (what a
   one-node switch costs at least); with ``publishes`` also the search
   attribute upserts a hand-over makes for the turn watch.
-- ``shape``: the switch protocol (docs/user-guide.md) and nothing else,
+- ``shape``: the switch protocol (docs/guide/taking-turns.md) and nothing else,
   strings in and out: the waiter's acquire stays open until its grant, the
   holder's yield returns at once, then one activity (the switch) and the
   grant, in that same workflow task.
@@ -36,22 +36,20 @@ from temporalio.worker import Worker
 
 with workflow.unsafe.imports_passed_through():
     from timeshare.models import (
-        AcquireInput,
         AcquireResult,
         BackendAction,
         Grant,
         GroupPolicy,
-        JoinInput,
         NodeMove,
         ReleaseInput,
         ReleaseOutput,
         SwitchInput,
         SwitchOutput,
-        YieldInput,
         YieldOutput,
     )
     from timeshare.names import group_workflow_id, node_task_queue
-    from timeshare.workers.gateway.turn_watch import WATCH_POLL_MEMO, poll_seconds
+    from timeshare.scheduling import events as ev
+    from timeshare.scheduling.watch import MEMO_KEY, WatchRecord
     from timeshare.workflows.group import GroupInput, GroupWorkflow
     from timeshare.workflows.visibility import HOLDER, QUEUE_DEPTH
 
@@ -71,8 +69,8 @@ async def floor_noop() -> None:
     return None
 
 
-@activity.defn(name="switch")
-async def floor_switch(input: SwitchInput) -> SwitchOutput:
+@activity.defn
+async def switch(input: SwitchInput) -> SwitchOutput:
     """The switch of the typed layers and of the group's node: nothing moves,
     and the answer has the shape of the sim backend's for a zero-byte switch
     (activities/backends/sim.py: a checkpoint per job evicted, a restore of
@@ -84,8 +82,8 @@ async def floor_switch(input: SwitchInput) -> SwitchOutput:
     return SwitchOutput(node=move.node, backend="none", actions=actions)
 
 
-@activity.defn(name="release")
-async def floor_release(input: ReleaseInput) -> ReleaseOutput:
+@activity.defn
+async def release(input: ReleaseInput) -> ReleaseOutput:
     return ReleaseOutput(node="", job=input.job)
 
 
@@ -147,7 +145,7 @@ class HandOverFloorWorkflow:
         self._publishes = publishes
         self._holder = ""
         self._last_holder = ""
-        self._waiting: list[AcquireInput | str] = []
+        self._waiting: list[ev.Acquire | str] = []
         self._grants: dict[str, Grant] = {}
         self._epoch = 0
         self._done = False
@@ -172,10 +170,10 @@ class HandOverFloorWorkflow:
             # As a group's one-job GPU: the last holder leaves it.
             evict = [self._last_holder] if self._last_holder else []
             move = NodeMove(node="floor-node", admit=request.job, evict=evict)
-            output: SwitchOutput = await workflow.execute_activity(
-                "switch",
+            output = await workflow.execute_activity(
+                switch,
                 SwitchInput(group=workflow.info().workflow_id, epoch=self._epoch + 1, move=move),
-                result_type=SwitchOutput, task_queue=queue, start_to_close_timeout=SWITCH_TIMEOUT,
+                task_queue=queue, start_to_close_timeout=SWITCH_TIMEOUT,
             )  # fmt: skip
             self._waiting.pop(0)
             self._epoch += 1
@@ -190,7 +188,7 @@ class HandOverFloorWorkflow:
                 workflow.upsert_search_attributes([HOLDER.value_set(request.job), depth])
 
     @workflow.update
-    async def acquire(self, input: AcquireInput | str) -> AcquireResult | None:
+    async def acquire(self, input: ev.Acquire | str) -> AcquireResult | None:
         self._waiting.append(input)
         if self._publishes:
             workflow.upsert_search_attributes([QUEUE_DEPTH.value_set(len(self._waiting))])
@@ -199,7 +197,7 @@ class HandOverFloorWorkflow:
         return None if isinstance(input, str) else AcquireResult(grant=self._grants[job])
 
     @workflow.update(name="yield")
-    def yield_turn(self, input: YieldInput | str) -> YieldOutput | None:
+    def yield_turn(self, input: ev.Yield | str) -> YieldOutput | None:
         if self._holder == (input if isinstance(input, str) else input.job):
             self._holder = ""
         return None if isinstance(input, str) else YieldOutput(held_seconds=0.0)
@@ -219,7 +217,7 @@ class Held:
 
 async def _typed_acquire(handle: WorkflowHandle[Any, Any], job: str) -> Grant:
     while True:  # a GroupWorkflow answers "still waiting" after each wait slice
-        request = AcquireInput(job=job, token_hash=TOKEN_HASH, request_id=uuid.uuid4().hex)
+        request = ev.Acquire(job=job, token_hash=TOKEN_HASH, request_id=uuid.uuid4().hex)
         result: AcquireResult = await handle.execute_update(
             "acquire", request, result_type=AcquireResult
         )
@@ -252,10 +250,10 @@ class Layer:
 
     def activity_worker(self, client: Client, concurrency: int) -> Worker:
         if self.kind == "group":
-            activities: list[Callable[..., Any]] = [floor_switch, floor_release]
+            activities: list[Callable[..., Any]] = [switch, release]
             queue = node_task_queue(self.node)
         else:
-            activities = [floor_switch] if self.typed else [floor_noop]
+            activities = [switch] if self.typed else [floor_noop]
             queue = activity_queue(self.task_queue)
         return Worker(
             client, task_queue=queue, activities=activities, max_concurrent_activities=concurrency
@@ -276,10 +274,10 @@ class Layer:
             GroupInput(group=name, policy=policy),
             id=group_workflow_id(name),
             task_queue=self.task_queue,
-            memo={WATCH_POLL_MEMO: poll_seconds(policy)},
+            memo={MEMO_KEY: WatchRecord.for_policy(policy)},
         )
         for job in JOBS:
-            join = JoinInput(job=job, nodes=[self.node], token_hash=TOKEN_HASH)
+            join = ev.Join(job=job, nodes=[self.node], token_hash=TOKEN_HASH)
             await handle.execute_update(GroupWorkflow.join, join)
         return handle
 
@@ -307,7 +305,7 @@ class Layer:
             await asyncio.sleep(max(0.0, yield_at - time.monotonic()))
             if holder is not None:
                 given_back: object = (
-                    YieldInput(job=holder.job, token_hash=TOKEN_HASH, epoch=holder.epoch)
+                    ev.Yield(job=holder.job, token_hash=TOKEN_HASH, epoch=holder.epoch)
                     if self.typed
                     else holder.job
                 )

@@ -96,7 +96,7 @@ async def _join_spread(
     for offset, group, job in offsets:
         await asyncio.sleep(max(0.0, started + offset - time.monotonic()))
         own = policy.model_copy(update={"gpus": [gpus[group]]})
-        jobs.append(await client.join(group, job, [node], own))
+        jobs.append(await client.join(group, job, nodes=[node], policy=own))
     return jobs
 
 

@@ -168,7 +168,8 @@ async def run_load(
         def joiner(g: int, j: int) -> Callable[[], Awaitable[timeshare.aio.Job]]:
             client = clients[(g * jobs_per_group + j) % len(clients)]
             # Each group has a simulated GPU of its own: a GPU is one group's at a time.
-            return lambda: client.join(names[g], f"job-{j}", [node], GroupPolicy(gpus=[g]))
+            return lambda: client.join(names[g], f"job-{j}", nodes=[node],
+                                       policy=GroupPolicy(gpus=[g]))  # fmt: skip
 
         joined = await bounded([joiner(g, j) for g in range(groups) for j in range(jobs_per_group)])
         members = [joined[g * jobs_per_group : (g + 1) * jobs_per_group] for g in range(groups)]

@@ -1,7 +1,8 @@
 """What Temporal's server does for a load: its own Prometheus counters of
-requests to each of its services and to its store (`temporal server
-start-dev --metrics-port`, which timeshare.testing.stack turns on), read before and
-after a window, so a benchmark can say what one hand-over costs the server.
+requests to each of its services, to its store and to its visibility store
+(`temporal server start-dev --metrics-port`, which timeshare.testing.stack
+turns on), read before and after a window, so a benchmark can say what one
+hand-over costs the server.
 
 The dev server runs every service in one process, so one client call counts
 in each service it passes through (an update: frontend, then history); the
@@ -17,7 +18,9 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-SAMPLE = re.compile(r"^(service_requests|persistence_requests)\{([^}]*)\} (\S+)$")
+SAMPLE = re.compile(
+    r"^(service_requests|persistence_requests|visibility_persistence_requests)\{([^}]*)\} (\S+)$"
+)
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 # (metric, service, operation)
 Key = tuple[str, str, str]
@@ -72,6 +75,9 @@ class TemporalOperations:
             for (m, s, _), n in self.counts.items()
             if m == metric and (not service or s == service)
         )
+
+    def count(self, metric: str, service: str, operation: str) -> int:
+        return self.counts[(metric, service, operation)]
 
     def rows(self, per: int, most: int = 14) -> list[list[str]]:
         """The busiest operations: [metric, service, operation, count per ``per`` events]."""

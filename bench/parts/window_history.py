@@ -2,18 +2,22 @@
 measured window, how many workflow tasks, updates, activities, timers and
 upserts a hand-over costs Temporal and the scheduler (to set beside the
 floor's three workflow tasks: a trivial update, and an update awaiting one
-activity); and which worker completed each workflow task."""
+activity), what woke each workflow task and what was written to the
+visibility store (bench.parts.handover_kinds); and which worker completed
+each workflow task."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 
+from bench.parts.handover_kinds import task_causes, visibility_writes
 from bench.parts.scale_load import LoadResult, bounded
 from timeshare.names import group_workflow_id
 
@@ -37,6 +41,21 @@ def task_worker(event: HistoryEvent) -> str | None:
     return event.workflow_task_completed_event_attributes.identity
 
 
+def recorded_at(event: HistoryEvent) -> float:
+    """When Temporal recorded the event, Unix seconds."""
+    return event.event_time.ToMicroseconds() / 1e6
+
+
+async def histories(client: Client, groups: list[str]) -> list[list[HistoryEvent]]:
+    """Each group's history, in the order of ``groups``."""
+
+    async def one(group: str) -> list[HistoryEvent]:
+        handle = client.get_workflow_handle(group_workflow_id(group))
+        return [event async for event in handle.fetch_history_events()]
+
+    return await bounded([partial(one, group) for group in groups])
+
+
 async def count_events(
     client: Client,
     groups: list[str],
@@ -46,24 +65,29 @@ async def count_events(
     """The groups' events between the window's start and end (Unix
     seconds), counted by ``key`` (None: not counted)."""
     start, end = window
+    return Counter(
+        counted
+        for events in await histories(client, groups)
+        for event in events
+        if start <= recorded_at(event) <= end and (counted := key(event)) is not None
+    )
 
-    async def one(group: str) -> Counter[str]:
-        handle = client.get_workflow_handle(group_workflow_id(group))
-        return Counter(
-            [
-                counted
-                async for event in handle.fetch_history_events()
-                if start <= event.event_time.ToMicroseconds() / 1e6 <= end
-                and (counted := key(event)) is not None
-            ]
-        )
 
-    counts: Counter[str] = Counter()
-    for group_counts in await bounded([partial(one, group) for group in groups]):
-        counts.update(group_counts)
+@dataclass
+class WindowCounts:
+    """What the load's groups wrote between the window's start and end: events
+    by type, workflow tasks by cause, visibility writes by kind."""
+
+    events: Counter[str]
+    causes: Counter[str]
+    visibility: Counter[str]
+
+
+async def window_counts(client: Client, result: LoadResult) -> WindowCounts:
+    start, end = result.window
+    counts = WindowCounts(Counter(), Counter(), Counter())
+    for events in await histories(client, result.group_names):
+        counts.events.update(event_name(e) for e in events if start <= recorded_at(e) <= end)
+        counts.causes.update(task_causes(events, start, end))
+        counts.visibility.update(visibility_writes(events, start, end))
     return counts
-
-
-async def window_events(client: Client, result: LoadResult) -> Counter[str]:
-    """Events the load's groups wrote between the window's start and end."""
-    return await count_events(client, result.group_names, event_name, result.window)

@@ -5,8 +5,9 @@
 # processes were killed. The agent drops registered processes by itself once
 # they exit (its socket has no request to forget them), and the scheduler
 # drops a job whose processes are all gone at the next switch on its nodes.
-# What would remain is the job's place in its group until its lease runs out,
-# so this evicts the job, by the name the TaskProlog gave it (slurm-<job id>),
+# What would remain is the job's place in its group until its lease runs out
+# (for a job that held no turn, idle_lease_seconds: an hour by default), so
+# this evicts the job, by the name the TaskProlog gave it (slurm-<job id>),
 # from whichever group holds it. Every node of a job does so; eviction is
 # idempotent.
 #

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     policy = GroupPolicy(backfill_grace_seconds=args.grace_seconds, co_residency=args.co_residency)
     nodes = args.nodes.split(",") if args.nodes else None
     with timeshare.connect(args.address) as client:
-        job = client.join(args.group, args.job, nodes, policy=policy, backfill=True)
+        job = client.join(args.group, args.job, nodes=nodes, policy=policy, backfill=True)
         # The agent puts the engine to sleep (weights to host memory) before a
         # regular job's turn, and wakes it when the GPUs are free again.
         hooks = serve_hooks(VllmHooks(engine), args.group, args.job, mode="offload")

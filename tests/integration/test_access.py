@@ -88,8 +88,8 @@ async def test_another_jobs_token_is_permission_denied(
     await sim_nodes.start(node)
     api = timeshare.aio.connect(gateway)
     try:
-        a = await api.join(group, "a", [node])
-        b = await api.join(group, "b", [node])
+        a = await api.join(group, "a", nodes=[node])
+        b = await api.join(group, "b", nodes=[node])
         before = await api.get_group(group)
         async with grpc.aio.insecure_channel(gateway) as channel:
             stub = pb_grpc.TimeSlicerStub(channel)
@@ -124,14 +124,14 @@ async def test_bearer_tokens_are_scoped_to_groups(
     stranger = timeshare.aio.connect(address, token="not-a-known-token-at-all")
     try:
         with pytest.raises(errors.Unauthenticated, match="TIMESHARE_TOKEN"):
-            await nobody.join(group, "a", [node])
+            await nobody.join(group, "a", nodes=[node])
         with pytest.raises(errors.Unauthenticated):
             await stranger.get_group(group)
-        job = await team.join(group, "a", [node])
+        job = await team.join(group, "a", nodes=[node])
         async with job.turn():
             pass
         with pytest.raises(errors.PermissionDenied, match="may not use group"):
-            await team.join(f"other-{unique}", "a", [node])
+            await team.join(f"other-{unique}", "a", nodes=[node])
         with pytest.raises(errors.PermissionDenied, match="operator"):
             await team.pause(group)
         with pytest.raises(errors.PermissionDenied, match="operator"):
@@ -214,7 +214,7 @@ async def test_the_group_limit_refuses_new_groups_only(
     node = f"n-{unique}"
     await sim_nodes.start(node)
     api = timeshare.aio.connect(gateway)
-    await api.join(f"g-{unique}", "a", [node])
+    await api.join(f"g-{unique}", "a", nodes=[node])
 
     async def counted() -> bool:  # visibility lags the new workflow
         return await count_running_groups(client) >= 1
@@ -223,9 +223,9 @@ async def test_the_group_limit_refuses_new_groups_only(
     limited = await start_gateway(temporal_address, max_groups=1)
     small = timeshare.aio.connect(limited.address)
     try:
-        await small.join(f"g-{unique}", "b", [node])
+        await small.join(f"g-{unique}", "b", nodes=[node])
         with pytest.raises(errors.TimeshareError) as refused:
-            await small.join(f"new-{unique}", "a", [node])
+            await small.join(f"new-{unique}", "a", nodes=[node])
         assert refused.value.code == "RESOURCE_EXHAUSTED"
         assert "--max-groups" in refused.value.message
     finally:

@@ -8,7 +8,6 @@ decisions are in tests/unit/test_backfill.py."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 from temporalio.client import Client
@@ -24,9 +23,9 @@ from timeshare.activities.backends.base import BackendConfig
 from timeshare.errors import Aborted
 from timeshare.models import GroupPolicy
 from timeshare.names import group_workflow_id
+from timeshare.scheduling.watch import MEMO_KEY, WatchRecord
 from timeshare.synthetic import BACKFILL_PHASE, SyntheticJobSpec, run_synthetic_job
 from timeshare.workflows.group import GroupWorkflow
-from timeshare.workflows.visibility import BACKFILL_WAITING_MEMO, BACKFILL_YIELD_AT_MEMO
 
 # How long the regular job takes to ask again after its turn, in the test of
 # switch-cost-aware admission.
@@ -45,12 +44,12 @@ async def test_a_backfill_job_that_does_not_yield_is_preempted_and_the_regular_j
 ) -> None:
     group, node = await group_on_a_sim_node(sim_nodes, unique)
     policy = GroupPolicy(backfill_grace_seconds=1.0, co_residency="off")
-    backfill = await api.join(group, "bf", [node], policy=policy, backfill=True)
-    regular = await api.join(group, "a", [node])
+    backfill = await api.join(group, "bf", nodes=[node], policy=policy, backfill=True)
+    regular = await api.join(group, "a", nodes=[node])
 
     def join_from_the_blocking_client() -> dict[str, bool]:
         with timeshare.connect(gateway) as client:
-            other = client.join(group, "bf-sync", [node], backfill=True)
+            other = client.join(group, "bf-sync", nodes=[node], backfill=True)
             jobs = {j.job: j.backfill for j in client.get_group(group).jobs}
             other.leave()
             return jobs
@@ -90,8 +89,8 @@ async def test_a_backfill_job_moved_only_by_its_hooks_is_evicted_after_the_grace
     group, node = f"g-{unique}", f"n-{unique}"
     await sim_nodes.start_backend(node, AppBackend(BackendConfig(node=node)))
     policy = GroupPolicy(backfill_grace_seconds=1.0)
-    backfill = await api.join(group, "bf", [node], policy=policy, backfill=True)
-    regular = await api.join(group, "a", [node])
+    backfill = await api.join(group, "bf", nodes=[node], policy=policy, backfill=True)
+    regular = await api.join(group, "a", nodes=[node])
     await backfill.acquire()
     granted = await asyncio.wait_for(regular.acquire(), timeout=60)
     status = await api.get_group(group)
@@ -144,8 +143,8 @@ async def test_a_backfill_job_waits_out_a_gap_shorter_than_its_switches_and_the_
     passed unasked (the group's timer, not a message, looks again)."""
     group, node = await group_on_a_sim_node(sim_nodes, unique)
     policy = GroupPolicy(co_residency="off", prefetch="off", switch_cost_seconds=5.0)
-    regular = await api.join(group, "a", [node], policy=policy)
-    backfill = await api.join(group, "bf", [node], backfill=True)
+    regular = await api.join(group, "a", nodes=[node], policy=policy)
+    backfill = await api.join(group, "bf", nodes=[node], backfill=True)
     await regular.acquire()
     await regular.yield_()
     await asyncio.sleep(ASK_GAP_SECONDS)
@@ -175,12 +174,13 @@ async def test_the_group_publishes_its_backfill_waiters_and_when_it_will_ask_its
     backfill holder is to be asked to yield ahead of a predicted request."""
     group, node = await group_on_a_sim_node(sim_nodes, unique)
     policy = GroupPolicy(co_residency="off", prefetch="off", switch_cost_seconds=0.001)
-    regular = await api.join(group, "a", [node], policy=policy)
-    backfill = await api.join(group, "bf", [node], backfill=True)
+    regular = await api.join(group, "a", nodes=[node], policy=policy)
+    backfill = await api.join(group, "bf", nodes=[node], backfill=True)
     handle = client.get_workflow_handle(group_workflow_id(group))
 
-    async def memo(key: str) -> Any:
-        return await (await handle.describe()).memo_value(key, None)
+    async def record() -> WatchRecord:
+        description = await handle.describe()
+        return await description.memo_value(MEMO_KEY, type_hint=WatchRecord)
 
     await regular.acquire()
     await regular.yield_()
@@ -193,19 +193,19 @@ async def test_the_group_publishes_its_backfill_waiters_and_when_it_will_ask_its
     waiting = asyncio.create_task(backfill.acquire())
 
     async def one_backfill_waiter() -> bool:
-        return bool(await memo(BACKFILL_WAITING_MEMO) == 1)
+        return (await record()).backfill_waiting == 1
 
     await wait_until_async(one_backfill_waiter, "the group to publish its backfill waiter")
     await regular.yield_()
     turn = await waiting  # a's next request is predicted a gap away
 
     async def yield_moment_published() -> bool:
-        return bool((await memo(BACKFILL_YIELD_AT_MEMO) or [0, 0.0])[0] == turn.epoch)
+        return (await record()).yield_asked[0] == turn.epoch
 
     await wait_until_async(yield_moment_published, "the group to publish when bf is asked")
-    _, at = await memo(BACKFILL_YIELD_AT_MEMO)
-    assert turn.granted_at < at
-    assert await memo(BACKFILL_WAITING_MEMO) == 0
+    published = await record()
+    assert turn.granted_at < published.yield_asked[1]
+    assert published.backfill_waiting == 0
     await backfill.yield_()
     await backfill.leave()
     await regular.leave()

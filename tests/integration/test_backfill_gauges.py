@@ -11,8 +11,9 @@ from temporalio.client import Client
 from temporalio.runtime import MetricBuffer
 
 from tests.conftest import SimNodes
-from tests.groups import acquire, metered_group, release
-from timeshare.models import GroupPolicy, JoinInput
+from tests.groups import acquire, metered_group, yield_turn
+from timeshare.models import GroupPolicy
+from timeshare.scheduling import events as ev
 from timeshare.workflows.backfill_gauges import GAUGES
 from timeshare.workflows.group import GroupWorkflow
 
@@ -28,12 +29,12 @@ async def test_a_preempted_backfill_job_shows_in_the_backfill_gauges(
     policy = GroupPolicy(backfill_grace_seconds=GRACE, co_residency="off")
     async with metered_group(client, buffer, group, policy, queue) as handle:
         for job, backfill in (("bf", True), ("a", False)):
-            joined = JoinInput(job=job, nodes=[node], token_hash=f"hash-{job}", backfill=backfill)
+            joined = ev.Join(job=job, nodes=[node], token_hash=f"hash-{job}", backfill=backfill)
             await handle.execute_update(GroupWorkflow.join, joined)
         await acquire(handle, "bf")
         # bf never yields: after the grace it is preempted and a granted.
         grant = await asyncio.wait_for(acquire(handle, "a"), timeout=60)
-        await release(handle, "a", grant.epoch)
+        await yield_turn(handle, "a", grant.epoch)
         status = await handle.query(GroupWorkflow.status)
         assert status.preemptions == 1
     last: dict[str, float] = {}

@@ -47,7 +47,7 @@ from timeshare.gpu_check.emulator.rig import (
     process_state,
     start_worker,
 )
-from timeshare.models import CHECKPOINT_FAILED, NodeInfo, NodeRecord
+from timeshare.models import FailureKind, NodeInfo, NodeRecord
 from timeshare.status import nodes_table
 from timeshare.workers.agent.serve import node_info
 
@@ -386,7 +386,7 @@ async def test_a_switch_whose_checkpoint_outlives_the_call_timeout_fails_as_unkn
     emulator.add_fault(emu.state_dir, job.pids[0], "checkpoint", "hang")
     with pytest.raises(ApplicationError) as failed:
         await ActivityEnvironment().run(agent.switch, switch_input("g", "b", 1, ["a"]))
-    assert failed.value.type == CHECKPOINT_FAILED and "unknown" in failed.value.message
+    assert failed.value.type == FailureKind.CHECKPOINT and "unknown" in failed.value.message
     emulator.clear_faults(emu.state_dir)
     wait_until(lambda: emu.state(job.pids[0]) == (0, CHECKPOINTED), "the hung call to end")
     assert [s for s in (RUNNING, LOCKED) if s == emu.state(job.pids[0])[1]] == []

@@ -31,10 +31,16 @@ def assert_one_line_failure(result: subprocess.CompletedProcess[str], *words: st
 
 
 def test_workers_say_when_temporal_is_unreachable() -> None:
+    """Each waits for it (tests/integration/test_waiting_for_temporal.py), says
+    so once, and after --temporal-wait ends with one line saying why."""
     closed = f"127.0.0.1:{free_port()}"
     for command in (["scheduler"], ["gateway", f"--listen=127.0.0.1:{free_port()}"], ["agent"]):
-        result = run(*command, f"--temporal={closed}")
-        assert_one_line_failure(result, "cannot reach Temporal", closed, "timeshare temporal")
+        result = run(*command, f"--temporal={closed}", "--temporal-wait=1")
+        waiting, failure = result.stderr.strip().splitlines()
+        assert "waiting for Temporal" in waiting and "--temporal-wait" in waiting
+        assert result.returncode != 0
+        for words in ("cannot reach Temporal", closed, "timeshare temporal", "waited"):
+            assert words in failure, failure
 
 
 def test_up_refuses_a_port_in_use(tmp_path: object) -> None:
@@ -49,7 +55,8 @@ def test_up_refuses_a_port_in_use(tmp_path: object) -> None:
 
 def test_unknown_backend_names_the_known_ones() -> None:
     result = run("agent", "--backend=nope", f"--temporal=127.0.0.1:{free_port()}")
-    assert_one_line_failure(result, "unknown backend 'nope'", "sim")
+    assert_one_line_failure(result, "there is no backend 'nope'", "sim")
+    assert result.returncode == 2  # refused while the command line is read
 
 
 def test_bad_node_name_is_refused() -> None:

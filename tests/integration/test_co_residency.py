@@ -11,7 +11,7 @@ from __future__ import annotations
 from temporalio.client import Client
 
 from tests.conftest import SimNodes
-from tests.groups import acquire, join, release
+from tests.groups import acquire, join, yield_turn
 from tests.unit.test_co_residency import STATE
 from timeshare.activities.backends.sim import SimBackend
 from timeshare.models import GroupPolicy
@@ -33,7 +33,7 @@ async def take_turns(client: Client, sim_nodes: SimNodes, unique: str, room_for:
     for turn in range(HANDOVERS + 1):
         job = "ab"[turn % 2]
         grant = await acquire(handle, job)
-        await release(handle, job, grant.epoch)
+        await yield_turn(handle, job, grant.epoch)
     assert grant.epoch == HANDOVERS + 1
     assert overlaps(backend.events) == 0
     return backend

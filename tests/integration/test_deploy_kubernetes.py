@@ -485,3 +485,14 @@ def test_example_jobs_share_one_claim_and_reach_the_agent(monkeypatch: pytest.Mo
         seen_jobs.add(args.job)
         seen_groups.add(args.group)
     assert len(seen_jobs) == 2 and len(seen_groups) == 1
+
+
+@needs_kubectl
+def test_the_fleet_overlay_adds_schedulers_and_gateways_to_the_whole_base() -> None:
+    objects = render("overlays/fleet-1000")
+    base_names = {(o["kind"], o["metadata"]["name"]) for o in render(".")}
+    assert base_names <= {(o["kind"], o["metadata"]["name"]) for o in objects}
+    for name, replicas in (("timeshare-scheduler", 4), ("timeshare-gateway", 3)):
+        deployment = one(objects, "Deployment", name)
+        assert deployment["spec"]["replicas"] == replicas
+        assert container(deployment)["resources"]["requests"]["cpu"] == "1"

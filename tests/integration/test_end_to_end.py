@@ -55,17 +55,17 @@ def test_three_jobs_take_turns_without_overlap(tmp_path: Path) -> None:
         assert [job.wait(240) for job in jobs] == [0, 0, 0]
 
         status = subprocess.run(
-            timeshare_command("status", "e2e", f"--address={address}"),
+            timeshare_command("status", "--group", "e2e", f"--address={address}"),
             capture_output=True, text=True, cwd=REPO, timeout=60,
         )  # fmt: skip
         assert status.returncode == 0, status.stderr
         assert "e2e-node=job-" in status.stdout  # residency outlives the jobs
         for command, expected in [
-            (["pause", "e2e"], "paused"),
-            (["resume", "e2e"], "idle"),
-            (["drain", "e2e-node"], "groups told: e2e"),
-            (["undrain", "e2e-node"], "in service"),
-            (["evict", "e2e", "job-0", "--reason=done"], "evicted job-0"),
+            (["pause", "--group", "e2e"], "paused"),
+            (["resume", "--group", "e2e"], "idle"),
+            (["drain", "--node", "e2e-node"], "groups told: e2e"),
+            (["undrain", "--node", "e2e-node"], "in service"),
+            (["evict", "--group", "e2e", "--job", "job-0", "--reason=done"], "evicted job-0"),
         ]:
             result = subprocess.run(
                 timeshare_command(*command, f"--address={address}"),

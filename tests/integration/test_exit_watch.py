@@ -23,7 +23,10 @@ import timeshare
 from tests.conftest import REPO, wait_for_line
 from tests.polling import wait_until
 from tests.processes import detached, kill
+from timeshare.activities.backends.base import BackendConfig
+from timeshare.activities.backends.loading import load_backend
 from timeshare.activities.backends.processes import ProcessTable, alive
+from timeshare.activities.switch import SwitchActivities
 from timeshare.models import GroupPolicy
 from timeshare.testing import LocalStack
 from timeshare.workers.agent.exit_watch import EVICT_TRIES, ExitWatch
@@ -72,8 +75,18 @@ def pids() -> Iterator[list[int]]:
         kill(pid)
 
 
-def watch_of(table: ProcessTable, evictions: Evictions, clock: Clock) -> ExitWatch:
-    return ExitWatch("node-a", table, evictions, grace_seconds=2.0, clock=clock)
+def watch_of(
+    table: ProcessTable, evictions: Evictions, clock: Clock, agent: SwitchActivities | None = None
+) -> ExitWatch:
+    if agent is None:
+        return ExitWatch("node-a", table, evictions, grace_seconds=2.0, clock=clock)
+    member = agent.processes_exited
+    return ExitWatch("node-a", table, evictions, member, grace_seconds=2.0, clock=clock)
+
+
+def agent_of(table: ProcessTable, record: Path | None = None) -> SwitchActivities:
+    backend = load_backend("sim", BackendConfig(node="node-a"))
+    return SwitchActivities("node-a", backend, table, record)
 
 
 async def test_a_job_whose_processes_all_exit_is_evicted_once_after_the_grace(
@@ -112,10 +125,11 @@ async def test_a_job_that_registers_again_within_the_grace_keeps_its_place(
 
 async def test_a_released_job_is_not_evicted(pids: list[int]) -> None:
     table, evictions, clock = ProcessTable(), Evictions(), Clock()
-    watch = watch_of(table, evictions, clock)
+    agent = agent_of(table)
+    watch = watch_of(table, evictions, clock, agent)
     pids.append(sleeper())
     table.register("g", "a", pids[0])
-    table.mark_released("g", "a")  # it left its group
+    await agent.release_job("g", "a")  # it left its group
     killed(pids[0])
     clock.now = 5.0
     await watch.check()
@@ -153,17 +167,17 @@ async def test_a_failing_eviction_is_retried_then_given_up_with_a_message(
 async def test_a_job_that_died_while_no_agent_ran_is_evicted_by_the_next(
     pids: list[int], tmp_path: Path
 ) -> None:
-    path = tmp_path / "agent.registrations.json"
+    path, record = tmp_path / "agent.registrations.json", tmp_path / "agent.node.json"
     pids += [sleeper(), sleeper(), sleeper()]
     before = ProcessTable(path)
-    before.register("g", "a", pids[0])
-    before.register("g", "b", pids[1])
-    before.register("g", "c", pids[2])
-    before.mark_released("g", "c")
+    for job, pid in zip("abc", pids, strict=True):
+        before.register("g", job, pid)
+    await agent_of(before, record).release_job("g", "c")
     killed(pids[0])  # the agent is down
     killed(pids[2])
     evictions, clock = Evictions(), Clock()
-    watch = watch_of(ProcessTable(path), evictions, clock)
+    after = ProcessTable(path)
+    watch = watch_of(after, evictions, clock, agent_of(after, record))
     await watch.check()
     clock.now = 2.0
     assert await watch.check() == [("g", "a")]  # not b (alive), not c (released)
@@ -198,7 +212,7 @@ def test_a_killed_job_is_evicted_and_the_waiting_job_gets_the_gpu(
     group = f"killed-{framework}"
     policy = GroupPolicy(lease_seconds=LEASE_SECONDS, idle_lease_seconds=LEASE_SECONDS)
     with timeshare.connect(stack.address) as client:
-        other = client.join(group, "job-b", [stack.node], policy=policy)
+        other = client.join(group, "job-b", nodes=[stack.node], policy=policy)
         process = subprocess.Popen(
             [sys.executable, "-m", "tests.exiting_job", framework, "registered"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,

@@ -41,7 +41,7 @@ async def two_jobs(
     api: timeshare.aio.Client, sim_nodes: SimNodes, group: str, node: str
 ) -> tuple[timeshare.aio.Job, timeshare.aio.Job]:
     await sim_nodes.start(node)
-    return await api.join(group, "a", [node]), await api.join(group, "b", [node])
+    return await api.join(group, "a", nodes=[node]), await api.join(group, "b", nodes=[node])
 
 
 async def test_turns_through_the_gateway(
@@ -76,7 +76,7 @@ async def test_bad_requests_get_clear_status_codes(
     node = f"n-{unique}"
     await sim_nodes.start(node)
     group = f"g-{unique}"
-    a = await api.join(group, "a", [node])
+    a = await api.join(group, "a", nodes=[node])
     async with grpc.aio.insecure_channel(gateway) as channel:
         stub = pb_grpc.TimeSlicerStub(channel)
         token = a.ref.token
@@ -118,7 +118,7 @@ async def test_acquire_timeout_is_deadline_exceeded(
 
 async def test_client_side_checks_need_no_server(api: timeshare.aio.Client, unique: str) -> None:
     with pytest.raises(errors.InvalidArgument):
-        await api.join("UPPER", "a", ["n"])
+        await api.join("UPPER", "a", nodes=["n"])
 
 
 async def test_health_and_reflection(gateway: str) -> None:
@@ -141,11 +141,11 @@ async def test_join_without_nodes_needs_exactly_one_live_node(
     nodes = await api.list_nodes()
     live = [n for n in nodes if n.alive]
     if len(live) == 1:
-        job = await api.join(f"g-{unique}", "a", [])
+        job = await api.join(f"g-{unique}", "a", nodes=[])
         assert job.ref.nodes == [live[0].node]
     else:
         with pytest.raises(errors.InvalidArgument) as refused:
-            await api.join(f"g-{unique}", "a", [])
+            await api.join(f"g-{unique}", "a", nodes=[])
         assert "TIMESHARE_NODES" in refused.value.message
 
 

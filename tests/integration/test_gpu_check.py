@@ -35,7 +35,7 @@ def test_the_gpu_check_runs_on_the_emulator(tmp_path: Path) -> None:
     scratch_before = set(Path(tempfile.gettempdir()).glob("gpu-check-emulator-*"))
     result = subprocess.run(
         [sys.executable, "-m", "timeshare", "gpu-check", "--emulator", "--gib=0.02",
-         "--handovers=2", "--iterations=3", f"--out={tmp_path / 'out'}"],
+         "--handovers=2", "--iterations=2", f"--out={tmp_path / 'out'}"],
         capture_output=True, text=True, cwd=tmp_path, timeout=420,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

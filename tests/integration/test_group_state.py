@@ -16,10 +16,10 @@ from temporalio.worker import Worker
 
 from tests.buggy_workflow import GroupWorkflowWithABug
 from tests.conftest import SimNodes
-from tests.groups import acquire, eventually, join, refusal_type, release
-from timeshare.models import JobInput
+from tests.groups import acquire, eventually, join, refusal_type, yield_turn
 from timeshare.names import group_workflow_id
 from timeshare.refusals import Refusal
+from timeshare.scheduling import events as ev
 from timeshare.workflows.group import GroupInput, GroupWorkflow
 from timeshare.workflows.sandbox import workflow_runner
 
@@ -49,7 +49,7 @@ async def test_a_failing_handler_rejects_its_message_and_leaves_the_state_as_it_
         grant = await acquire(typed, "buggy")
         before = await typed.query(GroupWorkflow.status)
         with pytest.raises(WorkflowUpdateFailedError) as refused:
-            await release(typed, "buggy", grant.epoch)
+            await yield_turn(typed, "buggy", grant.epoch)
         assert refusal_type(refused.value) == Refusal.INTERNAL
         assert "as it was before" in str(refused.value.cause)
         after = await typed.query(GroupWorkflow.status)
@@ -58,7 +58,7 @@ async def test_a_failing_handler_rejects_its_message_and_leaves_the_state_as_it_
         waiting = asyncio.create_task(acquire(typed, "fine"))
         await eventually(typed, lambda s: s.queue == ["fine"])
         await typed.execute_update(
-            GroupWorkflow.leave, JobInput(job="buggy", token_hash="hash-buggy")
+            GroupWorkflow.leave, ev.Leave(job="buggy", token_hash="hash-buggy")
         )
         assert (await waiting).job == "fine"
         await eventually(typed, lambda s: s.holder == "fine")

@@ -9,7 +9,6 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from pydantic import BaseModel
 from temporalio.client import (
     Client,
     WorkflowUpdateFailedError,
@@ -24,12 +23,12 @@ from tests.groups import (
     group_on_one_node,
     join,
     refusal_type,
-    release,
+    yield_turn,
 )
 from tests.integration.test_replay import HISTORIES
 from tests.polling import wait_until_async
-from timeshare.models import JobInput, YieldInput
 from timeshare.names import SCHEDULER_TASK_QUEUE
+from timeshare.scheduling import events as ev
 from timeshare.workers.scheduler.data_converter import DATA_CONVERTER
 from timeshare.workflows.group import ACQUIRE_WAIT_SLICE_SECONDS, GroupWorkflow
 from timeshare.workflows.registry import NodeRegistryWorkflow
@@ -44,7 +43,7 @@ async def test_handover_checkpoints_before_it_grants(
     waiting = asyncio.create_task(acquire(handle, "b"))
     await eventually(handle, lambda s: s.queue == ["b"])
     assert not waiting.done()
-    await release(handle, "a", first.epoch)
+    await yield_turn(handle, "a", first.epoch)
     second = await waiting
 
     assert (first.epoch, second.epoch) == (1, 2)
@@ -63,7 +62,7 @@ async def test_reacquire_with_nobody_waiting_touches_no_node(
     handle, backend = await group_on_one_node(client, sim_nodes, unique, jobs=("a",))
     for _ in range(3):
         grant = await acquire(handle, "a")
-        await release(handle, "a", grant.epoch)
+        await yield_turn(handle, "a", grant.epoch)
     actions = [e["event"] for e in backend.events]
     assert actions == ["restore"]  # the first admission only
     assert grant.epoch == 3 and grant.switch_seconds == 0.0
@@ -84,7 +83,7 @@ async def test_more_waiters_than_temporal_default_update_limit(
     await eventually(handles[0], lambda s: len(s.queue) == len(jobs) - 1, seconds=60)
     epoch, job = holder.epoch, jobs[0]
     for _ in waiters:
-        await release(handles[0], job, epoch)
+        await yield_turn(handles[0], job, epoch)
         done, _ = await asyncio.wait(
             [w for w in waiters if not w.done()], return_when=asyncio.FIRST_COMPLETED
         )
@@ -111,11 +110,11 @@ async def test_refused_messages_leave_the_group_unchanged(
     handle, _ = await group_on_one_node(client, sim_nodes, unique, jobs=("a",))
     grant = await acquire(handle, "a")
     before = await handle.query(GroupWorkflow.status)
-    wrong: list[tuple[str, BaseModel]] = [
-        ("yield", YieldInput(job="a", token_hash="hash-a", epoch=99)),
-        ("yield", YieldInput(job="a", token_hash="nope", epoch=grant.epoch)),
-        ("heartbeat", JobInput(job="ghost", token_hash="x")),
-        ("leave", JobInput(job="a", token_hash="nope")),
+    wrong: list[tuple[str, ev.Message]] = [
+        ("yield", ev.Yield(job="a", token_hash="hash-a", epoch=99)),
+        ("yield", ev.Yield(job="a", token_hash="nope", epoch=grant.epoch)),
+        ("heartbeat", ev.Heartbeat(job="ghost", token_hash="x")),
+        ("leave", ev.Leave(job="a", token_hash="nope")),
     ]
     codes = []
     for update, message in wrong:
@@ -132,7 +131,7 @@ async def test_history_replays_deterministically(
     handle, _ = await group_on_one_node(client, sim_nodes, unique)
     for job in ("a", "b", "a"):
         grant = await acquire(handle, job)
-        await release(handle, job, grant.epoch)
+        await yield_turn(handle, job, grant.epoch)
     history = await handle.fetch_history()
     replayer = Replayer(
         workflows=[GroupWorkflow],
@@ -177,7 +176,7 @@ async def test_a_job_on_two_nodes_is_stopped_on_both_before_either_checkpoints(
     backends[1].inject_failure("checkpoint", "a", times=1)
     waiting = asyncio.create_task(acquire(b, "b"))
     await eventually(a, lambda s: s.queue == ["b"])
-    await release(a, "a", first.epoch)
+    await yield_turn(a, "a", first.epoch)
     await waiting
     events = [e for backend in backends for e in backend.events if e["job"] == "a"]
     stopped = [e["end"] for e in events if e["event"] == "running"]
@@ -188,7 +187,7 @@ async def test_a_job_on_two_nodes_is_stopped_on_both_before_either_checkpoints(
 
     again = asyncio.create_task(acquire(a, "a"))
     await eventually(a, lambda s: s.queue == ["a"])
-    await release(b, "b", first.epoch + 1)
+    await yield_turn(b, "b", first.epoch + 1)
     await again
     assert [backend.running(group) for backend in backends] == [["a"], ["a"]]
     history = await a.fetch_history()
@@ -211,7 +210,7 @@ async def test_a_waiting_acquire_starts_no_timer_of_its_own(
     first = await acquire(handle, "a")
     waiting = asyncio.create_task(acquire(handle, "b"))
     await eventually(handle, lambda s: s.queue == ["b"])
-    await release(handle, "a", first.epoch)
+    await yield_turn(handle, "a", first.epoch)
     await waiting
     timers = await started_timers(handle)
     assert timers and timedelta(seconds=ACQUIRE_WAIT_SLICE_SECONDS) not in timers
@@ -240,4 +239,4 @@ async def test_a_grant_arms_no_timer_for_the_wait_it_ended(
     timers = await started_timers(handle)
     assert timers
     assert not [t for t in timers if slice_seconds - timedelta(seconds=5) < t <= slice_seconds]
-    await release(handle, "a", grant.epoch)
+    await yield_turn(handle, "a", grant.epoch)

@@ -38,7 +38,7 @@ from timeshare.gpu_check import emulator
 from timeshare.gpu_check.emulator.rig import Emulator, nvml_device_memory, start_worker
 from timeshare.hooks import WorkloadHooks, serve_hooks
 from timeshare.hooks.protocol import EvictMode
-from timeshare.models import HOOK_FAILED, RESTORE_FAILED, NodeMove, SwitchInput
+from timeshare.models import FailureKind, NodeMove, SwitchInput
 from timeshare.workers.agent.registration_socket import serve_agent_socket
 
 HOOK_TIMEOUT = 2.0
@@ -160,7 +160,7 @@ async def test_a_hook_that_hangs_fails_the_switch_with_its_message(
     with pytest.raises(ApplicationError) as failure:
         await agent.admit("b", ["a"])
     # The job's own hook: the scheduler evicts that job once retries are spent.
-    assert failure.value.type == HOOK_FAILED and failure.value.details == ("a",)
+    assert failure.value.type == FailureKind.HOOK and failure.value.details == ("a",)
     assert f"evict(offload) hook of process {pid}" in failure.value.message
     assert f"did not answer within {HOOK_TIMEOUT:g} s" in failure.value.message
     assert await agent.backend.resident_jobs("g") == ["a"]  # nothing moved
@@ -176,7 +176,7 @@ async def test_a_hook_that_fails_fails_the_restore_with_the_engines_words(
     engine.failures["/wake_up"] = (500, "CUDA out of memory")
     with pytest.raises(ApplicationError) as failure:
         await agent.admit("a", ["b"])
-    assert failure.value.type == RESTORE_FAILED
+    assert failure.value.type == FailureKind.RESTORE
     assert "admit() hook" in failure.value.message
     assert "HTTP 500 CUDA out of memory" in failure.value.message
 

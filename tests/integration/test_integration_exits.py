@@ -59,7 +59,7 @@ async def test_a_job_that_crashes_or_is_terminated_leaves_its_group(
         with timeshare.connect(gateway) as client:
             # Another job makes the group, with a lease far longer than the test.
             policy = GroupPolicy(lease_seconds=LEASE_SECONDS, idle_lease_seconds=LEASE_SECONDS)
-            other = client.join(group, "job-b", [node], policy=policy)
+            other = client.join(group, "job-b", nodes=[node], policy=policy)
             process = subprocess.Popen(
                 [sys.executable, "-m", "tests.exiting_job", framework,
                  "crash" if ending == "crash" else "wait"],

@@ -35,7 +35,7 @@ async def test_the_blocking_client_keeps_its_turn_without_waiting_when_nobody_wa
 
     def take_turns() -> tuple[int, int, str]:
         with timeshare.connect(gateway) as client:
-            job = client.join(group, "a", [node])
+            job = client.join(group, "a", nodes=[node])
             first = job.acquire(phase="train")
             watch = job._watch
             assert watch is not None
@@ -108,7 +108,7 @@ async def test_a_regular_holder_keeps_its_turn_unanswered_while_only_a_backfill_
     someone waiting, each next phase of a regular job would wait for an answer."""
     group, node = f"g-{unique}", f"n-{unique}"
     a, _ = await two_jobs(api, sim_nodes, group, node)
-    backfill = await api.join(group, "bf", [node], backfill=True)
+    backfill = await api.join(group, "bf", nodes=[node], backfill=True)
     first = await a.acquire(phase="train")
     waiting = asyncio.create_task(backfill.acquire(phase="backfill"))
     await queued(api, group, ["bf"])

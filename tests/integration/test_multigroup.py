@@ -33,11 +33,12 @@ async def test_three_jobs_over_two_groups_never_deadlock(
     policy = GroupPolicy(ordering="fifo")
     members = {
         name: [
-            await api.join(g, name, [n], policy=policy) for g, n in zip(groups, nodes, strict=True)
+            await api.join(g, name, nodes=[n], policy=policy)
+            for g, n in zip(groups, nodes, strict=True)
         ]
         for name in ("x", "y", "z")
     }
-    solo = await api.join(groups[0], "solo", [nodes[0]])
+    solo = await api.join(groups[0], "solo", nodes=[nodes[0]])
     loop = asyncio.get_running_loop()
     held: dict[str, list[tuple[float, float, str]]] = {g: [] for g in groups}
     rounds = iter(range(ROUNDS))
@@ -75,8 +76,8 @@ async def test_acquire_all_refuses_two_jobs_of_one_group(
 ) -> None:
     node = f"n-{unique}"
     await sim_nodes.start(node)
-    a = await api.join(f"g-{unique}", "a", [node])
-    b = await api.join(f"g-{unique}", "b", [node])
+    a = await api.join(f"g-{unique}", "a", nodes=[node])
+    b = await api.join(f"g-{unique}", "b", nodes=[node])
     with pytest.raises(InvalidArgument, match="one job per group"):
         async with timeshare.aio.acquire_all([a, b]):
             pass

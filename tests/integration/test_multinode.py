@@ -37,7 +37,7 @@ def test_jobs_spanning_nodes_take_turns_without_overlap(tmp_path: Path) -> None:
         with timeshare.connect(stack.address) as client:
             # A gate holds the turn until every job waits, so the jobs start
             # together and take turns in the order they queued.
-            gate = client.join(GROUP, "gate", NODES, policy=GroupPolicy(ordering="fifo"))
+            gate = client.join(GROUP, "gate", nodes=NODES, policy=GroupPolicy(ordering="fifo"))
             gate.acquire()
             jobs = [
                 stack.job(

@@ -13,8 +13,8 @@ from tests.conftest import SimNodes
 from tests.groups import acquire, group_on_one_node, refusal_type
 from tests.integration.test_gateway import queued, two_jobs
 from timeshare import errors
-from timeshare.models import AcquireInput
 from timeshare.names import group_workflow_id
+from timeshare.scheduling import events as ev
 from timeshare.workers.common.service import connect_temporal
 from timeshare.workflows.group import GroupWorkflow
 
@@ -89,9 +89,7 @@ async def test_the_scheduler_refuses_to_give_back_a_turn_not_held(
 ) -> None:
     handle, _ = await group_on_one_node(client, sim_nodes, unique)
     held = await acquire(handle, "a")
-    stale = AcquireInput(
-        job="a", token_hash="hash-a", request_id="next", yield_epoch=held.epoch + 7
-    )
+    stale = ev.Acquire(job="a", token_hash="hash-a", request_id="next", yield_epoch=held.epoch + 7)
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await handle.execute_update(GroupWorkflow.acquire, stale)
     assert refusal_type(refused.value) == "FAILED_PRECONDITION"

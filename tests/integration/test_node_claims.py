@@ -41,23 +41,23 @@ async def test_two_groups_that_claim_one_gpu_are_told_at_join(
     await sim_nodes.start(other)
     api = timeshare.aio.connect(gateway)
     try:
-        first = await api.join(f"g1-{unique}", "a", [node])
-        await api.join(f"g1-{unique}", "b", [node])  # its own group: fine
+        first = await api.join(f"g1-{unique}", "a", nodes=[node])
+        await api.join(f"g1-{unique}", "b", nodes=[node])  # its own group: fine
         for policy in (None, GroupPolicy(gpus=[1])):  # all of them, or one of them
             with pytest.raises(errors.FailedPrecondition) as refused:
-                await api.join(f"g2-{unique}", "x", [node], policy)
+                await api.join(f"g2-{unique}", "x", nodes=[node], policy=policy)
             message = refused.value.message
             assert f"claimed by group 'g1-{unique}'" in message and "one group at a time" in message
         assert (await api.get_group(f"g1-{unique}")).jobs[0].job == "a"  # nothing changed
         # Disjoint GPUs of one node: two groups side by side.
-        await api.join(f"g3-{unique}", "p", [other], GroupPolicy(gpus=[0]))
-        await api.join(f"g4-{unique}", "q", [other], GroupPolicy(gpus=[1, 2]))
+        await api.join(f"g3-{unique}", "p", nodes=[other], policy=GroupPolicy(gpus=[0]))
+        await api.join(f"g4-{unique}", "q", nodes=[other], policy=GroupPolicy(gpus=[1, 2]))
         with pytest.raises(errors.FailedPrecondition, match="GPUs \\[1, 2\\]"):
-            await api.join(f"g5-{unique}", "r", [other], GroupPolicy(gpus=[2]))
+            await api.join(f"g5-{unique}", "r", nodes=[other], policy=GroupPolicy(gpus=[2]))
         # Once the group's jobs there have left, the node is free for another.
         await first.leave()
-        await (await api.join(f"g1-{unique}", "b", [node])).leave()
-        joined = await api.join(f"g2-{unique}", "x", [node])
+        await (await api.join(f"g1-{unique}", "b", nodes=[node])).leave()
+        joined = await api.join(f"g2-{unique}", "x", nodes=[node])
         assert joined.ref.nodes == [node]
     finally:
         await api.close()
@@ -75,7 +75,7 @@ async def test_an_agent_that_releases_a_job_drops_its_claim(
         async with Worker(
             client, task_queue=node_task_queue(node), activities=[agent.switch, agent.release]
         ):
-            await api.join(f"g-{unique}", "a", [node])
+            await api.join(f"g-{unique}", "a", nodes=[node])
             assert any(c.node == node for c in await claims(client))
             await api.evict(f"g-{unique}", "a", "test")  # no Leave from the job itself
 

@@ -22,18 +22,19 @@ from temporalio.worker import Worker
 
 from tests.conftest import REPO, SimNodes
 from tests.credentials import known_jobs
-from tests.groups import acquire, eventually, group_on_one_node, heartbeat, join, release
+from tests.groups import acquire, eventually, group_on_one_node, heartbeat, join, yield_turn
 from tests.polling import async_check, wait_until_async
 from tests.processes import detached, kill
-from timeshare.activities.backends.base import Backend, BackendConfig
+from timeshare.activities.backends.base import Backend, BackendConfig, Released
 from timeshare.activities.backends.cuda_driver import CudaDriverBackend
 from timeshare.activities.backends.freeze import FreezeBackend
 from timeshare.activities.backends.processes import ProcessTable, RegistrationRefused, stopped
 from timeshare.activities.backends.stacked import StackedBackend
 from timeshare.activities.switch import SwitchActivities, release_summary
 from timeshare.gpu_check.emulator.rig import CudaWorker, Emulator, nvml_device_memory, start_worker
-from timeshare.models import EvictInput, GroupPolicy, JobInput
+from timeshare.models import GroupPolicy
 from timeshare.names import node_task_queue
+from timeshare.scheduling import events as ev
 from timeshare.workers.agent.registration_socket import forgotten, serve_agent_socket
 from timeshare.workflows.group import GroupWorkflow
 
@@ -84,17 +85,17 @@ async def test_a_frozen_worker_of_a_job_that_is_gone_runs_again_and_can_be_stopp
             await join(client, group, "b", [node], policy)
             table.register(group, "a", worker)
             first = await acquire(handle, "a")
-            await release(handle, "a", first.epoch)
+            await yield_turn(handle, "a", first.epoch)
             keeping = asyncio.create_task(keep_alive(handle, "b", stop))
             await acquire(handle, "b")  # a's worker is frozen for b's turn
             assert stopped(worker)
             if how == "leave":
                 await handle.execute_update(
-                    GroupWorkflow.leave, JobInput(job="a", token_hash="hash-a")
+                    GroupWorkflow.leave, ev.Leave(job="a", token_hash="hash-a")
                 )
             elif how == "evict":
                 await handle.execute_update(
-                    GroupWorkflow.evict, EvictInput(job="a", reason="operator")
+                    GroupWorkflow.evict, ev.Evict(job="a", reason="operator")
                 )
             # "lease": a's coordinator has gone quiet; its lease runs out.
             await eventually(handle, lambda s: [j.job for j in s.jobs] == ["b"])
@@ -168,7 +169,7 @@ async def test_a_job_whose_state_failed_is_evicted_with_the_reason(
 ) -> None:
     handle, backend = await group_on_one_node(client, sim_nodes, unique)
     first = await acquire(handle, "a")
-    await release(handle, "a", first.epoch)
+    await yield_turn(handle, "a", first.epoch)
     backend.inject_failure("checkpoint", "a", 1, terminal=True)
     granted = await acquire(handle, "b")  # a is evicted, b's switch goes on
     assert granted.job == "b"
@@ -184,9 +185,9 @@ async def test_a_job_whose_state_failed_is_evicted_with_the_reason(
 
 
 def test_release_summary_says_what_to_do() -> None:
-    text = release_summary("g", "a", "n", [1], [2], [3], [])
+    text = release_summary("g", "a", "n", Released(running=[1], checkpointed=[2], failed=[3]))
     assert "[1] run again" in text and "[2] left checkpointed" in text and "[3]" in text
-    assert release_summary("g", "a", "n", [], [], [], []).endswith("no process left stopped")
+    assert release_summary("g", "a", "n", Released()).endswith("no process left stopped")
 
 
 async def test_forget_releases_a_jobs_processes_by_hand(tmp_path: Path) -> None:

@@ -84,8 +84,8 @@ async def take_turns(address: str, group: str, node: str) -> None:
     # No prefetch: every switch is one a turn asked for, so they can be counted.
     policy = GroupPolicy(prefetch="off")
     try:
-        a = await api.join(group, "a", [node], policy)
-        b = await api.join(group, "b", [node])
+        a = await api.join(group, "a", nodes=[node], policy=policy)
+        b = await api.join(group, "b", nodes=[node])
         for _ in range(TURNS_EACH):
             for job in (a, b):
                 async with job.turn():
@@ -194,8 +194,8 @@ async def test_search_attributes_and_details_show_the_group(
     client = traced.client
     workflow_id = group_workflow_id(group)
     try:
-        a = await api.join(group, "a", [node])
-        b = await api.join(group, "b", [node])
+        a = await api.join(group, "a", nodes=[node])
+        b = await api.join(group, "b", nodes=[node])
         await a.acquire()
         waiting = asyncio.create_task(b.acquire())
         query = (
@@ -228,8 +228,8 @@ async def test_a_quick_hand_over_writes_only_what_changed(traced: TracedStack, u
     api = timeshare.aio.connect(traced.gateway.address)
     handle = traced.client.get_workflow_handle(group_workflow_id(group))
     try:
-        a = await api.join(group, "a", [node], GroupPolicy(prefetch="off"))
-        b = await api.join(group, "b", [node])
+        a = await api.join(group, "a", nodes=[node], policy=GroupPolicy(prefetch="off"))
+        b = await api.join(group, "b", nodes=[node])
         await a.acquire()  # the group's first switch, recorded as quick
         waiting = asyncio.create_task(b.acquire())
         assert await eventually_found(
@@ -300,7 +300,9 @@ async def test_report_draws_a_live_group(traced: TracedStack, unique: str, tmp_p
     await take_turns(traced.gateway.address, group, node)
     out = tmp_path / "timeline.html"
     report = await asyncio.create_subprocess_exec(
-        *timeshare_command("report", group, f"--out={out}", f"--address={traced.gateway.address}"),
+        *timeshare_command(
+            "report", "--group", group, f"--out={out}", f"--address={traced.gateway.address}"
+        ),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         cwd=REPO,

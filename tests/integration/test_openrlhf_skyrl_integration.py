@@ -77,7 +77,7 @@ async def test_two_jobs_make_every_gpu_call_inside_their_own_turns(
 
     def job(name: str) -> None:
         with timeshare.connect(gateway) as client:
-            turns = records[name] = JobTurns(client.join(group, name, [node]))
+            turns = records[name] = JobTurns(client.join(group, name, nodes=[node]))
             calls[name] = Recorder(gateway, group, name)
             FRAMEWORKS[framework](calls[name], turns)
             turns.close()
@@ -106,7 +106,7 @@ async def test_the_openrlhf_trainer_actor_takes_the_turn_on_from_the_driver(
 
     def scenario() -> None:
         with timeshare.connect(gateway) as client:
-            turns = JobTurns(client.join(group, "job-a", [node]), client)
+            turns = JobTurns(client.join(group, "job-a", nodes=[node]), client)
             use_turns(turns)
             try:
                 setup_turn()

@@ -7,7 +7,9 @@ virtual environment:
 - the wheel alone: the light client an RL image needs, which takes a turn on
   the test session's stack with no temporalio installed, and whose server
   commands say which extra to install;
-- the sdist with ``[server]``: ``timeshare up`` serves and a job takes a turn;
+- the sdist with ``[server]``: ``timeshare up``, run from a clone's root,
+  serves, and a job takes a turn, registered through the agent socket it
+  finds by default;
 - ``pip install .`` (non-editable) from the same copy.
 
 Each install must hold the generated gRPC stubs and no generic top-level
@@ -44,6 +46,9 @@ with job.turn() as turn:
     print("epoch", turn.epoch)
 job.leave()
 """
+# The same, its process registered with the node's agent (register=True) through
+# the socket a job finds by default: where `timeshare up` serves it.
+TAKE_A_REGISTERED_TURN = TAKE_A_TURN.replace("nodes=[node])", "nodes=[node], register=True)")
 PLAN_INPUT = {
     "jobs": [
         {"name": f"j{i}", "state_gib": 2, "iteration": [{"gpu": 1.0}, {"cpu": 2.0}]}
@@ -167,7 +172,7 @@ async def test_the_wheel_is_a_light_client_that_takes_a_turn(
     assert turn.stdout.startswith("epoch "), turn
 
     status = await asyncio.to_thread(
-        venv.run, "-m", "timeshare", "status", f"pk-{unique}", "--address", gateway
+        venv.run, "-m", "timeshare", "status", "--group", f"pk-{unique}", "--address", gateway
     )
     assert f"pk-{unique}" in status.stdout, status
 
@@ -194,10 +199,15 @@ async def test_the_wheel_is_a_light_client_that_takes_a_turn(
     assert venv.run("-c", "import timeshare.v1.timeshare_pb2_grpc").returncode == 0
 
 
-def test_the_sdist_with_the_server_extra_runs_the_stack(
+def test_the_sdist_with_the_server_extra_runs_the_stack_from_inside_a_clone(
     artifacts: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
-    _, _, sdist = artifacts
+    """`timeshare up`, the installed command, run from a clone's root: its
+    children must import the installed package, not the clone's timeshare/
+    folder (which lacks timeshare.workers). A job then registers with the
+    stack's agent through the socket it finds by default, and `up` has said
+    where that is."""
+    copy, _, sdist = artifacts
     venv = Venv(tmp_path / "server")
     venv.install(f"timeshare[server] @ {sdist.as_uri()}")
     check_layout(venv)
@@ -209,19 +219,30 @@ def test_the_sdist_with_the_server_extra_runs_the_stack(
     assert backends.stdout.split() == ["app", "cuda", "cuda-checkpoint", "freeze", "sim"]
 
     listen = f"127.0.0.1:{free_port()}"
+    environment = venv.environment()
+    environment.pop("TIMESHARE_AGENT_SOCKET", None)
+    environment["XDG_RUNTIME_DIR"] = str(tmp_path / "runtime")
+    (tmp_path / "runtime").mkdir(mode=0o700)
 
     def command() -> list[str]:
         return [
-            venv.python, "-m", "timeshare", "up", f"--data-dir={tmp_path / 'data'}",
+            str(venv.path / "bin" / "timeshare"), "up", f"--data-dir={tmp_path / 'data'}",
             f"--port={free_port()}", f"--ui-port={free_port()}", f"--listen={listen}",
             "--node=packaged",
         ]  # fmt: skip
 
-    stack = start_until_ready(command, "timeshare up: ready", env=venv.environment(), cwd=venv.path)
+    stack = start_until_ready(command, "timeshare up: ready", env=environment, cwd=copy)
     held = sim_state_path(tmp_path / "data", "packaged")
     try:
-        turn = venv.run("-c", TAKE_A_TURN, listen, "packaged", "packaged")
-        assert turn.stdout.startswith("epoch "), turn
+        assert stack.stdout is not None
+        told = stack.stdout.readline()
+        socket_path = tmp_path / "runtime" / "timeshare" / "agent.sock"
+        assert f"TIMESHARE_ADDRESS={listen} TIMESHARE_AGENT_SOCKET={socket_path}" in told, told
+        turn = subprocess.run(
+            [venv.python, "-c", TAKE_A_REGISTERED_TURN, listen, "packaged", "packaged"],
+            capture_output=True, text=True, cwd=venv.path, env=environment, timeout=120,
+        )  # fmt: skip
+        assert turn.returncode == 0 and turn.stdout.startswith("epoch "), turn.stderr[-3000:]
         wait_until_released(held)
     finally:
         stack.send_signal(signal.SIGINT)

@@ -106,9 +106,9 @@ async def test_profiles_and_advice_from_live_group_histories(
         await wait_until_async(
             lambda: enough_turns(gateway, solo, ["c"], solo_jobs), "turns of c", 240, every=0.5
         )
-        profiled = await cli("profile", pair, "--json", f"--address={gateway}")
+        profiled = await cli("profile", "--group", pair, "--json", f"--address={gateway}")
         assert profiled.returncode == 0, profiled.stderr
-        table = await cli("profile", pair, f"--address={gateway}")
+        table = await cli("profile", "--group", pair, f"--address={gateway}")
         advice = await cli(
             "plan", "--from-groups", f"--groups={pair},{solo}", "--max-slowdown=3",
             f"--state-gib=c={STATE_BYTES / 2**30}", f"--address={gateway}",

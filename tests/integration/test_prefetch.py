@@ -12,10 +12,10 @@ import time
 from temporalio.client import Client
 
 from tests.conftest import SimNodes
-from tests.groups import Handle, acquire, eventually, group_on_one_node, release
+from tests.groups import Handle, acquire, eventually, group_on_one_node, yield_turn
 from tests.unit.test_prefetch import REWARD_SECONDS
 from timeshare.activities.backends.sim import SimBackend
-from timeshare.models import JobInput
+from timeshare.scheduling import events as ev
 from timeshare.workflows.group import GroupWorkflow
 
 # How long each turn of the live test is held.
@@ -43,12 +43,12 @@ async def test_the_workflow_brings_the_next_job_in_before_it_asks(
     grant = await acquire(handle, holder, phase="rollout")
     for _ in range(3):
         await asyncio.sleep(HOLD_SECONDS)
-        await release(handle, holder, grant.epoch)
+        await yield_turn(handle, holder, grant.epoch)
         holder = "b" if holder == "a" else "a"
         grant = await acquire(handle, holder, phase="rollout")
     assert holder == "b"
     await asyncio.sleep(HOLD_SECONDS)
-    await release(handle, "b", grant.epoch)
+    await yield_turn(handle, "b", grant.epoch)
     status = await eventually(
         handle, lambda s: s.resident.get(f"n-{unique}") == "a" and s.state == "idle"
     )
@@ -63,20 +63,20 @@ async def test_the_workflow_brings_the_next_job_in_when_the_holder_leaves(
     expected back; when a leaves instead, b's state comes back before b asks."""
     handle, backend = await group_on_one_node(client, sim_nodes, unique)
     grant = await acquire(handle, "b", phase="sample")
-    await release(handle, "b", grant.epoch)
+    await yield_turn(handle, "b", grant.epoch)
     for phase in ("train", "sample"):
         grant = await acquire(handle, "a", phase=phase)
-        await release(handle, "a", grant.epoch)
+        await yield_turn(handle, "a", grant.epoch)
     # b asks again a long reward phase after its last yield: a gap it will
     # repeat, long enough that b is still expected when a leaves on a slow host.
     await asyncio.sleep(2 * REWARD_SECONDS)
     grant = await acquire(handle, "b", phase="sample")
-    await release(handle, "b", grant.epoch)
+    await yield_turn(handle, "b", grant.epoch)
     grant = await acquire(handle, "a", phase="train")
-    await release(handle, "a", grant.epoch)
+    await yield_turn(handle, "a", grant.epoch)
     node = f"n-{unique}"
     assert (await handle.query(GroupWorkflow.status)).resident.get(node) == "a"
-    await handle.execute_update(GroupWorkflow.leave, JobInput(job="a", token_hash="hash-a"))
+    await handle.execute_update(GroupWorkflow.leave, ev.Leave(job="a", token_hash="hash-a"))
     await eventually(handle, lambda s: s.resident.get(node) == "b" and s.state == "idle")
     await granted_restored_ahead(handle, backend, "b", "sample")
 
@@ -90,6 +90,6 @@ async def test_the_workflow_brings_back_the_job_away_longest_in_the_first_iterat
     node = f"n-{unique}"
     for job in ("b", "a"):
         grant = await acquire(handle, job, phase="sample")
-        await release(handle, job, grant.epoch)
+        await yield_turn(handle, job, grant.epoch)
     await eventually(handle, lambda s: s.resident.get(node) == "b" and s.state == "idle")
     await granted_restored_ahead(handle, backend, "b", "train")

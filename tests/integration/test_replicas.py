@@ -40,7 +40,9 @@ def test_jobs_take_turns_while_one_replica_of_each_is_down(tmp_path: Path) -> No
     clients = [timeshare.connect(stack.job_address(i)) for i in range(2)]
     try:
         stack.start_all()
-        jobs = [client.join(GROUP, f"job-{i}", [stack.node]) for i, client in enumerate(clients)]
+        jobs = [
+            client.join(GROUP, f"job-{i}", nodes=[stack.node]) for i, client in enumerate(clients)
+        ]
         threads = [
             threading.Thread(target=take_turns, args=(job, turns, stop), daemon=True)
             for job in jobs

@@ -72,7 +72,7 @@ def test_cli_draws_a_saved_history(tmp_path: Path) -> None:
     saved = tmp_path / "pair.json"
     saved.write_text(recorded_history().model_dump_json())
     out = tmp_path / "pair.html"
-    result = run("report", "pair", f"--out={out}", f"--from-json={saved}")
+    result = run("report", "--group", "pair", f"--out={out}", f"--from-json={saved}")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(out)
     assert 'data-lane="job-c"' in out.read_text()
@@ -81,28 +81,36 @@ def test_cli_draws_a_saved_history(tmp_path: Path) -> None:
 def test_cli_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     saved = tmp_path / "pair.json"
     saved.write_text(recorded_history().model_dump_json())
-    result = run("report", "pair", f"--out={tmp_path / 'pair.pdf'}", f"--from-json={saved}")
+    result = run(
+        "report", "--group", "pair", f"--out={tmp_path / 'pair.pdf'}", f"--from-json={saved}"
+    )
     assert_one_line_failure(result, ".html or .png")
     broken = tmp_path / "broken.json"
     broken.write_text('{"group": "pair", "turns": "no"}')
-    result = run("report", "pair", f"--out={tmp_path / 'x.html'}", f"--from-json={broken}")
+    result = run(
+        "report", "--group", "pair", f"--out={tmp_path / 'x.html'}", f"--from-json={broken}"
+    )
     assert_one_line_failure(result, "not a group history")
-    result = run("report", "other", f"--out={tmp_path / 'x.html'}", f"--from-json={saved}")
+    result = run(
+        "report", "--group", "other", f"--out={tmp_path / 'x.html'}", f"--from-json={saved}"
+    )
     assert_one_line_failure(result, "'pair'", "'other'")
-    result = run("report", "pair", f"--out={tmp_path / 'x.html'}", "--from-json=/nonexistent")
+    result = run(
+        "report", "--group", "pair", f"--out={tmp_path / 'x.html'}", "--from-json=/nonexistent"
+    )
     assert_one_line_failure(result, "cannot read")
     assert not (tmp_path / "x.html").exists()
 
 
 def test_cli_without_a_gateway_says_what_to_do() -> None:
-    result = run("report", "pair", "--out=never.html", "--address=127.0.0.1:1")
+    result = run("report", "--group", "pair", "--out=never.html", "--address=127.0.0.1:1")
     assert_one_line_failure(result, "UNAVAILABLE", "timeshare up")
     assert not (REPO / "never.html").exists()
 
 
 def test_client_library_loads_no_matplotlib() -> None:
     probe = (
-        "import sys, timeshare, timeshare.report, timeshare.report_cli;"
+        "import sys, timeshare, timeshare.report, timeshare.report.cli;"
         "bad = [m for m in sys.modules if m.startswith(('matplotlib', 'temporalio'))];"
         "sys.exit(1 if bad else 0)"
     )

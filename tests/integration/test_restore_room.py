@@ -34,7 +34,7 @@ from timeshare.activities.switch import SwitchActivities
 from timeshare.gpu_check import emulator
 from timeshare.gpu_check.emulator import CHECKPOINTED, CUDA_ERROR_OUT_OF_MEMORY, RUNNING
 from timeshare.gpu_check.emulator.rig import CudaWorker, Emulator, nvml_device_memory, start_worker
-from timeshare.models import JOB_FAILED, NO_DEVICE_ROOM, RESTORE_FAILED
+from timeshare.models import NO_DEVICE_ROOM, FailureKind
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +59,7 @@ async def test_a_restore_that_does_not_fit_is_refused_before_the_driver_is_asked
     with pytest.raises(ApplicationError) as refused:
         await ActivityEnvironment().run(agent.switch, switch_input("g", "a", 1))
     failure = refused.value
-    assert (failure.type, failure.non_retryable) == (RESTORE_FAILED, True)
+    assert (failure.type, failure.non_retryable) == (FailureKind.RESTORE, True)
     assert failure.details == ("a", NO_DEVICE_ROOM)
     assert "gpu0: needs 0.4 GiB, 0.3 GiB free" in failure.message
     assert f"in use by processes {filler.pid} (0.7 GiB)" in failure.message
@@ -116,7 +116,7 @@ async def test_a_restore_the_driver_fails_for_lack_of_memory_fails_the_job_for_g
     asked = len(emulator.calls(emu.log, "restoreThread.restore", rank.pid))
     with pytest.raises(ApplicationError) as failed:
         await ActivityEnvironment().run(agent.switch, switch_input("g", "a", 1))
-    assert (failed.value.type, failed.value.details) == (JOB_FAILED, ("a",))
+    assert (failed.value.type, failed.value.details) == (FailureKind.JOB_FAILED, ("a",))
     assert len(emulator.calls(emu.log, "restoreThread.restore", rank.pid)) == asked
     released = await backend.release("g", "a")
     assert released.checkpointed == [rank.pid] and "cuda-checkpoint#44" in released.done[0]

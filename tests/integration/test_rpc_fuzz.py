@@ -169,7 +169,7 @@ async def test_every_rpc_refuses_garbage_cleanly(gateway: str, unique: str) -> N
     group = f"fuzz-{unique}"
     api = timeshare.aio.connect(gateway)
     try:
-        jobs = {name: await api.join(group, name, [f"n-{unique}"]) for name in ("a", "b")}
+        jobs = {name: await api.join(group, name, nodes=[f"n-{unique}"]) for name in ("a", "b")}
         probe = Probe(group, {name: job.ref.token for name, job in jobs.items()})
         seen = await asyncio.to_thread(fuzz, gateway, probe, 300)
         # The fuzzer reached past the gateway's own checks into the workflow's.

@@ -39,6 +39,7 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
         "workflow_tasks_per_handover",
         "handover_floor_ratio",
         "worker_cpu_ratio_vs_handover_floor",
+        "asking_watch_temporal_cores_per_100_groups",
     ):
         assert key in figures, output  # fmt: skip
     assert figures["groups"] == "2" and figures["lost_leases"] == "0", output

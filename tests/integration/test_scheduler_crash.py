@@ -21,7 +21,7 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.worker import Worker
 
-from tests.groups import Handle, acquire, eventually, join, release
+from tests.groups import Handle, acquire, eventually, join, yield_turn
 from tests.integration.test_replay import replayer
 from tests.polling import wait_until_async
 from timeshare.activities.backends.base import BackendConfig
@@ -58,7 +58,7 @@ class HeldAgent:
         self.go.clear()
         self.done.clear()
 
-    @activity.defn(name="switch")
+    @activity.defn
     async def switch(self, input: SwitchInput) -> SwitchOutput:
         if input.phase != "switch":
             return await self.agent.switch(input)
@@ -137,7 +137,7 @@ async def test_a_scheduler_killed_mid_switch_is_taken_over_from_history(
         await eventually(handle, lambda status: status.queue == ["b"])
         for agent in agents.values():
             agent.hold()
-        await release(handle, "a", first.epoch)
+        await yield_turn(handle, "a", first.epoch)
         await asyncio.gather(*(agent.started.wait() for agent in agents.values()))
 
         # The scheduler dies with the switch step under way on all three nodes.
@@ -174,7 +174,7 @@ async def test_a_scheduler_killed_mid_switch_is_taken_over_from_history(
         # Killed again: the next scheduler replays what the last one wrote.
         await asyncio.to_thread(stack.kill, "scheduler")
         await asyncio.to_thread(stack.start, "scheduler")
-        await release(handle, "b", second.epoch)
+        await yield_turn(handle, "b", second.epoch)
         third = await asyncio.wait_for(a_waits, 60)
         assert third.epoch == second.epoch + 1
         await replays(handle)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sys
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
@@ -27,7 +28,7 @@ from tests.groups import (
     heartbeat,
     join,
     refusal_type,
-    release,
+    yield_turn,
 )
 from tests.integration.test_replay import record, replayer
 from tests.processes import detached, kill
@@ -38,8 +39,9 @@ from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.switch import SwitchActivities
 from timeshare.hooks import WorkloadHooks, serve_hooks
 from timeshare.hooks.protocol import EvictMode
-from timeshare.models import DrainInput, EvictInput, GroupPolicy, PauseInput
+from timeshare.models import GroupPolicy
 from timeshare.names import node_task_queue
+from timeshare.scheduling import events as ev
 from timeshare.workers.agent.registration_socket import serve_agent_socket
 from timeshare.workflows.group import GroupWorkflow
 
@@ -76,7 +78,7 @@ async def test_a_silent_holder_is_evicted_and_told_why(
     async with heartbeating(handle, "b"):
         second = await acquire(handle, "b")  # a sends nothing: its lease runs out
     assert second.epoch == first.epoch + 1
-    assert await refused(release(handle, "a", first.epoch)) == "ABORTED"
+    assert await refused(yield_turn(handle, "a", first.epoch)) == "ABORTED"
     status = await handle.query(GroupWorkflow.status)
     assert [j.job for j in status.jobs] == ["b"] and status.evictions == 1
     assert not [e for e in backend.events if e["event"] == "overlap"]
@@ -92,7 +94,7 @@ async def test_a_restore_that_keeps_failing_aborts_that_acquire_only(
     await eventually(handle, lambda s: s.queue == ["b"])
     waiting_c = asyncio.create_task(acquire(handle, "c"))
     await eventually(handle, lambda s: s.queue == ["b", "c"])
-    await release(handle, "a", first.epoch)
+    await yield_turn(handle, "a", first.epoch)
     assert await refused(waiting_b) == "ABORTED"
     granted_c = await waiting_c
     assert granted_c.job == "c"
@@ -129,10 +131,10 @@ async def test_an_over_long_turn_is_preempted_and_resumed(
     second = await waiting  # a ignored the hint and was preempted
     beat = await heartbeat(handle, "a")
     assert beat.preempted and beat.holding and beat.epoch == first.epoch
-    await release(handle, "b", second.epoch)
+    await yield_turn(handle, "b", second.epoch)
     status = await eventually(handle, lambda s: s.holder == "a")
     assert status.preemptions == 1
-    await release(handle, "a", first.epoch)  # a yields the epoch it was given
+    await yield_turn(handle, "a", first.epoch)  # a yields the epoch it was given
     # Nobody holds or waits (b's state may be coming back ahead of its next ask).
     status = await handle.query(GroupWorkflow.status)
     assert status.holder == "" and status.queue == []
@@ -143,12 +145,12 @@ async def test_pause_holds_new_turns_until_resumed(
     client: Client, sim_nodes: SimNodes, unique: str
 ) -> None:
     handle, _ = await group_on_one_node(client, sim_nodes, unique, jobs=("a",))
-    paused = await handle.execute_update(GroupWorkflow.pause, PauseInput(paused=True))
+    paused = await handle.execute_update(GroupWorkflow.pause, ev.Pause(paused=True))
     assert paused.state == "paused"
     waiting = asyncio.create_task(acquire(handle, "a"))
     await eventually(handle, lambda s: s.queue == ["a"])
     assert not waiting.done()
-    await handle.execute_update(GroupWorkflow.pause, PauseInput(paused=False))
+    await handle.execute_update(GroupWorkflow.pause, ev.Pause(paused=False))
     assert (await waiting).job == "a"
 
 
@@ -160,14 +162,14 @@ async def test_a_drained_node_is_passed_over_until_undrained(
         await sim_nodes.start(f"{node}-{unique}")
     x = await join(client, group, "x", [f"n1-{unique}"])
     await join(client, group, "y", [f"n2-{unique}"])
-    drain = DrainInput(node=f"n1-{unique}", drained=True)
+    drain = ev.Drain(node=f"n1-{unique}", drained=True)
     await x.execute_update(GroupWorkflow.drain, drain)
     waiting_x = asyncio.create_task(acquire(x, "x"))
     await eventually(x, lambda s: s.queue == ["x"])
     granted_y = await acquire(x, "y")  # arrived later, but x needs a drained node
     assert granted_y.job == "y" and not waiting_x.done()
-    await release(x, "y", granted_y.epoch)
-    await x.execute_update(GroupWorkflow.drain, drain.model_copy(update={"drained": False}))
+    await yield_turn(x, "y", granted_y.epoch)
+    await x.execute_update(GroupWorkflow.drain, dataclasses.replace(drain, drained=False))
     assert (await waiting_x).job == "x"
 
 
@@ -178,7 +180,7 @@ async def test_an_operator_eviction_aborts_the_waiting_acquire(
     await acquire(handle, "a")
     waiting = asyncio.create_task(acquire(handle, "b"))
     await eventually(handle, lambda s: s.queue == ["b"])
-    message = EvictInput(job="b", reason="maintenance")
+    message = ev.Evict(job="b", reason="maintenance")
     assert await handle.execute_update(GroupWorkflow.evict, message)
     assert not await handle.execute_update(GroupWorkflow.evict, message)  # idempotent
     with pytest.raises(WorkflowUpdateFailedError) as failure:
@@ -201,7 +203,7 @@ async def test_continue_as_new_loses_no_acquire_in_100_handovers(
         for _ in range(turns_each):
             grant = await acquire(handle, job)
             grants.append(grant)
-            await release(handle, job, grant.epoch)
+            await yield_turn(handle, job, grant.epoch)
 
     await asyncio.wait_for(asyncio.gather(*(cycle(job) for job in jobs)), 240)
     epochs = sorted(g.epoch for g in grants)
@@ -225,7 +227,7 @@ async def test_a_job_whose_processes_exited_is_dropped(
     worker = detached(sys.executable, "-c", "import time; time.sleep(60)")
     table.register(group, "a", worker)
     first = await acquire(handle, "a")
-    await release(handle, "a", first.epoch)
+    await yield_turn(handle, "a", first.epoch)
     kill(worker)  # job a's only process dies
     await acquire(handle, "b")  # the switch finds a's processes gone
     status = await eventually(handle, lambda s: [j.job for j in s.jobs] == ["b"])
@@ -247,10 +249,10 @@ async def test_a_leaving_job_whose_other_agent_is_gone_waits_for_a_drain(
     await sim_nodes.stop_node(n1)
     waiting = asyncio.create_task(acquire(b, "b"))
     await eventually(a, lambda s: s.queue == ["b"])
-    await release(a, "a", first.epoch)
+    await yield_turn(a, "a", first.epoch)
     status = await eventually(a, lambda s: s.state == "degraded")
     assert n1 in status.degraded_cause and not waiting.done()
-    await a.execute_update(GroupWorkflow.drain, DrainInput(node=n1, drained=True))
+    await a.execute_update(GroupWorkflow.drain, ev.Drain(node=n1, drained=True))
     granted = await asyncio.wait_for(waiting, 60)
     assert granted.job == "b"
     assert backends[n2].running(group) == ["b"] and backends[n1].resident(group) == ["a"]
@@ -308,7 +310,7 @@ async def test_a_job_whose_hook_always_fails_is_evicted_and_the_others_go_on(
         )
         try:
             first = await acquire(handle, "bad")
-            await release(handle, "bad", first.epoch)
+            await yield_turn(handle, "bad", first.epoch)
             # The switch must put bad's state away, and its hook raises every
             # time: after the switch activity's retries, bad is evicted, and a
             # gets its turn (before, the group waited for as long as it failed).
@@ -326,11 +328,11 @@ async def test_a_job_whose_hook_always_fails_is_evicted_and_the_others_go_on(
             # not called again: they cannot fail another switch.
             calls = hooks.evictions
             epochs = [granted.epoch]
-            await release(handle, "a", granted.epoch)
+            await yield_turn(handle, "a", granted.epoch)
             for job in ("b", "a", "b"):
                 turn = await acquire(handle, job, timeout=45)
                 epochs.append(turn.epoch)
-                await release(handle, job, turn.epoch)
+                await yield_turn(handle, job, turn.epoch)
             assert epochs == sorted(epochs) and len(set(epochs)) == 4
             assert hooks.evictions == calls
         finally:

@@ -20,7 +20,7 @@ async def test_the_services_serve_while_a_test_blocks_pytests_loop(
     def take_turns() -> None:
         try:
             with timeshare.connect(gateway) as client:
-                job = client.join(f"g-{unique}", "a", [node])
+                job = client.join(f"g-{unique}", "a", nodes=[node])
                 for _ in range(3):
                     with job.turn(timeout=60):
                         pass

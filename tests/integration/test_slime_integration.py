@@ -52,7 +52,7 @@ class Watching:
 def role_turns(
     client: timeshare.Client, job: str, trainer: str, sampler: str, nodes: dict[str, str]
 ) -> RoleTurns:
-    handles = {group: client.join(group, job, [nodes[group]]) for group in {trainer, sampler}}
+    handles = {group: client.join(group, job, nodes=[nodes[group]]) for group in {trainer, sampler}}
     return RoleTurns(
         {TRAINER: handles[trainer], SAMPLER: handles[sampler]}, acquire_timeout=ACQUIRE_TIMEOUT
     )

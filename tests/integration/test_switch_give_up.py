@@ -21,7 +21,7 @@ from temporalio.worker import Worker
 import timeshare
 import timeshare.aio
 from tests.conftest import SimNodes
-from tests.groups import acquire, metered_group, release
+from tests.groups import acquire, metered_group, yield_turn
 from tests.polling import wait_until_async
 from timeshare.activities.backends.base import BackendConfig
 from timeshare.activities.backends.cuda_driver import CudaDriverBackend
@@ -30,8 +30,9 @@ from timeshare.activities.switch import SwitchActivities
 from timeshare.gpu_check import emulator
 from timeshare.gpu_check.emulator import CHECKPOINTED, RUNNING
 from timeshare.gpu_check.emulator.rig import CudaWorker, Emulator, nvml_device_memory, start_worker
-from timeshare.models import GroupPolicy, JoinInput
+from timeshare.models import GroupPolicy
 from timeshare.names import node_task_queue
+from timeshare.scheduling import events as ev
 from timeshare.workflows.group import GroupWorkflow
 
 MiB = 2**20
@@ -85,7 +86,7 @@ async def test_a_switch_whose_checkpoints_keep_failing_ends_in_an_answer_naming_
     emu, (node, table) = gpu_emulator, agent
     group = f"give-up-{uuid.uuid4().hex[:6]}"
     policy = GroupPolicy(co_residency="off", prefetch="off", switch_give_up_seconds=GIVE_UP_SECONDS)
-    jobs = {name: await api.join(group, name, [node], policy) for name in ("a", "b")}
+    jobs = {name: await api.join(group, name, nodes=[node], policy=policy) for name in ("a", "b")}
     for name in jobs:
         rank = start_worker(emu.env, tmp_path, f"{group}-{name}", nbytes=8 * MiB)
         ranks.append(rank)
@@ -148,10 +149,10 @@ async def test_a_failing_switch_shows_its_cause_and_attempts_in_a_metric(
     async with metered_group(client, buffer, group, policy, queue) as handle:
         for job in ("a", "b"):
             await handle.execute_update(
-                GroupWorkflow.join, JoinInput(job=job, nodes=[node], token_hash=f"hash-{job}")
+                GroupWorkflow.join, ev.Join(job=job, nodes=[node], token_hash=f"hash-{job}")
             )
         grant = await acquire(handle, "a")
-        await release(handle, "a", grant.epoch)
+        await yield_turn(handle, "a", grant.epoch)
         backend.inject_failure("checkpoint", "a", 1000)
         # a, whose state cannot leave, is evicted (its state left where it
         # is: the simulated GPU has room for b beside it), and b goes on.

@@ -37,9 +37,10 @@ from timeshare.credentials import JOB_TOKEN_ENV, token_hash
 from timeshare.errors import PermissionDenied
 from timeshare.hooks import WorkloadHooks, serve_hooks
 from timeshare.hooks.protocol import EvictMode
-from timeshare.models import EvictInput, TokenCheck
+from timeshare.models import TokenCheck
 from timeshare.names import group_workflow_id
 from timeshare.registration import open_agent_connection, register_process
+from timeshare.scheduling import events as ev
 from timeshare.testing import timeshare_command
 from timeshare.workers.agent import registration_socket as agent_socket
 from timeshare.workers.agent.credentials import JobCredentials, group_lookup
@@ -207,7 +208,7 @@ async def test_a_job_evicted_is_no_job_to_register_into(
 ) -> None:
     group = await two_jobs(client, unique)
     handle = client.get_workflow_handle(group_workflow_id(group))
-    await handle.execute_update(GroupWorkflow.evict, EvictInput(job="victim", reason="test"))
+    await handle.execute_update(GroupWorkflow.evict, ev.Evict(job="victim", reason="test"))
     async with node_agent(tmp_path, client) as node:
         said = await self_registration(node, group, "victim", VICTIM, tmp_path / "said.json")
         assert "was evicted: test" in said
@@ -304,7 +305,7 @@ async def test_owning_a_jobs_processes_is_not_enough_to_release_them_while_it_is
         # Once the job has left, its owner releases what is left of it alone.
         table.register(group, "victim", worker)
         handle = client.get_workflow_handle(group_workflow_id(group))
-        await handle.execute_update(GroupWorkflow.evict, EvictInput(job="victim", reason="done"))
+        await handle.execute_update(GroupWorkflow.evict, ev.Evict(job="victim", reason="done"))
         assert await forget("")
         assert table.jobs(group) == []
     finally:

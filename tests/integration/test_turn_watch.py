@@ -24,14 +24,17 @@ from tests.conftest import SimNodes
 from tests.polling import wait_until, wait_until_async
 from timeshare.models import GroupPolicy
 from timeshare.names import SCHEDULER_TASK_QUEUE, group_workflow_id
+from timeshare.scheduling import watch
 from timeshare.scheduling.rules import RULES_POLICIES
 from timeshare.scheduling.state import GroupState, StoredPolicy
+from timeshare.scheduling.watch import MEMO_KEY, WatchRecord
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from timeshare.workers.gateway import turn_watch
 from timeshare.workers.gateway.turn_watch import GroupFacts, GroupPoller, TurnWatches
 from timeshare.workflows.group import GroupInput, GroupWorkflow
-from timeshare.workflows.visibility import BACKFILL_YIELD_AT_MEMO, HOLDER, YIELD_EPOCH_MEMO
+from timeshare.workflows.visibility import HOLDER
+from timeshare.workflows.watch_memo import BACKFILL_YIELD_AT_MEMO, WATCH_POLL_MEMO, YIELD_EPOCH_MEMO
 
 
 async def heartbeats_in_history(client: Client, group: str) -> int:
@@ -57,8 +60,8 @@ async def test_the_blocking_client_hears_should_yield_and_calls_back(
 
     def holder_and_waiter() -> None:
         with timeshare.connect(gateway) as client:
-            a = client.join(group, "a", [node], policy=policy)
-            b = client.join(group, "b", [node])
+            a = client.join(group, "a", nodes=[node], policy=policy)
+            b = client.join(group, "b", nodes=[node])
             a.on_should_yield(lambda turn: heard.append(turn.epoch))
             turn = a.acquire(phase="rollout")
             assert not turn.should_yield and turn.phase == "rollout"
@@ -84,8 +87,8 @@ async def test_the_asyncio_client_sets_yield_requested_for_a_higher_priority_wai
     group, node = f"g-{unique}", f"n-{unique}"
     await sim_nodes.start(node)
     policy = GroupPolicy(preempt_lower_after_seconds=60)
-    batch = await api.join(group, "batch", [node], policy=policy)
-    trainer = await api.join(group, "trainer", [node], priority=5)
+    batch = await api.join(group, "batch", nodes=[node], policy=policy)
+    trainer = await api.join(group, "trainer", nodes=[node], priority=5)
     turn = await batch.acquire()
     assert not batch.yield_requested.is_set()
     waiting = asyncio.create_task(trainer.acquire())
@@ -107,8 +110,8 @@ async def test_a_holder_others_wait_for_renews_and_keeps_its_turn(
     group, node = f"g-{unique}", f"n-{unique}"
     await sim_nodes.start(node)
     policy = GroupPolicy(lease_seconds=2, idle_lease_seconds=60)
-    a = await api.join(group, "a", [node], policy=policy)
-    b = await api.join(group, "b", [node])
+    a = await api.join(group, "a", nodes=[node], policy=policy)
+    b = await api.join(group, "b", nodes=[node])
     turn = await a.acquire()
     waiting = asyncio.create_task(b.acquire())
     await asyncio.sleep(6)  # a holds on, three leases long, while b waits
@@ -129,8 +132,8 @@ async def test_a_job_taking_turns_sends_no_heartbeat_and_an_idle_one_renews(
     # Two groups on one node: on GPUs of their own (a GPU is one group's at a time).
     busy_policy = policy.model_copy(update={"gpus": [0]})
     idle_policy = policy.model_copy(update={"gpus": [1]})
-    busy = await api.join(busy_group, "busy", [node], policy=busy_policy)
-    idle = await api.join(idle_group, "idle", [node], policy=idle_policy)
+    busy = await api.join(busy_group, "busy", nodes=[node], policy=busy_policy)
+    idle = await api.join(idle_group, "idle", nodes=[node], policy=idle_policy)
     loop = asyncio.get_running_loop()
     until = loop.time() + 5
     while loop.time() < until:  # every acquire and yield renews the lease
@@ -165,7 +168,7 @@ async def test_a_watch_notices_when_the_turn_is_no_longer_held(
 ) -> None:
     group, node = f"g-{unique}", f"n-{unique}"
     await sim_nodes.start(node)
-    a = await api.join(group, "a", [node])
+    a = await api.join(group, "a", nodes=[node])
     turn = await a.acquire()
     async with grpc.aio.insecure_channel(gateway) as channel:
         stub = pb_grpc.TimeSlicerStub(channel)
@@ -194,8 +197,8 @@ async def test_a_watch_that_starts_its_groups_poller_shares_its_first_read(
     watch of the same group still reads afresh (the poller may be mid-read)."""
     group, node = f"g-{unique}", f"n-{unique}"
     await sim_nodes.start(node)
-    a = await api.join(group, "a", [node])
-    b = await api.join(group, "b", [node])
+    a = await api.join(group, "a", nodes=[node])
+    b = await api.join(group, "b", nodes=[node])
     turn = await a.acquire()
     readers: list[GroupPoller] = []
     real_read = GroupPoller.read
@@ -226,7 +229,7 @@ async def test_a_watch_that_starts_its_groups_poller_shares_its_first_read(
     await b.leave()
 
 
-async def test_a_watch_learns_how_often_to_poll_from_the_memo_its_group_was_created_with(
+async def test_a_watch_learns_how_often_to_poll_from_its_groups_record(
     api: timeshare.aio.Client,
     client: Client,
     sim_nodes: SimNodes,
@@ -234,15 +237,28 @@ async def test_a_watch_learns_how_often_to_poll_from_the_memo_its_group_was_crea
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Without a query (a workflow task on the scheduler per group and
-    gateway); a group created before the memo is still asked."""
+    gateway): from the record its creator set, or, for a group started
+    without it, the record its run publishes; from the memo key a run of
+    an older scheduler was created with."""
     group, node = f"g-{unique}", f"n-{unique}"
     await sim_nodes.start(node)
-    a = await api.join(group, "a", [node], GroupPolicy(max_turn_seconds=30))
-    older = f"older-{unique}"
-    await client.start_workflow(
-        GroupWorkflow.run, GroupInput(group=older), id=group_workflow_id(older),
+    a = await api.join(group, "a", nodes=[node], policy=GroupPolicy(max_turn_seconds=30))
+    bare = f"bare-{unique}"
+    started = await client.start_workflow(
+        GroupWorkflow.run, GroupInput(group=bare), id=group_workflow_id(bare),
         task_queue=SCHEDULER_TASK_QUEUE,
     )  # fmt: skip
+    older = f"older-{unique}"
+    legacy = await client.start_workflow(
+        "NoWorkerRunsThis", id=group_workflow_id(older), task_queue=f"nobody-{unique}",
+        memo={WATCH_POLL_MEMO: 42.0},
+    )  # fmt: skip
+
+    async def record_published() -> bool:
+        description = await started.describe()
+        return await description.memo_value(MEMO_KEY, None) is not None
+
+    await wait_until_async(record_published, "the bare group's run to publish its record")
     queried: list[str] = []
     real_query = WorkflowHandle.query
 
@@ -252,30 +268,40 @@ async def test_a_watch_learns_how_often_to_poll_from_the_memo_its_group_was_crea
 
     monkeypatch.setattr(WorkflowHandle, "query", counted)
     watches = TurnWatches(client)
-    assert await watches.interval(group) == turn_watch.POLL_SECONDS  # it may ask to yield
+    assert await watches.interval(group) == watch.POLL_SECONDS  # it may ask to yield
+    assert await watches.interval(bare) == watch.poll_seconds(GroupPolicy())
+    assert await watches.interval(older) == 42.0
     assert queried == []
-    assert await watches.interval(older) == turn_watch.poll_seconds(GroupPolicy())
-    assert queried == [group_workflow_id(older)]
-    await client.get_workflow_handle(group_workflow_id(older)).terminate("test over")
+    for handle in (started, legacy):
+        await handle.terminate("test over")
     await a.leave()
 
 
+@pytest.mark.parametrize("carried", ["legacy keys", "record"])
 async def test_a_run_continued_as_new_clears_a_yield_request_its_memo_carried_over(
-    client: Client, scheduler: Worker, unique: str
+    client: Client, scheduler: Worker, unique: str, carried: str
 ) -> None:
     """A run that continued as new starts with the last run's memo. Where
     the last run's holder was asked to yield and the new run asks nobody,
-    the memo must say so: the holder's watch reads it."""
+    the memo must say so: the holder's watch reads it. The keys of a run
+    of an older scheduler go with the first record."""
     group = f"carried-{unique}"
     state = GroupState(group=group, policy=StoredPolicy.stored(GroupPolicy()), rules=RULES_POLICIES)
+    memo: dict[str, Any] = (
+        {YIELD_EPOCH_MEMO: 7}
+        if carried == "legacy keys"
+        else {MEMO_KEY: WatchRecord(yield_asked=(7, 0.0))}
+    )
     handle = await client.start_workflow(
         GroupWorkflow.run, GroupInput(group=group, state=state), id=group_workflow_id(group),
-        task_queue=SCHEDULER_TASK_QUEUE, memo={YIELD_EPOCH_MEMO: 7},
+        task_queue=SCHEDULER_TASK_QUEUE, memo=memo,
     )  # fmt: skip
 
     async def published() -> bool:
         description = await handle.describe()
-        return int(await description.memo_value(YIELD_EPOCH_MEMO, -1)) == 0
+        record = await description.memo_value(MEMO_KEY, None, type_hint=WatchRecord)
+        gone = await description.memo_value(YIELD_EPOCH_MEMO, None) is None
+        return record is not None and record.yield_asked == watch.NOT_ASKED and gone
 
     try:
         await wait_until_async(published, what="the carried yield request cleared")
@@ -283,8 +309,9 @@ async def test_a_run_continued_as_new_clears_a_yield_request_its_memo_carried_ov
         await handle.terminate("test over")
 
 
+@pytest.mark.parametrize("published", ["record", "legacy keys"])
 async def test_a_backfill_holders_watch_asks_it_to_yield_at_the_moment_its_group_published(
-    client: Client, unique: str, monkeypatch: pytest.MonkeyPatch
+    client: Client, unique: str, monkeypatch: pytest.MonkeyPatch, published: str
 ) -> None:
     """The watch asks at the published moment by its own clock: the group
     here (a workflow no worker runs) never asks by itself, and the watch's
@@ -292,9 +319,14 @@ async def test_a_backfill_holders_watch_asks_it_to_yield_at_the_moment_its_group
     monkeypatch.setattr(turn_watch, "KEEPALIVE_SECONDS", 60.0)
     group = f"ahead-{unique}"
     due = time.time() + 3.0
+    memo: dict[str, Any] = (
+        {MEMO_KEY: WatchRecord(yield_asked=(3, due), poll_seconds=60.0, backfill_poll_seconds=60.0)}
+        if published == "record"
+        else {WATCH_POLL_MEMO: 60.0, BACKFILL_YIELD_AT_MEMO: [3, due]}
+    )
     handle = await client.start_workflow(
         "NoWorkerRunsThis", id=group_workflow_id(group), task_queue=f"nobody-{unique}",
-        memo={turn_watch.WATCH_POLL_MEMO: 60.0, BACKFILL_YIELD_AT_MEMO: [3, due]},
+        memo=memo,
         search_attributes=TypedSearchAttributes([SearchAttributePair(HOLDER, "bf")]),
     )  # fmt: skip
     notices = TurnWatches(client).notices(group, "bf", 3, backfill=True)

@@ -45,8 +45,10 @@ async def two_turns_taken(
     await nodes.start(first)
     await nodes.start(second)
     # No prefetch: every switch is one a job asked for, so the count is known.
-    a = await api.join(group, "a", [first], GroupPolicy(max_turn_seconds=600, prefetch="off"))
-    b = await api.join(group, "b", [second])
+    a = await api.join(
+        group, "a", nodes=[first], policy=GroupPolicy(max_turn_seconds=600, prefetch="off")
+    )
+    b = await api.join(group, "b", nodes=[second])
     await a.acquire()
     await a.yield_()
     await b.acquire()

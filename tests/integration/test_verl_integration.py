@@ -160,7 +160,7 @@ async def test_verl_fit_takes_turns_at_its_own_hooks(
 
     def job(name: str) -> None:
         with timeshare.connect(gateway) as client:
-            turns = records[name] = JobTurns(client.join(group, name, [node]))
+            turns = records[name] = JobTurns(client.join(group, name, nodes=[node]))
             trainer = make_trainer(f"timeshare_{mode}", verl_config, turns, Recorder(
                 client, group, name, calls))  # fmt: skip
             assert isinstance(trainer, verl_v1.get_trainer_cls(mode))

@@ -93,8 +93,8 @@ async def test_the_blocking_client_gives_back_in_a_thread(
 
     def scenario() -> None:
         with timeshare.connect(gateway) as client:
-            a = client.join(group, "a", [node])
-            b = client.join(group, "b", [node])
+            a = client.join(group, "a", nodes=[node])
+            b = client.join(group, "b", nodes=[node])
             first = a.acquire()
             a.yield_nowait()
             with pytest.raises(errors.FailedPrecondition, match="does not hold"):

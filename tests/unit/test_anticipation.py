@@ -53,7 +53,7 @@ def busy(
         now = min(release, wake, ask)
         if turn is not None and now == release:
             others_waited = any(w.job != turn.job for w in queue.state.queue)
-            queue.release(turn.job, turn.epoch, now)
+            queue.yield_turn(turn.job, turn.epoch, now)
             heapq.heappush(asks, (now + gaps[turn.job], turn.job))
             released_at = now
         elif now == ask:
@@ -129,13 +129,13 @@ def test_a_hold_the_yielder_does_not_use_costs_at_most_its_window() -> None:
         [("long", 0.4, "short"), ("short", 0.47, "long"), ("long", 0.87, "short")], start=1
     ):
         # short's gap is unknown at its first yield: long goes, as it would.
-        queue.release(job, epoch, yields)
+        queue.yield_turn(job, epoch, yields)
         switch_if_due(yields)
         turn = queue.state.turn
         assert turn is not None and turn.job == other
         queue.request(job, f"{job}-{epoch}", yields + ASK_GAP)
     # short, behind its share and known to ask again within 4 ms, yields...
-    queue.release("short", 4, 0.94)
+    queue.yield_turn("short", 4, 0.94)
     held = queue.state.anticipation
     assert held is not None and held.job == "short"
     assert 0 < held.until - 0.94 <= GroupPolicy().fair_anticipation_seconds

@@ -1,7 +1,6 @@
 """The chaos run's checks, on records made up for them: they see lost acquires
 and double grants, a stuck group is explained from the schedulers' logs, and
-a run whose only failure is a group stuck on the known SDK bug
-(docs/reliability.md, "Limits") is told apart. The run itself:
+the groups the schedulers healed are read from their logs. The run itself:
 tests/integration/test_chaos.py."""
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.parts.chaos_check import JobRecord, double_grants, errors, lost, turns_completed
-from bench.parts.chaos_stuck import SDK_BUG_HINT, explain, only_the_known_sdk_bug
+from bench.parts.chaos_stuck import explain, heals, heals_made
 
 
 def record(path: Path, group: str, job: str, *events: dict[str, Any]) -> JobRecord:
@@ -41,23 +40,6 @@ OWN_BUG_LINE = (
     "Failing workflow task run_id=01a3 failure=Failure { failure: Some(Failure { message: "
     '"Nondeterminism error: Timer machine does not handle this event: \\"x\\"", source: "" }) }'
 )
-
-
-# The report of a chaos run that met the SDK bug (its stuck group's and lost
-# acquires' lines, shortened).
-SDK_BUG_REPORT = [
-    "job processes: 10 started, 1 killed and replaced",
-    "lost acquires: chaos-2/g2-j0: no answer",
-    "lost acquires: chaos-2/g2-j1.9: no answer",
-    "stuck groups: chaos-2: UNAVAILABLE: group 'chaos-2' is stuck: the scheduler fails its "
-    "workflow task",
-    "why stuck: chaos-2: history saved to /tmp/run/chaos-2-history.json",
-    "why stuck: scheduler.log: [TMPRL1100] Nondeterminism error: Update machine does not handle "
-    f"this event: HistoryEvent(id: 167, UpsertWorkflowSearchAttributes) ({SDK_BUG_HINT})",
-    "errors of live jobs: chaos-2/g2-j2 after yielding: UNAVAILABLE: group 'chaos-2' is stuck",
-    "turns=78 faults=3 lost=3 double_grants=0 overlaps=0 stuck=1 recovery_p50_s=2.92 "
-    "recovery_max_s=5.29",
-]
 
 
 def test_the_checks_see_what_went_wrong(tmp_path: Path) -> None:
@@ -99,27 +81,34 @@ def test_a_stuck_group_is_explained_from_the_schedulers_logs(tmp_path: Path) -> 
     lines = explain([tmp_path / "scheduler.log", tmp_path / "scheduler-2.log"])
     assert lines == [
         "scheduler.log: [TMPRL1100] Nondeterminism error: Update machine does not handle this "
-        f"event: HistoryEvent(id: 140, UpsertWorkflowSearchAttributes) ({SDK_BUG_HINT})",
+        "event: HistoryEvent(id: 140, UpsertWorkflowSearchAttributes)",
         'scheduler.log: Nondeterminism error: Timer machine does not handle this event: \\"x\\"',
     ]
 
 
-def test_only_a_group_stuck_on_the_known_sdk_bug_is_told_apart() -> None:
-    assert only_the_known_sdk_bug(SDK_BUG_REPORT)
-    clean_run = ["turns=78 faults=3 lost=0 double_grants=0 overlaps=0 stuck=0"]
-    assert not only_the_known_sdk_bug(clean_run)
-    own_bug = [
-        line.replace("Update machine does not handle", "Timer machine does not handle")
-        for line in SDK_BUG_REPORT
+def test_the_groups_a_scheduler_healed_are_read_from_its_log(tmp_path: Path) -> None:
+    (tmp_path / "scheduler.log").write_text(
+        "\n".join([
+            "timeshare scheduler: ready",
+            "group chaos-1 healed: run 01a2 failed its workflow task (nondeterminism: x); new "
+            "run 01a3 rebuilt from the run's start and 9 later facts",
+            # The new run's own line, from the workflow: not the scheduler's count.
+            "group chaos-1: healed from the run's start and 9 later facts",
+            f"{ESC}[2mgroup chaos-2 heals again in 41 s: it was rebuilt 3 times{ESC}[0m",
+        ]) + "\n"
+    )  # fmt: skip
+    assert heals([tmp_path / "scheduler.log", tmp_path / "absent.log"]) == [
+        "scheduler.log: chaos-1 healed: run 01a2 failed its workflow task (nondeterminism: x); "
+        "new run 01a3 rebuilt from the run's start and 9 later facts",
+        "scheduler.log: chaos-2 heals again in 41 s: it was rebuilt 3 times",
     ]
-    assert not only_the_known_sdk_bug(own_bug)
-    lost_elsewhere = [*SDK_BUG_REPORT[:1], "lost acquires: chaos-0/g0-j1: no answer"]
-    assert not only_the_known_sdk_bug(lost_elsewhere + SDK_BUG_REPORT[1:])
-    error_elsewhere = [*SDK_BUG_REPORT[:1], "errors of live jobs: chaos-1/g1-j0 after yielding: x"]
-    assert not only_the_known_sdk_bug(error_elsewhere + SDK_BUG_REPORT[1:])
-    granted_twice = ["double grants: chaos-2: epoch 4 granted 2 times", *SDK_BUG_REPORT]
-    assert not only_the_known_sdk_bug(granted_twice)
-    overlap = [*SDK_BUG_REPORT[:-1], SDK_BUG_REPORT[-1].replace("overlaps=0", "overlaps=1")]
-    assert not only_the_known_sdk_bug(overlap)
-    unexplained = [line for line in SDK_BUG_REPORT if "Nondeterminism" not in line]
-    assert not only_the_known_sdk_bug(unexplained)
+
+
+def test_a_run_healed_by_both_schedulers_counts_once() -> None:
+    lines = [
+        "scheduler.log: chaos-1 healed: run 01a2 failed its workflow task (x); new run 01a3 ...",
+        "scheduler-2.log: chaos-1 healed: run 01a2 failed its workflow task (x); new run 01a3 ...",
+        "scheduler-2.log: chaos-1 healed: run 01a3 failed its workflow task (x); new run 01a4 ...",
+        "scheduler.log: chaos-2 heals again in 41 s: it was rebuilt 3 times",
+    ]
+    assert heals_made(lines) == 2

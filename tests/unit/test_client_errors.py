@@ -102,7 +102,7 @@ async def gateway(service: TimeSlicerService) -> AsyncIterator[str]:
 
 def join_blocking(address: str) -> str:
     with timeshare.connect(address) as client:
-        job = client.join("g", "a", ["n"])
+        job = client.join("g", "a", nodes=["n"])
         job.stop_heartbeats()
         return job.token
 
@@ -114,7 +114,7 @@ async def test_both_clients_send_a_join_again_while_the_gateway_waits_for_its_sc
     service = WaitingGateway(refusals=2)
     async with gateway(service) as address:
         async with timeshare.aio.connect(address) as client:
-            job = await client.join("g", "a", ["n"])
+            job = await client.join("g", "a", nodes=["n"])
             await job.stop_heartbeats()
         assert (job.token, service.joins) == ("token", 3)
         service.joins = 0

@@ -18,9 +18,9 @@ from temporalio.testing import ActivityEnvironment
 from bench.handover import switch_times
 from timeshare.activities.backends.base import BackendConfig
 from timeshare.activities.backends.sim import SimBackend
-from timeshare.activities.residency import extra, plan_room
 from timeshare.activities.switch import SwitchActivities
 from timeshare.models import CoResidency, NodeMove, SwitchInput, SwitchOutput
+from timeshare.node.room import extra, plan_room
 from timeshare.testing import overlaps
 
 STATE = 2**26

@@ -22,14 +22,8 @@ from temporalio.converter import (
     WorkflowSerializationContext,
 )
 
-from timeshare.models import (
-    AcquireInput,
-    AcquireResult,
-    BackendAction,
-    Grant,
-    GroupPolicy,
-    SwitchOutput,
-)
+from timeshare.models import AcquireResult, BackendAction, Grant, GroupPolicy, SwitchOutput
+from timeshare.scheduling import events as ev
 from timeshare.scheduling.state import GroupState, StoredPolicy
 from timeshare.workers.scheduler.data_converter import DATA_CONVERTER
 from timeshare.workers.scheduler.serve import external_storage_concurrency
@@ -40,7 +34,7 @@ GRANT = Grant(
     waited_seconds=0.25, switch_seconds=0.125, phase="rollout",
 )  # fmt: skip
 MESSAGES: list[Any] = [
-    AcquireInput(job="a", token_hash="h", request_id="r-1", phase="rollout"),
+    ev.Acquire(job="a", token_hash="h", request_id="r-1", phase="rollout"),
     AcquireResult(grant=GRANT),
     SwitchOutput(
         node="n", backend="sim", actions=[BackendAction(job="a", action="restore", bytes=1 << 30)]

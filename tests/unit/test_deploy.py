@@ -36,6 +36,7 @@ from tests.deploy_files import (
     validate_strictly,
 )
 from timeshare.cli import gateway_security, temporal_settings
+from timeshare.workers.common.temporal_settings import DEFAULT_WAIT_SECONDS
 from timeshare.workers.temporal.dev_server import (
     MAX_IN_FLIGHT_UPDATES,
     SEARCH_ATTRIBUTES,
@@ -147,3 +148,27 @@ def test_slurm_example_oversubscribes_a_partition_that_allows_it() -> None:
     partition = next(o.split("=", 1)[1] for o in options if o.startswith("--partition="))
     readme = (SLURM / "README.md").read_text()
     assert re.search(rf"PartitionName={partition} .*OverSubscribe=YES:2", readme)
+
+
+@pytest.mark.parametrize("workload", ["gateway.yaml", "agent.yaml"])
+def test_a_pod_waiting_for_temporal_is_not_restarted_by_its_startup_probe(workload: str) -> None:
+    """A service started before Temporal (or during its restart) waits for it
+    up to --temporal-wait and says it is ready only then: its startup probe
+    must give it that long."""
+    (obj,) = [o for o in load(KUBE / "base" / workload) if "template" in o.get("spec", {})]
+    (container,) = pod_spec(obj)["containers"]
+    probe = container["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= DEFAULT_WAIT_SECONDS
+
+
+def test_the_fleet_values_only_add_to_the_base_values(temporal_values: Obj) -> None:
+    """Given after values.yaml, they size the services and the store's
+    connections and leave every setting timeshare needs as it was."""
+    fleet: Obj = yaml.safe_load((DEPLOY / "temporal" / "values-1000-groups.yaml").read_text())
+    assert set(fleet) == {"server"}
+    assert "dynamicConfig" not in fleet["server"]
+    assert "numHistoryShards" not in fleet["server"]["config"]["persistence"]
+    for service in ("frontend", "history", "matching"):
+        assert fleet["server"][service]["replicaCount"] > temporal_values["server"]["replicaCount"]
+    stores = fleet["server"]["config"]["persistence"]["datastores"]
+    assert set(stores) <= set(temporal_values["server"]["config"]["persistence"]["datastores"])

@@ -13,7 +13,8 @@ from temporalio.service import RPCError, RPCStatusCode
 import timeshare.aio
 import timeshare.workers.gateway.group_client as group_client
 from timeshare.errors import Internal
-from timeshare.models import AcquireInput, AcquireResult, Grant, JoinInput, JoinOutput
+from timeshare.models import AcquireResult, Grant, JoinOutput
+from timeshare.scheduling import events as ev
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from timeshare.workers.gateway.errors import status_for
 from timeshare.workers.gateway.group_client import GroupHandle
@@ -21,7 +22,7 @@ from timeshare.workers.gateway.serve import TimeSlicerService
 from timeshare.workflows.group import GroupWorkflow
 
 
-def test_a_group_whose_workflow_task_fails_is_reported_stuck_with_the_way_out() -> None:
+def test_a_group_whose_workflow_task_fails_is_reported_as_healing_by_itself() -> None:
     refusal = RPCError(
         "Unable to perform workflow execution update due to Workflow Task in failed state.",
         RPCStatusCode.FAILED_PRECONDITION,
@@ -31,8 +32,9 @@ def test_a_group_whose_workflow_task_fails_is_reported_stuck_with_the_way_out() 
     assert status is not None
     code, message = status
     assert code == grpc.StatusCode.UNAVAILABLE
-    assert "group 'demo' is stuck" in message
-    assert "temporal workflow terminate --workflow-id timeshare-group-demo" in message
+    assert "group 'demo' is stuck for now" in message and "heals such a group by itself" in message
+    # No person needs to end the group (docs/reliability.md).
+    assert "terminate" not in message
 
 
 def test_other_refusals_say_to_retry() -> None:
@@ -54,7 +56,7 @@ class RefusingTemporal:
         return JOINED
 
 
-JOIN = JoinInput(job="a", nodes=["n"], token_hash="hash-a")
+JOIN = ev.Join(job="a", nodes=["n"], token_hash="hash-a")
 JOINED = JoinOutput(created=True, nodes=["n"])
 TRANSIENT = "Unable to perform workflow execution update due to unexpected workflow task failure."
 
@@ -114,7 +116,7 @@ GRANT = Grant(
     switch_seconds=0.0,
     granted_at=0.0,
 )
-ASK = AcquireInput(job="a", token_hash="hash-a", request_id="r1")
+ASK = ev.Acquire(job="a", token_hash="hash-a", request_id="r1")
 
 
 async def test_an_acquire_that_temporal_cut_off_is_sent_again_not_dropped(
@@ -173,7 +175,20 @@ async def test_an_unexpected_gateway_failure_reaches_the_job_named() -> None:
     try:
         async with timeshare.aio.connect(f"127.0.0.1:{port}") as client:
             with pytest.raises(Internal) as failure:
-                await client.join("g", "a", ["n"])
+                await client.join("g", "a", nodes=["n"])
     finally:
         await server.stop(None)
     assert "the gateway failed on Join: KeyError: 'no such entry'" in str(failure.value)
+
+
+def test_a_call_whose_run_ended_under_it_is_to_be_sent_again_not_a_missing_group() -> None:
+    """A group healed in a new run (or continued as new) while a yield waited:
+    Temporal says the run is over; the group is not gone, and the client
+    sends the call again to the new run."""
+    for message in ("workflow execution already completed", "workflow update was aborted by "
+                    "closing workflow"):  # fmt: skip
+        status = status_for(RPCError(message, RPCStatusCode.NOT_FOUND, b""), "demo")
+        assert status is not None and status[0] == grpc.StatusCode.UNAVAILABLE, message
+        assert "retry" in status[1] and "does not exist" not in status[1]
+    gone = status_for(RPCError("workflow not found", RPCStatusCode.NOT_FOUND, b""), "demo")
+    assert gone is not None and gone[0] == grpc.StatusCode.NOT_FOUND

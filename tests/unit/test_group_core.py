@@ -12,23 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from timeshare.models import AcquireResult, GroupPolicy, JoinOutput
+from timeshare.models import AcquireResult, FailureKind, GroupPolicy, JoinOutput
 from timeshare.refusals import Refusal
 from timeshare.scheduling import commands as cmd
 from timeshare.scheduling import events as ev
 from timeshare.scheduling.base import QueueError
-from timeshare.scheduling.group_core import (
+from timeshare.scheduling.group_core import SWITCH_PLAN_ATTEMPTS, GroupCore
+from timeshare.scheduling.rules import RULES_ANTICIPATION
+from timeshare.scheduling.state import GroupState, StoredPolicy
+from timeshare.scheduling.versions import (
     EVICT_FAILED_JOBS,
     EVICT_FAILING_HOOKS,
     PREFETCH,
+    PREFETCH_GUESS,
     RELEASE_PER_MEMBERSHIP,
-    SWITCH_PLAN_ATTEMPTS,
     WHOLE_JOBS,
-    GroupCore,
 )
-from timeshare.scheduling.prefetch import PREFETCH_GUESS
-from timeshare.scheduling.rules import RULES_ANTICIPATION
-from timeshare.scheduling.state import GroupState, StoredPolicy
 
 NODE = "n1"
 
@@ -103,7 +102,9 @@ def test_a_waiter_is_switched_in_and_granted_when_every_node_reported() -> None:
 def test_a_checkpoint_that_fails_pauses_then_retries_then_sets_the_plan_aside() -> None:
     group = b_waits_behind_a()
     plan = attempt_of(group.handle(ev.Tick(), 1.0)).plan
-    failed = ev.NodeFailed(NODE, "checkpoint failed: CUDA_ERROR_UNKNOWN", "checkpoint", "a")
+    failed = ev.NodeFailed(
+        NODE, "checkpoint failed: CUDA_ERROR_UNKNOWN", FailureKind.CHECKPOINT, "a"
+    )
     now = 2.0
     for attempt in range(1, SWITCH_PLAN_ATTEMPTS + 1):
         commands = group.handle(ev.SwitchAttempted(done=[], failed=[failed]), now)
@@ -125,7 +126,9 @@ def test_a_checkpoint_that_fails_pauses_then_retries_then_sets_the_plan_aside() 
 def test_a_switch_failing_past_the_give_up_time_evicts_the_stuck_job_then_answers() -> None:
     group = b_waits_behind_a(GroupPolicy(switch_give_up_seconds=5))
     attempt_of(group.handle(ev.Tick(), 1.0))
-    failed = ev.NodeFailed(NODE, "checkpoint failed: CUDA_ERROR_UNKNOWN", "checkpoint", "a")
+    failed = ev.NodeFailed(
+        NODE, "checkpoint failed: CUDA_ERROR_UNKNOWN", FailureKind.CHECKPOINT, "a"
+    )
     assert isinstance(group.handle(ev.SwitchAttempted([], [failed]), 1.0)[-1], cmd.PauseSwitch)
     commands = group.handle(ev.SwitchAttempted([], [failed]), 6.5)
     # a's state could not leave for 5 s: a is evicted, released, and the
@@ -145,8 +148,8 @@ def test_jobs_lost_for_good_or_whose_hooks_fail_are_evicted_and_released() -> No
     group = core(jobs=("a", "b", "c"))
     ask(group, "a", "a-1", 0.0)
     attempt_of(group.handle(ev.Tick(), 0.0))
-    lost = ev.NodeFailed(NODE, "CUDA state FAILED", "job-failed", "b")
-    hooks = ev.NodeFailed(NODE, "the engine will not sleep", "hook", "c")
+    lost = ev.NodeFailed(NODE, "CUDA state FAILED", FailureKind.JOB_FAILED, "b")
+    hooks = ev.NodeFailed(NODE, "the engine will not sleep", FailureKind.HOOK, "c")
     commands = group.handle(ev.SwitchAttempted(done=[], failed=[lost, hooks]), 1.0)
     patches = [c.patch for c in commands if isinstance(c, cmd.MarkPatch)]
     assert patches == [EVICT_FAILED_JOBS, EVICT_FAILING_HOOKS]

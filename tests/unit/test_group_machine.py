@@ -24,7 +24,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from timeshare.models import AcquireResult, GroupPolicy
+from timeshare.models import AcquireResult, FailureKind, GroupPolicy
 from timeshare.scheduling import commands as cmd
 from timeshare.scheduling import events as ev
 from timeshare.scheduling import moves
@@ -35,6 +35,7 @@ from timeshare.scheduling.rules import (
     RULES_LEGACY,
     RULES_OVERDUE_ASKS,
     RULES_POLICIES,
+    RULES_STEADY_DEADLINES,
     RULES_SWITCH_COSTS,
 )
 from timeshare.scheduling.state import GroupState, StoredPolicy, StoredSwitch, SwitchPlan
@@ -80,6 +81,9 @@ class GroupMachine(RuleBasedStateMachine):
         # A turn granted while every other member waited: (epoch, its grant
         # time, the spread of shares then, the smallest weight then).
         self.contended_turn: tuple[int, float, float, float] | None = None
+        # A backfill job joined again as a regular one during the contended
+        # turn: under Rules before 6 it kept its backfill share.
+        self.turned_regular = False
         self.version = RULES_LEGACY
         # Who waited before the event being handled.
         self.waited: set[str] = set()
@@ -94,6 +98,7 @@ class GroupMachine(RuleBasedStateMachine):
                 RULES_ANTICIPATION,
                 RULES_SWITCH_COSTS,
                 RULES_OVERDUE_ASKS,
+                RULES_STEADY_DEADLINES,
             ]
         ),
         members=st.sets(JOBS, min_size=2),
@@ -181,6 +186,8 @@ class GroupMachine(RuleBasedStateMachine):
 
     @rule(job=jobs, nodes=st.sampled_from(NODE_SETS), step=STEPS)
     def join(self, job: str, nodes: list[str], step: float) -> None:
+        entry = self.core.state.jobs.get(job)
+        self.turned_regular |= entry is not None and entry.backfill
         self.message(ev.Join(job, nodes, token(job), weight=WEIGHTS[job]), step)
 
     @rule(job=jobs, nodes=st.sampled_from(NODE_SETS), step=STEPS)
@@ -215,7 +222,7 @@ class GroupMachine(RuleBasedStateMachine):
         turn = self.core.state.turn
         if turn is None:
             return
-        epoch = turn.resumes_epoch or turn.epoch
+        epoch = turn.told_epoch
         if asks_again:
             self.acquire(turn.job, step, yield_epoch=epoch)
         else:
@@ -304,7 +311,7 @@ class GroupMachine(RuleBasedStateMachine):
         self.attempt = None
         self.now += seconds
         if failure == "quiesce":
-            failures = [ev.NodeFailed(node, "could not stop", "other") for node in failed]
+            failures = [ev.NodeFailed(node, "could not stop", FailureKind.OTHER) for node in failed]
             self.handle(ev.SwitchAttempted(done=[], failed=failures, moved=False))
             self.look_when_told()
             return
@@ -326,14 +333,14 @@ class GroupMachine(RuleBasedStateMachine):
                 )  # fmt: skip
             elif failure == "restore":
                 self.device[move.node] = set()  # checkpointed, and nothing came back
-                failures.append(ev.NodeFailed(move.node, "restore failed", "restore"))
+                failures.append(ev.NodeFailed(move.node, "restore failed", FailureKind.RESTORE))
             elif failure == "hook" and leaving:
-                failures.append(ev.NodeFailed(move.node, "hooks failed", "hook", leaving))
+                failures.append(ev.NodeFailed(move.node, "hooks failed", FailureKind.HOOK, leaving))
             elif failure == "unreachable":
-                failures.append(ev.NodeFailed(move.node, "no answer", "unreachable"))
+                failures.append(ev.NodeFailed(move.node, "no answer", FailureKind.UNREACHABLE))
             else:
                 failures.append(
-                    ev.NodeFailed(move.node, "checkpoint failed", "checkpoint", leaving)
+                    ev.NodeFailed(move.node, "checkpoint failed", FailureKind.CHECKPOINT, leaving)
                 )
         self.handle(ev.SwitchAttempted(done=done, failed=failures, records=records))
         self.look_when_told()
@@ -396,10 +403,11 @@ class GroupMachine(RuleBasedStateMachine):
         if ended is not None and (turn is None or turn.epoch != ended[0]):
             self.contended_turn = None
             _, granted_at, spread, lightest = ended
-            # docs/user-guide.md, "Fair share": the job granted is the one
+            # docs/guide/policies.md, "Fair share": the job granted is the one
             # furthest behind, and one turn moves it on by at most T / w_min.
             bound = max(spread, (now - granted_at) / lightest) + EPSILON
-            assert self.spread() <= bound, (self.spread(), bound, state.jobs)
+            kept_backfill_share = self.turned_regular and self.version < RULES_STEADY_DEADLINES
+            assert kept_backfill_share or self.spread() <= bound, (self.spread(), bound, state.jobs)
         if turn is None or turn.epoch == self.last_epoch:
             return
         assert turn.epoch > self.last_epoch
@@ -424,6 +432,7 @@ class GroupMachine(RuleBasedStateMachine):
         if contended:
             lightest = min(WEIGHTS[job] for job in state.jobs)
             self.contended_turn = (turn.epoch, turn.granted_at, self.spread(), lightest)
+            self.turned_regular = False
 
     @invariant()
     def at_most_one_holder_alone_on_its_gpus_and_a_member(self) -> None:
@@ -448,9 +457,18 @@ class GroupMachine(RuleBasedStateMachine):
         during a switch)."""
         if self.in_switch() or (self.wake.at is not None and self.wake.at <= self.now):
             return
+        if self.version in (RULES_SWITCH_COSTS, RULES_OVERDUE_ASKS) and self.backfill_waits():
+            # Rules 4 and 5 looked again at a backfill waiter held back by
+            # switch costs only while nobody held the turn, so a holder's turn
+            # limit that counted from its release could ring late (Rules 6).
+            return
         look = GroupCore(self.core.state.model_copy(deep=True)).handle(ev.Tick(), self.now)
         overdue = [c for c in look if isinstance(c, cmd.Log)]
         assert not overdue, (overdue, self.wake)
+
+    def backfill_waits(self) -> bool:
+        jobs = self.core.state.jobs
+        return any(jobs[waiter.job].backfill for waiter in self.core.state.queue)
 
     @invariant()
     def every_release_is_commanded(self) -> None:

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from timeshare.history import SwitchRecord, TurnRecord
-from timeshare.models import Grant, GroupPolicy, NodeMove
+from timeshare.models import FailureKind, Grant, GroupPolicy, NodeMove
 from timeshare.scheduling import commands as cmd
 from timeshare.scheduling import events as ev
 from timeshare.scheduling.base import QueueError
@@ -44,8 +44,10 @@ def test_each_durable_model_has_its_public_twins_fields(
     stored: type[StoredModel], public: type[BaseModel]
 ) -> None:
     """A field added to a public model alone must be added to the durable one on
-    purpose: until then the two differ and crossing between them fails."""
-    assert set(stored.model_fields) == set(public.model_fields)
+    purpose (stored, or derived from what is): until then the two differ and
+    crossing between them fails."""
+    derived: frozenset[str] = getattr(stored, "DERIVED", frozenset())
+    assert set(stored.model_fields) | derived == set(public.model_fields)
     legacy = LEGACY_DEFAULTS if stored is StoredPolicy else set()
     for name, field in stored.model_fields.items():
         if name not in legacy:  # what a state from before the field meant, on purpose
@@ -85,7 +87,8 @@ def _refused_part_way(epoch: int) -> list[ev.Event]:
         ev.Acquire(job="a", token_hash="h-a", request_id="", yield_epoch=epoch),
         # Job a is evicted as lost, then the switch outcome is refused: none is under way.
         ev.SwitchAttempted(
-            done=[], failed=[ev.NodeFailed(node="n", cause="x", kind="job-failed", job="a")]
+            done=[],
+            failed=[ev.NodeFailed(node="n", cause="x", kind=FailureKind.JOB_FAILED, job="a")],
         ),
     ]
 
@@ -100,7 +103,7 @@ def test_an_event_refused_part_way_leaves_the_state_exactly_as_it_was(which: int
     # Nothing of the refused event lingers: the group goes on as if it never
     # came, and job a's release, commanded by nobody yet, is commanded when it leaves.
     core.handle(ev.Yield(job="a", token_hash="h-a", epoch=epoch), 4.0)
-    assert core.state.released == {"a": epoch}
+    assert core.state.yielded == {"a": epoch}
     core.handle(ev.Leave(job="a", token_hash="h-a"), 5.0)
     commands = core.handle(ev.Tick(), 5.0)  # the switch to b
     commands += core.handle(ev.SwitchAttempted(done=[ev.NodeSwitched(node="n")], failed=[]), 5.5)
@@ -139,3 +142,11 @@ def test_a_draft_changes_nothing_of_the_state_it_copies() -> None:
     copy.jobs["a"].turns = 99
     copy.queue.clear()
     assert state.model_dump() == before
+
+
+def test_a_grant_carries_the_epoch_its_job_is_told() -> None:
+    turn = StoredGrant(job="a", request_id="r", epoch=7, ticket=1, granted_at=0.0,
+                       waited_seconds=0.0, switch_seconds=0.0)  # fmt: skip
+    assert turn.as_grant().told_epoch == 7
+    resumed = turn.model_copy(update={"resumes_epoch": 3})
+    assert resumed.as_grant().told_epoch == 3 == resumed.told_epoch

@@ -39,7 +39,7 @@ def test_with_nobody_waiting_the_turn_goes_on_into_the_next_phase() -> None:
     assert queue.state.jobs["a"].held_seconds == 1.0
     phases = [(t.epoch, t.phase, t.granted_at, t.released_at) for t in queue.state.recent_turns]
     assert phases[-2:] == [(epoch, "train", 1.0, 2.0), (epoch, "sample", 2.0, 0.0)]
-    assert queue.release("a", epoch, now=2.5) == 0.5
+    assert queue.yield_turn("a", epoch, now=2.5) == 0.5
     assert queue.state.recent_turns[-1].released_at == 2.5
     assert queue.state.jobs["a"].last_seen == 2.5  # every message renews the lease
 
@@ -56,7 +56,7 @@ def test_with_someone_waiting_the_holder_keeps_the_turn_and_is_asked_to_yield() 
     assert [w.job for w in queue.state.queue] == ["b"]
     assert queue.yield_requested_epoch(2.0) == epoch
     assert queue.heartbeat("a", 2.1).should_yield
-    queue.release("a", epoch, now=2.6)
+    queue.yield_turn("a", epoch, now=2.6)
     assert queue.needs_switch()  # b goes next
 
 
@@ -74,7 +74,7 @@ def test_only_the_holder_of_the_epoch_keeps_it(who: str) -> None:
     epoch = held(queue, "a", "train", 1.0)
     job = "b" if who == "not the holder" else "a"
     if who == "given back":
-        queue.release("a", epoch, now=1.5)
+        queue.yield_turn("a", epoch, now=1.5)
     before = queue.state.model_dump()
     with pytest.raises(QueueError) as refused:
         queue.keep_turn(job, epoch + 1 if who == "stale epoch" else epoch, "sample", 2.0)

@@ -45,7 +45,7 @@ def test_reacquire_with_nobody_waiting_moves_nothing() -> None:
     queue.request("a", "r1", now=0.0)
     queue.begin_switch(now=0.0)
     queue.finish_switch(now=0.1)
-    queue.release("a", 1, now=1.0)
+    queue.yield_turn("a", 1, now=1.0)
     grant = queue.request("a", "r2", now=2.0)
     assert grant is not None and grant.epoch == 2 and grant.switch_seconds == 0.0
     assert not queue.needs_switch()
@@ -59,7 +59,7 @@ def test_handover_evicts_the_resident_job_before_granting() -> None:
     queue.finish_switch(now=0.0)
     assert queue.request("b", "rb", now=1.0) is None
     assert not queue.needs_switch()  # a still holds the turn
-    queue.release("a", 1, now=2.0)
+    queue.yield_turn("a", 1, now=2.0)
     assert queue.state.turn is None
     plan = queue.begin_switch(now=2.0)
     assert [(m.node, m.admit, m.evict) for m in plan.moves] == [("n1", "b", ["a"])]
@@ -74,7 +74,7 @@ def handed_from_a_to_b(queue: LockQueue) -> SwitchPlan:
     queue.begin_switch(now=0.0)
     queue.finish_switch(now=0.0)
     queue.request("b", "rb", now=1.0)
-    queue.release("a", 1, now=2.0)
+    queue.yield_turn("a", 1, now=2.0)
     return queue.begin_switch(now=2.0)
 
 
@@ -90,7 +90,7 @@ def test_a_job_leaves_every_node_stopped_everywhere_first() -> None:
         ("n2", ["a"]), ("n1", ["a"]), ("n3", ["a"])]  # fmt: skip
     queue.finish_switch(now=2.5)
     assert queue.state.resident == {"n2": "b"}
-    queue.release("b", 2, now=3.0)
+    queue.yield_turn("b", 2, now=3.0)
     queue.request("a", "ra2", now=3.0)
     again = queue.begin_switch(now=3.0)
     assert [(m.node, m.admit, m.evict) for m in again.moves] == [
@@ -108,7 +108,7 @@ def test_a_leaving_job_stays_on_a_drained_node() -> None:
     queue.finish_switch(now=0.5)
     queue.drain("n1", drained=True, now=0.6)
     queue.request("b", "rb", now=1.0)
-    queue.release("a", 1, now=2.0)
+    queue.yield_turn("a", 1, now=2.0)
     plan = queue.begin_switch(now=2.0)
     assert [(m.node, m.admit, m.evict) for m in plan.moves] == [("n2", "b", ["a"])]
     queue.finish_switch(now=2.5)
@@ -132,7 +132,7 @@ def test_grants_follow_arrival_order() -> None:
         grant = queue.finish_switch(now=0.0)
         assert grant is not None
         order.append(grant.job)
-        queue.release(grant.job, epoch, now=0.0)
+        queue.yield_turn(grant.job, epoch, now=0.0)
     assert order == ["a", "c", "b"]
 
 
@@ -151,8 +151,8 @@ def test_refusals_leave_the_state_unchanged() -> None:
     queue.finish_switch(now=0.0)
     before = queue.state.model_copy(deep=True)
     refusals: list[tuple[Callable[[], object], str]] = [
-        (lambda: queue.release("b", 1, now=1.0), "FAILED_PRECONDITION"),
-        (lambda: queue.release("a", 7, now=1.0), "FAILED_PRECONDITION"),
+        (lambda: queue.yield_turn("b", 1, now=1.0), "FAILED_PRECONDITION"),
+        (lambda: queue.yield_turn("a", 7, now=1.0), "FAILED_PRECONDITION"),
         (lambda: queue.request("a", "other", now=1.0), "FAILED_PRECONDITION"),
         (lambda: queue.authenticate("a", "wrong"), "UNAUTHENTICATED"),
         (lambda: queue.authenticate("zz", "hash-zz"), "NOT_FOUND"),
@@ -224,7 +224,7 @@ def test_a_turn_granted_as_its_caller_left_is_given_back() -> None:
     assert not queue.cancel("a", "ra", now=2.0, call_id="call-1")  # the old call's withdrawal
     assert queue.state.turn is not None
     assert queue.cancel("a", "ra", now=2.0, call_id="call-2")
-    assert queue.state.turn is None and queue.state.released == {"a": 1}
+    assert queue.state.turn is None and queue.state.yielded == {"a": 1}
     with pytest.raises(QueueError) as late:
         queue.request("a", "ra", now=3.0)  # a late duplicate is not queued again
     assert late.value.code == "FAILED_PRECONDITION"

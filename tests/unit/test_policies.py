@@ -51,7 +51,7 @@ def hold(queue: LockQueue, job: str, start: float, seconds: float, phase: str = 
     assert grant_next(queue, start) == job
     turn = queue.state.turn
     assert turn is not None
-    queue.release(job, turn.epoch, now=start + seconds)
+    queue.yield_turn(job, turn.epoch, now=start + seconds)
     return start + seconds
 
 
@@ -70,7 +70,7 @@ def cycle(queue: LockQueue, turns: dict[str, float], grants: int) -> dict[str, f
         turn = queue.state.turn
         assert turn is not None and turn.job == holder
         now += turns[holder]
-        queue.release(holder, turn.epoch, now=now)
+        queue.yield_turn(holder, turn.epoch, now=now)
         following = grant_next(queue, now)
         queue.request(holder, f"{holder}-{n + 1}", now=now)
         holder = following
@@ -142,7 +142,7 @@ def test_switch_time_is_charged_to_nobody() -> None:
     queue.finish_switch(now=9.0)  # an 8 s switch
     turn = queue.state.turn
     assert turn is not None
-    queue.release("b", turn.epoch, now=10.0)
+    queue.yield_turn("b", turn.epoch, now=10.0)
     assert queue.state.jobs["b"].held_seconds == queue.state.jobs["b"].share_seconds == 1.0
 
 
@@ -165,7 +165,7 @@ def test_phase_priority_puts_train_before_rollout() -> None:
     grant_next(queue, 0.0)
     queue.request("batch", "b1", now=0.2, phase="rollout")
     queue.request("trainer", "t1", now=0.5, phase="train")  # asked later
-    queue.release("sampler", 1, now=1.0)
+    queue.yield_turn("sampler", 1, now=1.0)
     assert grant_next(queue, 1.0) == "trainer"
     turn = queue.state.turn
     assert turn is not None and turn.phase == "train"
@@ -219,7 +219,7 @@ def test_a_higher_priority_waiter_asks_the_holder_to_yield_then_preempts_it() ->
     assert queue.expire(now=7.0) == ["preempted batch after 7 s"]
     assert grant_next(queue, 7.0) == "trainer"
     assert queue.state.jobs["batch"].preempted
-    assert queue.release("batch", 1, now=8.0) == 0.0  # its late yield is accepted
+    assert queue.yield_turn("batch", 1, now=8.0) == 0.0  # its late yield is accepted
 
 
 def test_without_the_knob_a_higher_priority_waiter_only_goes_first() -> None:
@@ -278,7 +278,7 @@ def test_a_job_granted_after_a_long_wait_gets_its_whole_lease_from_the_grant() -
     assert queue.next_deadline(now=31.5) == 61.5
     assert queue.expire(now=45.0) == []
     assert queue.state.turn is not None and queue.state.turn.job == "b"
-    assert queue.release("b", queue.state.turn.epoch, now=45.0) >= 0.0
+    assert queue.yield_turn("b", queue.state.turn.epoch, now=45.0) >= 0.0
 
 
 def test_a_holder_that_renews_keeps_its_turn_while_others_wait() -> None:
@@ -324,7 +324,7 @@ def test_fair_shares_stay_within_one_turn_of_each_other(
         turn = queue.state.turn
         assert turn is not None
         now += length
-        queue.release(holder, turn.epoch, now=now)
+        queue.yield_turn(holder, turn.epoch, now=now)
         shares = [entry.share_seconds for entry in queue.state.jobs.values()]
         assert max(shares) - min(shares) <= bound, (n, shares)
         queue.request(holder, f"{holder}-{n + 1}", now=now)
@@ -353,7 +353,7 @@ def test_aging_lets_the_lowest_priority_through_within_its_bound(
         turn_now = queue.state.turn
         assert turn_now is not None
         now += turn
-        queue.release(holder, turn_now.epoch, now=now)
+        queue.yield_turn(holder, turn_now.epoch, now=now)
         queue.request(holder, f"{holder}-{n + 1}", now=now)
         assert now <= (gap + 1) * aging + 2 * turn, f"low still waits at {now:.1f} s"
 
@@ -452,7 +452,7 @@ class PolicyMachine(RuleBasedStateMachine):
         turn = self.core.state.turn
         if turn is not None:
             self.tick()
-            self.handle(ev.Yield(turn.job, f"h-{turn.job}", turn.resumes_epoch or turn.epoch))
+            self.handle(ev.Yield(turn.job, f"h-{turn.job}", turn.told_epoch))
 
     @rule(seconds=st.floats(min_value=0, max_value=40))
     def time_passes(self, seconds: float) -> None:

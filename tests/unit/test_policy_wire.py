@@ -10,6 +10,7 @@ from timeshare import _protocol as protocol
 from timeshare.models import GroupPolicy, GroupStatus
 from timeshare.status import policy_line
 from timeshare.v1 import timeshare_pb2 as pb
+from timeshare.workers.gateway import messages
 from timeshare.workers.gateway.errors import InvalidRequest
 
 
@@ -18,7 +19,7 @@ def test_co_residency_travels_from_the_client_to_the_status() -> None:
     received = gateway_convert.policy(sent.policy)
     assert received.co_residency == "off"
     status = GroupStatus(group="g", state="idle", policy=received)
-    assert protocol.group_status(gateway_convert.group_status(status)).policy == received
+    assert protocol.group_status(messages.group_status(status)).policy == received
 
 
 def test_co_residency_defaults_to_auto_and_refuses_other_words() -> None:
@@ -42,7 +43,7 @@ def test_switch_cost_settings_travel_from_the_client_to_the_status(sent: GroupPo
         sent.switch_cost_seconds,
     )
     status = GroupStatus(group="g", state="idle", policy=received)
-    assert protocol.group_status(gateway_convert.group_status(status)).policy == received
+    assert protocol.group_status(messages.group_status(status)).policy == received
 
 
 def test_unset_switch_cost_settings_keep_their_defaults() -> None:

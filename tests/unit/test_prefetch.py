@@ -11,10 +11,11 @@ import pytest
 from tests.lock_queue import LockQueue
 from timeshare.models import GroupPolicy
 from timeshare.scheduling.base import QueueError
-from timeshare.scheduling.prefetch import PREFETCH_GUESS, PREFETCH_PAST_DEPARTED, PrefetchChoice
+from timeshare.scheduling.prefetch import PrefetchChoice
 from timeshare.scheduling.rules import RULES_POLICIES
 from timeshare.scheduling.state import GroupState, StoredPolicy
 from timeshare.scheduling.switch_failures import FailedMove
+from timeshare.scheduling.versions import PREFETCH_GUESS, PREFETCH_PAST_DEPARTED
 
 # A GRPO-like job: sampling, the reward on the CPU, then training and at once
 # the next iteration's sampling; two such jobs take turns.
@@ -44,7 +45,7 @@ def held(queue: LockQueue, job: str, phase: str, at: float) -> int:
 def turn(queue: LockQueue, job: str, phase: str, at: float, hold: float = 0.5) -> float:
     """The job asks at ``at``, is switched in if it must be, holds, yields;
     returns when it yielded."""
-    queue.release(job, held(queue, job, phase, at), now=at + hold)
+    queue.yield_turn(job, held(queue, job, phase, at), now=at + hold)
     return at + hold
 
 

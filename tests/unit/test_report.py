@@ -18,7 +18,7 @@ import pytest
 from tests.report_history import GIB, JOBS, NODES, T, recorded_history
 from timeshare.history import GroupHistory
 from timeshare.report import summarise, write_report
-from timeshare.report_data import FAILED, RESIDENT, SWITCHING, TURN, UNKNOWN, build_timeline
+from timeshare.report.data import FAILED, RESIDENT, SWITCHING, TURN, UNKNOWN, build_timeline
 
 VOID_TAGS = {"meta", "br", "img", "hr", "link", "input"}
 

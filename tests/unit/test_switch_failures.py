@@ -32,7 +32,7 @@ def queue_with_b_waiting_behind_a() -> tuple[LockQueue, float]:
     plan = queue.begin_switch(now)
     queue.finish_switch(now + 0.1)
     assert plan.waiter.job == "a" and queue.state.resident == {NODE: "a"}
-    queue.release("a", queue.state.epoch, now + 1)
+    queue.yield_turn("a", queue.state.epoch, now + 1)
     assert queue.request("b", "b-1", now + 2) is None
     queue.begin_switch(now + 2)
     return queue, now + 2
@@ -113,7 +113,7 @@ def test_a_switch_that_works_ends_the_run_of_failures() -> None:
     queue.finish_switch(start + 100)
     assert queue.state.failing is None and queue.state.degraded_cause == ""
     # The next failing switch starts its own run: no give-up carried over.
-    queue.release("b", queue.state.epoch, start + 101)
+    queue.yield_turn("b", queue.state.epoch, start + 101)
     queue.request("a", "a-2", start + 200)
     queue.begin_switch(start + 200)
     verdict = checkpoint_fails(queue, start + 200, stuck="b")
@@ -143,7 +143,7 @@ def test_a_failing_prefetch_evicts_nobody_and_stops_prefetching() -> None:
         queue.request(job, f"{job}-1", now)
         queue.begin_switch(now)
         queue.finish_switch(now)
-        queue.release(job, queue.state.epoch, now + 1)
+        queue.yield_turn(job, queue.state.epoch, now + 1)
         now += 2
     target = queue.prefetch_target(now)
     assert target == "a"

@@ -28,6 +28,7 @@ from timeshare.bundle.manifest import (
 from timeshare.bundle.own_wheel import build_own_wheel, last_error, own_version
 from timeshare.bundle.platforms import compatible_platforms, this_python
 from timeshare.bundle.repack import MIB, repack_all
+from timeshare.self_command import python_module_command
 
 EXTRAS = "server,cuda"
 INSTALLER = "install.sh"
@@ -101,7 +102,7 @@ def _fill(folder: Path, options: BundleOptions, say: Callable[[str], None]) -> M
 
 def download_command(own: Path, options: BundleOptions, dest: Path) -> list[str]:
     command = [
-        sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
+        *python_module_command("pip"), "download", "--disable-pip-version-check",
         # Wheels only: the host cannot build anything from source.
         "--only-binary=:all:", "--implementation", "cp", "--dest", str(dest),
         f"timeshare[{EXTRAS}] @ {own.as_uri()}",

@@ -9,7 +9,6 @@ import hashlib
 import importlib.metadata
 import shutil
 import subprocess
-import sys
 import tempfile
 import tomllib
 import zipfile
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import timeshare
 from timeshare.bundle.errors import BundleError
+from timeshare.self_command import python_module_command
 
 DISTRIBUTION = "timeshare"
 # What a source tree's build reads besides the package (pyproject's readme and,
@@ -81,7 +81,7 @@ def _build_from_source(tree: Path, out: Path) -> Path:
                 ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
             )
         built = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out),
+            [*python_module_command("pip"), "wheel", "--no-deps", "--wheel-dir", str(out),
              str(copy)],
             capture_output=True, text=True,
         )  # fmt: skip

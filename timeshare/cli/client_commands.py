@@ -19,12 +19,15 @@ from timeshare.cli.arguments import (
     PRIORITY,
     SECONDS,
     WEIGHT,
+    RenamedFlag,
     fail,
 )
+from timeshare.cli.subjects import add_subjects
 from timeshare.placement.arguments import add_plan_arguments, add_profile_arguments
+from timeshare.status_command import STATUS_OUTPUTS, WATCH_SECONDS
 
 Subparsers = Any  # argparse's _SubParsersAction, private in typeshed
-# The operator commands: name, positional arguments, help.
+# The operator commands: name, what they act on, help.
 OPERATOR_CONTROLS = [
     ("pause", ["group"], "grant no new turns in a group (the holder keeps its turn)"),
     ("resume", ["group"], "let a paused group grant turns again"),
@@ -32,25 +35,25 @@ OPERATOR_CONTROLS = [
     ("drain", ["node"], "grant no new turns that need NODE; running turns finish"),
     ("undrain", ["node"], "put a drained node back in service"),
 ]
+AGENT_SOCKET_HELP = (
+    "the node agent's socket (env TIMESHARE_AGENT_SOCKET; default: /run/timeshare/agent.sock "
+    "where it exists, else the one `timeshare up` serves for this user)"
+)
 
 
 def add_client_commands(commands: Subparsers) -> None:
-    status = commands.add_parser("status", help="show groups, holders, queues and nodes")
-    status.add_argument("group", nargs="?")
-    status.add_argument("--address", help=GATEWAY_HELP)
-    status.set_defaults(handler=run_status)
+    _status_command(commands)
 
     for name, subject, help_text in OPERATOR_CONTROLS:
-        control = commands.add_parser(name, help=help_text)
-        for positional in subject:
-            control.add_argument(positional)
+        control = commands.add_parser(name, help=help_text, description=help_text)
+        add_subjects(control, *subject)
         if name == "evict":
             control.add_argument("--reason", default="", help="told to the job on its next call")
         control.add_argument("--address", help=GATEWAY_HELP)
         control.set_defaults(handler=run_control)
 
     report = commands.add_parser("report", help="draw a group's recent history as a timeline")
-    report.add_argument("group")
+    add_subjects(report, "group")
     report.add_argument("--out", type=Path, required=True, help="FILE.html or FILE.png")
     report.add_argument("--from-json", type=Path, help="draw a saved GroupHistory JSON instead")
     report.add_argument("--address", help=GATEWAY_HELP)
@@ -59,10 +62,9 @@ def add_client_commands(commands: Subparsers) -> None:
     register = commands.add_parser(
         "register", help="register a process of a job with this node's agent (root or owner)"
     )
-    register.add_argument("--group", required=True)
-    register.add_argument("--job", required=True)
-    register.add_argument("--pid", type=PID, required=True)
-    register.add_argument("--socket", help="agent socket (env TIMESHARE_AGENT_SOCKET)")
+    add_subjects(register, "group", "job")
+    register.add_argument("--pid", type=PID, required=True, help="the process to register")
+    register.add_argument("--socket", help=AGENT_SOCKET_HELP)
     register.add_argument(
         "--token",
         help="the job's token, from its Join (env TIMESHARE_JOB_TOKEN, which other users "
@@ -75,17 +77,15 @@ def add_client_commands(commands: Subparsers) -> None:
         help="print an llm-d compat job's token (its registration credential), derived from "
         "the gateway's TIMESHARE_LLMD_SECRET",
     )
-    llmd.add_argument("--group", required=True)
-    llmd.add_argument("--job", required=True)
+    add_subjects(llmd, "group", "job")
     llmd.set_defaults(handler=run_llmd_token)
 
     forget = commands.add_parser(
         "forget",
         help="release a job's processes on this node by hand and forget them (root or owner)",
     )
-    forget.add_argument("--group", required=True)
-    forget.add_argument("--job", required=True)
-    forget.add_argument("--socket", help="agent socket (env TIMESHARE_AGENT_SOCKET)")
+    add_subjects(forget, "group", "job")
+    forget.add_argument("--socket", help=AGENT_SOCKET_HELP)
     forget.add_argument(
         "--token",
         help="the job's token (env TIMESHARE_JOB_TOKEN): needed, but for root, while the job "
@@ -96,11 +96,33 @@ def add_client_commands(commands: Subparsers) -> None:
     _synthetic_job_command(commands)
 
     profile = commands.add_parser("profile", help="each job's profile, from its group's history")
+    add_subjects(profile, "group")
     add_profile_arguments(profile)
     profile.set_defaults(handler=run_profile)
     plan = commands.add_parser("plan", help="which jobs should share which GPUs (advice only)")
     add_plan_arguments(plan)
     plan.set_defaults(handler=run_plan)
+
+
+def _status_command(commands: Subparsers) -> None:
+    status = commands.add_parser(
+        "status",
+        help="show groups, holders, queues and nodes",
+        description="Groups, holders, queues and nodes. -o wide adds each group's policy and "
+        "jobs; -o json prints the gateway's answer whole, for scripts (one JSON document per "
+        "refresh with --watch).",
+    )
+    add_subjects(status, "group", required=False, help_text="only this group (default: all)")
+    status.add_argument(
+        "-o", "--output", choices=STATUS_OUTPUTS, default="table",
+        help="table, wide (with each group's policy and jobs) or json",
+    )  # fmt: skip
+    status.add_argument(
+        "-w", "--watch", type=PERIOD, nargs="?", const=WATCH_SECONDS, metavar="SECONDS",
+        help=f"show it again every SECONDS ({WATCH_SECONDS:g} if not given) until Ctrl-C",
+    )  # fmt: skip
+    status.add_argument("--address", help=GATEWAY_HELP)
+    status.set_defaults(handler=run_status)
 
 
 def iteration_phases(text: str) -> list[tuple[str, float, str]]:
@@ -122,15 +144,15 @@ def iteration_phases(text: str) -> list[tuple[str, float, str]]:
 
 def _synthetic_job_command(commands: Subparsers) -> None:
     job = commands.add_parser("synthetic-job", help="run one synthetic RL job (demo, tests)")
-    job.add_argument("--group", required=True)
-    job.add_argument("--job", required=True)
-    job.add_argument("--address")
-    job.add_argument("--nodes", help="comma-separated node names")
-    job.add_argument("--iterations", type=COUNT, default=5)
-    job.add_argument("--sample-seconds", type=SECONDS, default=0.8)
-    job.add_argument("--reward-seconds", type=SECONDS, default=1.8)
-    job.add_argument("--train-seconds", type=SECONDS, default=0.6)
-    job.add_argument("--start-delay-seconds", type=SECONDS, default=0.0)
+    add_subjects(job, "group", "job")
+    job.add_argument("--address", help=GATEWAY_HELP)
+    job.add_argument("--nodes", help="comma-separated node names (default: the only live node)")
+    job.add_argument("--iterations", type=COUNT, default=5, help="RL iterations to run")
+    job.add_argument("--sample-seconds", type=SECONDS, default=0.8, help="GPU: each sample phase")
+    job.add_argument("--reward-seconds", type=SECONDS, default=1.8, help="CPU: each reward phase")
+    job.add_argument("--train-seconds", type=SECONDS, default=0.6, help="GPU: each train phase")
+    job.add_argument("--start-delay-seconds", type=SECONDS, default=0.0,
+                     help="wait this long after joining before the first iteration")  # fmt: skip
     job.add_argument(
         "--start-at", type=float, metavar="UNIX_SECONDS",
         help="once joined, start the first iteration at this time (plus the start delay), "
@@ -166,7 +188,10 @@ def _synthetic_job_command(commands: Subparsers) -> None:
         "--hooks", choices=["offload", "discard"],
         help="serve workload hooks to the agent, asking to be evicted this way",
     )  # fmt: skip
-    job.add_argument("--agent-socket", help="the agent's socket, for --hooks")
+    job.add_argument(
+        "--socket", "--agent-socket", dest="agent_socket", action=RenamedFlag,
+        help=f"with --hooks: {AGENT_SOCKET_HELP} (--agent-socket is the old name)",
+    )  # fmt: skip
     job.add_argument(
         "--blocking-yields", action="store_true",
         help="wait for each yield's answer before the CPU phase after it (Job.yield_) "
@@ -189,9 +214,9 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from timeshare.status import print_status
+    from timeshare.status_command import show_status
 
-    return print_status(args.address, args.group)
+    return show_status(args.address, args.group, args.output, args.watch)
 
 
 def run_control(args: argparse.Namespace) -> int:
@@ -201,7 +226,7 @@ def run_control(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from timeshare.report_cli import cmd_report
+    from timeshare.report.cli import cmd_report
 
     return cmd_report(args)
 

@@ -1,4 +1,4 @@
-"""`timeshare gpu-check`: prove a new GPU host in one command
+"""`timeshare gpu-check`: check a new GPU host in one command
 (timeshare.gpu_check). Needs `timeshare[gpu-check]`; it says so in one line
 where a part is missing, before it starts anything."""
 
@@ -15,9 +15,9 @@ def add_gpu_check_command(commands: Subparsers) -> None:
 
     gpu_check = commands.add_parser(
         "gpu-check",
-        help="prove this GPU host: driver probe, backends' conformance, two RL jobs sharing "
+        help="check this GPU host: driver probe, backends' conformance, two RL jobs sharing "
         f"the GPU, switch scenarios (needs {EXTRA})",
-        description="Prove this GPU host in one command, within 8 minutes on one GPU. The "
+        description="Check this GPU host in one command, within 8 minutes on one GPU. The "
         f"Python parts come with {EXTRA} (every `timeshare bundle` holds them); the driver, "
         "PyTorch with CUDA and NVIDIA's cuda-checkpoint utility are the host's.",
     )

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from timeshare.agent_socket import AGENT_SOCKET_ENV, local_agent_socket
 from timeshare.cli.arguments import (
     COUNT,
     DEFAULT_LISTEN,
@@ -17,6 +18,8 @@ from timeshare.cli.arguments import (
     default_node_name,
     fail,
 )
+from timeshare.cli.backend_names import backend_help, backend_name, chosen_backend
+from timeshare.cli.exit_codes import ExitCode
 from timeshare.cli.server_settings import (
     add_agent_options,
     add_telemetry_options,
@@ -39,9 +42,11 @@ Subparsers = Any  # argparse's _SubParsersAction, private in typeshed
 
 def add_server_commands(commands: Subparsers) -> None:
     temporal = commands.add_parser("temporal", help="run the embedded Temporal dev server")
-    temporal.add_argument("--port", type=PORT, default=7233)
-    temporal.add_argument("--ui-port", type=PORT, default=8233)
-    temporal.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
+    temporal.add_argument("--port", type=PORT, default=7233, help="Temporal's gRPC port")
+    temporal.add_argument("--ui-port", type=PORT, default=8233, help="the Temporal Web UI's port")
+    temporal.add_argument(
+        "--data-dir", type=Path, default=Path(".timeshare"), help="where its SQLite file lives"
+    )
     temporal.add_argument(
         "--metrics-port", type=PORT, help="serve Temporal's own Prometheus metrics on this port"
     )
@@ -91,7 +96,7 @@ def add_server_commands(commands: Subparsers) -> None:
     add_temporal_options(agent)
     add_telemetry_options(agent)
     agent.add_argument("--node", default=default_node_name(), help="node name (env TIMESHARE_NODE)")
-    agent.add_argument("--backend", default="sim", help="snapshot backend (default %(default)s)")
+    agent.add_argument("--backend", type=backend_name, metavar="BACKEND", help=backend_help())
     agent.add_argument(
         "--socket",
         default=default_agent_socket(),
@@ -101,20 +106,44 @@ def add_server_commands(commands: Subparsers) -> None:
     add_agent_options(agent)
     agent.set_defaults(handler=run_agent, server=True)
 
-    up = commands.add_parser("up", help="run the whole stack on this machine")
-    up.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
+    up = commands.add_parser(
+        "up",
+        help="run the whole stack on this machine",
+        description="Temporal, the scheduler, the gateway and a node agent, each a process "
+        "of its own; one Ctrl-C stops them all. Once ready it prints what a job needs "
+        "(TIMESHARE_ADDRESS, TIMESHARE_AGENT_SOCKET), which are also where a job on this "
+        "machine looks by default.",
+    )
+    up.add_argument(
+        "--data-dir", type=Path, default=Path(".timeshare"),
+        help="Temporal's SQLite file and the stack's logs",
+    )  # fmt: skip
     up.add_argument("--port", type=PORT, default=7233, help="Temporal gRPC port")
     up.add_argument("--ui-port", type=PORT, default=8233, help="Temporal Web UI port")
     up.add_argument("--listen", default=DEFAULT_LISTEN, help="gateway HOST:PORT")
     up.add_argument("--node", default=default_node_name(), help="this host's node name")
-    up.add_argument("--backend", default="sim")
-    up.add_argument("--socket", help="agent registration socket (default DATA_DIR/agent.sock)")
+    up.add_argument("--backend", type=backend_name, metavar="BACKEND", help=backend_help())
+    up.add_argument(
+        "--socket",
+        help="the agent's registration socket (default: TIMESHARE_AGENT_SOCKET, else "
+        f"{local_agent_socket()}, where a job on this machine looks)",
+    )
     add_agent_options(up)
     up.set_defaults(handler=run_up, server=True)
 
-    demo = commands.add_parser("demo", help="run two synthetic RL jobs through the stack")
-    demo.add_argument("--iterations", type=COUNT, default=6)
-    demo.add_argument("--data-dir", type=Path, default=Path(".timeshare"))
+    demo = commands.add_parser(
+        "demo",
+        help="run two synthetic RL jobs through the stack",
+        description="Two synthetic RL jobs take turns on one SIMULATED GPU: starts the stack "
+        "(or uses one that answers on localhost:50051), runs the jobs, prints who held the "
+        "GPU when and the busy fraction with and without sharing, writes an HTML timeline, "
+        "and stops what it started.",
+    )
+    demo.add_argument("--iterations", type=COUNT, default=6, help="RL iterations per job")
+    demo.add_argument(
+        "--data-dir", type=Path, default=Path(".timeshare"),
+        help="the stack's data, and the report demo-report.html",
+    )  # fmt: skip
     demo.set_defaults(handler=run_demo, server=True)
 
 
@@ -130,8 +159,10 @@ def _gateway_options(gateway: argparse.ArgumentParser) -> None:
         "--tokens-file", type=Path, help="TOML file of bearer tokens, each scoped to groups"
     )
     callers.add_argument(
-        "--insecure", action="store_true", help="plain text, no caller checks: for tests only"
-    )
+        "--insecure", action="store_true",
+        help="plain text beyond loopback, no caller checks: for tests, or llm-d clients on a "
+        "network you trust (docs/migrating-from-llm-d.md)",
+    )  # fmt: skip
     gateway.add_argument(
         "--max-groups", type=COUNT, default=1000, help="groups per deployment (default %(default)s)"
     )
@@ -266,6 +297,7 @@ def _probe() -> int:
 def run_agent(args: argparse.Namespace) -> int:
     if args.probe:
         return _probe()
+    args.backend = chosen_backend(args.backend, "agent")
     from timeshare.names import check_name
     from timeshare.workers.agent.serve import serve_agent
     from timeshare.workers.common.service import StartupError, run_service
@@ -297,14 +329,26 @@ def run_agent(args: argparse.Namespace) -> int:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    """Every argument is checked here, before the first process starts."""
     from timeshare.activities.backends.sim_memory import sim_state_path
-    from timeshare.workers.common.service import run_service
-    from timeshare.workers.stack.up import StackOptions, serve_stack
+    from timeshare.names import check_name
+    from timeshare.workers.common.service import StartupError, run_service
+    from timeshare.workers.stack.up import StackOptions, listen_port, serve_stack
+    from timeshare.workers.stack.up_checks import check_agent_socket_free
 
+    try:
+        check_name("node", args.node)
+        listen_port(args.listen)
+        socket_path = args.socket or local_agent_socket()
+        chosen = args.socket is not None or bool(os.environ.get(AGENT_SOCKET_ENV))
+        check_agent_socket_free(socket_path, given=chosen)
+    except (ValueError, StartupError) as error:
+        return fail(f"up: {error}", code=ExitCode.USAGE)
+    backend = chosen_backend(args.backend, "up")
     # The stack's own files live in its data directory unless told otherwise;
     # what its simulated GPU holds lives in memory, as a GPU's does.
     chosen_sim_state = None
-    if args.sim_state is None and "sim" in args.backend.split("+"):
+    if args.sim_state is None and "sim" in backend.split("+"):
         args.sim_state = chosen_sim_state = sim_state_path(args.data_dir, args.node)
     options = StackOptions(
         data_dir=args.data_dir,
@@ -312,11 +356,9 @@ def run_up(args: argparse.Namespace) -> int:
         ui_port=args.ui_port,
         listen=args.listen,
         node=args.node,
-        backend=args.backend,
-        agent_args=[
-            *agent_arguments(args),
-            f"--socket={args.socket or args.data_dir / 'agent.sock'}",
-        ],
+        backend=backend,
+        socket=socket_path,
+        agent_args=[*agent_arguments(args), f"--socket={socket_path}"],
         sim_state=chosen_sim_state,
     )
     run_service("up", lambda stop: serve_stack(stop, options))

@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from timeshare.cli.arguments import AMOUNT, FRACTION, GPU_COUNT, PERIOD, PORT, RATE, SIZE
+from timeshare.cli.arguments import (
+    AMOUNT,
+    FRACTION,
+    GPU_COUNT,
+    PERIOD,
+    PORT,
+    RATE,
+    SECONDS,
+    SIZE,
+)
 from timeshare.names import check_name
 
 if TYPE_CHECKING:
@@ -68,6 +77,13 @@ def add_temporal_options(parser: argparse.ArgumentParser) -> None:
         help="file holding an API key, e.g. Temporal Cloud's (env TEMPORAL_API_KEY)",
     )
     temporal.add_argument(
+        "--temporal-wait",
+        type=SECONDS,
+        metavar="SECONDS",
+        help="how long to wait for a Temporal that is starting or restarting before exiting "
+        "(env TIMESHARE_TEMPORAL_WAIT; default 300; 0: for ever)",
+    )
+    temporal.add_argument(
         "--temporal-compression",
         metavar="{none,gzip}",
         help="gRPC compression (env TIMESHARE_TEMPORAL_COMPRESSION; default none; "
@@ -97,6 +113,7 @@ def temporal_settings(args: argparse.Namespace) -> TemporalSettings:
         "tls_server_name": args.temporal_tls_server_name,
         "api_key": api_key,
         "compression": args.temporal_compression,
+        "wait_seconds": getattr(args, "temporal_wait", None),
     }
     return load_temporal_settings(flags)
 

@@ -39,6 +39,7 @@ from typing import IO, Any, Literal
 from pydantic import BaseModel, Field
 
 import timeshare
+from timeshare.self_command import python_module_command
 from timeshare.testing import LocalStack
 
 BACKENDS = {"hooks": "app+cuda", "cuda": "cuda"}
@@ -157,7 +158,7 @@ def phase_busy(runs: list[JobRun], start: float, end: float) -> float | None:
 def start_job(args: argparse.Namespace, seed: int, env: dict[str, str],
               joined: tuple[str, str, str] | None = None,
               hooks: bool = False) -> JobProcess:  # fmt: skip
-    command = [sys.executable, "-m", JOB, f"--gib={args.gib}", f"--seed={seed}",
+    command = [*python_module_command(JOB), f"--gib={args.gib}", f"--seed={seed}",
                f"--iterations={args.iterations}"]  # fmt: skip
     if joined:
         group, job, address = joined

@@ -52,6 +52,7 @@ from timeshare.activities.backends.gpus import (
     gpu_inventory,
 )
 from timeshare.gpu_check.switch import CUDA_RANK, Rank
+from timeshare.self_command import python_module_command
 
 # What the H200 answered (docs/facts.md), where a probe here can differ.
 FACTS = {
@@ -412,7 +413,7 @@ def main() -> None:
     probe.environment()
     ranks: list[Rank] = []
     try:
-        ranks = [Rank([sys.executable, "-m", CUDA_RANK, f"--bytes={args.bytes}",
+        ranks = [Rank([*python_module_command(CUDA_RANK), f"--bytes={args.bytes}",
                        f"--seed={100 + index}"]) for index in range(args.ranks)]  # fmt: skip
         for rank in ranks:
             rank.hello["bytes"] = args.bytes

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from pydantic import BaseModel, Field
 from timeshare.gpu_check.blog import BlogOutcome, outcome_figures
 from timeshare.gpu_check.figures import DRIVER_RATIO_LIMIT, HOOKS_CEILING_LIMIT, figure, p50, ratio
 from timeshare.gpu_check.switch import RANKS, Outcome
+from timeshare.self_command import python_module_command
 from timeshare.testing.stack import processes_below
 
 Status = Literal["ok", "failed", "timed_out", "not_measured", "not_run"]
@@ -144,7 +144,7 @@ def run_step(context: Context, wanted: float, command: list[str], log: Path) -> 
 
 def run_probe(context: Context) -> StepResult:
     log = context.out / "probe.log"
-    command = [sys.executable, "-m", "timeshare.gpu_check.probe", f"--out={context.out}",
+    command = [*python_module_command("timeshare.gpu_check.probe"), f"--out={context.out}",
                f"--bytes={context.rank_bytes}", f"--ranks={RANKS}"]  # fmt: skip
     command += ["--emulated", "--repeats=2"] if context.emulated else ["--repeats=3"]
     ran = run_step(context, PROBE_SECONDS, command, log)
@@ -176,7 +176,7 @@ def run_probe(context: Context) -> StepResult:
 
 def run_conformance(context: Context) -> StepResult:
     log = context.out / "conformance.log"
-    command = [sys.executable, "-m", "timeshare.gpu_check.conformance",
+    command = [*python_module_command("timeshare.gpu_check.conformance"),
                f"--out={context.out / 'conformance'}"]  # fmt: skip
     ran = run_step(context, CONFORMANCE_SECONDS, command, log)
     if ran is None:
@@ -219,7 +219,7 @@ def run_blog(context: Context) -> list[StepResult]:
     result per backend (timeshare.gpu_check.blog)."""
     log, results = context.out / "blog.log", context.out / "blog.jsonl"
     results.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "timeshare.gpu_check.blog", f"--gib={context.gib}",
+    command = [*python_module_command("timeshare.gpu_check.blog"), f"--gib={context.gib}",
                f"--iterations={context.iterations}",
                f"--results={results}", *(["--emulated"] if context.emulated else [])]  # fmt: skip
     ran = run_step(context, BLOG_SECONDS, command, log)
@@ -283,7 +283,7 @@ def one_switch_process(context: Context, names: list[str], probe: StepResult | N
     the process ends."""
     log, results_path = context.out / "gpu_switch.log", context.out / "gpu_switch.jsonl"
     offset = results_path.stat().st_size if results_path.exists() else 0
-    command = [sys.executable, "-m", "timeshare.gpu_check.switch", f"--only={','.join(names)}",
+    command = [*python_module_command("timeshare.gpu_check.switch"), f"--only={','.join(names)}",
                f"--gib={context.gib}", f"--handovers={context.handovers}",
                f"--results={results_path}"]  # fmt: skip
     process = started(command, log, context.env)

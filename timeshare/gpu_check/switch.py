@@ -57,6 +57,7 @@ from timeshare.activities.backends.gpus import device_memory_by_pid
 from timeshare.credentials import JOB_TOKEN_ENV
 from timeshare.gpu_check.figures import figure, overlaps, p50, rank_moves, ratio
 from timeshare.models import CoResidency, GroupPolicy
+from timeshare.self_command import python_module_command
 from timeshare.status import table
 from timeshare.testing import LocalStack
 
@@ -142,12 +143,12 @@ def start_job(group: str, job: str, gib: float, seed: int, scenario: Scenario,
     env = {"TIMESHARE_AGENT_SOCKET": str(socket), JOB_TOKEN_ENV: token}
     identity = [f"--group={group}", f"--job={job}"]
     if scenario.torch_hooks:
-        command = [sys.executable, "-m", TORCH_HOLDER, *identity, f"--gib={gib}",
+        command = [*python_module_command(TORCH_HOLDER), *identity, f"--gib={gib}",
                    f"--seed={seed}", "--hooks"]  # fmt: skip
         return [Rank(command, env)]
     per_rank = int(gib * 2**30) // RANKS
     return [
-        Rank([sys.executable, "-m", CUDA_RANK, *identity, f"--bytes={per_rank}",
+        Rank([*python_module_command(CUDA_RANK), *identity, f"--bytes={per_rank}",
               f"--seed={seed * RANKS + rank}"], env)
         for rank in range(RANKS)
     ]  # fmt: skip
@@ -195,7 +196,9 @@ def run_scenario(stack: LocalStack, scenario: Scenario, gib: float, handovers: i
     policy = GroupPolicy(co_residency=scenario.co_residency, prefetch="off")
     with timeshare.connect(stack.address) as client:
         # Joined before the ranks start: they register with their job's token.
-        handles = [client.join(group, f"job-{i}", [stack.node], policy) for i in range(2)]
+        handles = [
+            client.join(group, f"job-{i}", nodes=[stack.node], policy=policy) for i in range(2)
+        ]
         try:
             jobs = [start_job(group, f"job-{i}", gib, i, scenario, stack.socket_path,
                               handles[i].token) for i in range(2)]  # fmt: skip
@@ -318,7 +321,7 @@ def on_the_emulator(gib: float) -> None:
     env = emulator_environment(root, gib)
     env[EMULATED] = "1"
     env[EMULATOR_SCRATCH] = str(root)
-    os.execve(sys.executable, [sys.executable, "-m", "timeshare.gpu_check.switch", *sys.argv[1:]],
+    os.execve(sys.executable, [*python_module_command("timeshare.gpu_check.switch"), *sys.argv[1:]],
               {**os.environ, **env})  # fmt: skip
 
 

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from pydantic import ValidationError
 
+from timeshare.agent_socket import agent_socket
 from timeshare.errors import TimeshareError
 from timeshare.hooks.protocol import MAX_ERROR_CHARS, EvictMode, HookCall, HookHello, HookReply
-from timeshare.registration import agent_socket, open_agent_connection, presented_token
+from timeshare.registration import open_agent_connection, presented_token
 
 if TYPE_CHECKING:
     from timeshare.hooks import WorkloadHooks

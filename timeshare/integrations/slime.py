@@ -99,9 +99,11 @@ class RoleTurns:
     def from_env(cls, address: str | None = None) -> RoleTurns | None:
         job, trainer, sampler = from_env("job"), from_env("trainer"), from_env("sampler")
         if not (job and trainer and sampler):
+            missing = [ENVIRONMENT[w][0] for w in ("job", "trainer", "sampler") if not from_env(w)]
             log.warning(
-                "timeshare: Slime callback inactive (set TIMESHARE_JOB, "
-                "TIMESHARE_TRAINER_GROUP and TIMESHARE_SAMPLER_GROUP)"
+                "timeshare: Slime callback inactive: %s not set (set TIMESHARE_JOB, "
+                "TIMESHARE_TRAINER_GROUP and TIMESHARE_SAMPLER_GROUP)",
+                " and ".join(missing),
             )
             return None
         client = Client(address or from_env("address"))

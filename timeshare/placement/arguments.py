@@ -31,11 +31,16 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     live = parser.add_argument_group("--from-groups: advice on the live groups (moves nothing)")
     live.add_argument("--from-groups", action="store_true", help="profile every live group")
     live.add_argument("--groups", help="only these groups, comma-separated")
-    live.add_argument("--max-slowdown", type=float, default=1.5)
+    live.add_argument(
+        "--max-slowdown", type=float, default=1.5, help="no job slower than this, than alone"
+    )
     live.add_argument("--gpu-memory-gib", type=float, default=80.0, help="per GPU set")
     live.add_argument("--host-memory-gib", type=float, default=512.0, help="per GPU set")
     live.add_argument("--bandwidth-gbps", type=float, help="default: as the switches measured")
-    live.add_argument("--co-residency-margin-gib", type=float, default=2.0)
+    live.add_argument(
+        "--co-residency-margin-gib", type=float, default=2.0,
+        help="as the agents' --co-residency-margin-gib",
+    )  # fmt: skip
     live.add_argument(
         "--state-gib", type=_state, action="append", default=[], metavar="JOB=GIB",
         help="state of a job its history never saw checkpointed",
@@ -44,7 +49,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("group")
+    """All but the group, which the CLI names as every command does (--group)."""
     parser.add_argument(
         "--json", action="store_true", help="the profiles as JSON (accepted in a plan's jobs:)"
     )

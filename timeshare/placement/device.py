@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Literal
 
-from timeshare.activities.residency import extra, plan_room
+from timeshare.node.room import extra, plan_room
 
 Location = Literal["running", "locked", "host"]
 DEVICE = "gpu"

@@ -3,7 +3,7 @@ Kubernetes priority class below the rest). A backfill job is granted only
 while no regular job holds or waits (ordering.in_grant_order puts it after
 every regular waiter); a backfill holder is asked to yield as soon as a
 regular job waits, and after the group's ``backfill_grace_seconds`` it is
-preempted like any holder past its time (deadlines._preempt), or evicted
+preempted like any holder past its time (deadlines.preempt), or evicted
 where its state could be moved only by its own hooks, which would need its
 consent. Pure functions of the queue's state; time is passed in."""
 

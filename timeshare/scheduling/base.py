@@ -72,7 +72,7 @@ def rules_of(state: GroupState) -> Rules:
     return Rules.of(state.rules)
 
 
-def policies(state: GroupState) -> bool:
+def decides_by_policies(state: GroupState) -> bool:
     """Whether the group decides by scheduling policies (rules 2) or as
     groups created before them did (FIFO, one lease for all)."""
     return rules_of(state).policies

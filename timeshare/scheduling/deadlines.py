@@ -15,7 +15,8 @@ from timeshare.scheduling import (
 )
 from timeshare.scheduling.base import (
     Group,
-    policies,
+    decides_by_policies,
+    rules_of,
 )
 from timeshare.scheduling.state import GroupState, StoredGrant, Waiter
 
@@ -32,9 +33,13 @@ def next_deadline(state: GroupState, now: float) -> float | None:
     asked, preempt_at = _yield_times(state, now)
     if preempt_at is not None:
         deadlines.append(preempt_at)
-    if policies(state) and asked is not None and asked > now:
+    if decides_by_policies(state) and asked is not None and asked > now:
         deadlines.append(asked)  # the request to yield is published then
-    held_back_until = switch_costs.recheck_at(state, now)
+    held_back_until = (
+        switch_costs.next_release(state, now)
+        if rules_of(state).steady_deadlines
+        else switch_costs.recheck_at(state, now)
+    )
     if held_back_until is not None:
         deadlines.append(held_back_until)
     return min(deadlines) if deadlines else None
@@ -45,7 +50,7 @@ def expire(group: Group, now: float) -> list[str]:
     state = group.state
     group.tell(now)
     done = []
-    if not policies(state):
+    if not decides_by_policies(state):
         lease = state.policy.lease_seconds
         for job, entry in list(state.jobs.items()):
             if now - entry.last_seen >= lease:
@@ -73,7 +78,7 @@ def expire(group: Group, now: float) -> list[str]:
             state.backfill_preemptions += 1
             done.append(f"evicted backfill job {turn.job}: {reason}")
             return done
-        _preempt(group, turn, now)
+        preempt(group, turn, now)
         done.append(f"preempted {turn.job} after {now - turn.granted_at:.0f} s")
     return done
 
@@ -116,7 +121,7 @@ def _lease_deadlines(state: GroupState) -> list[tuple[str, float, str]]:
     (Groups from before policies: everyone within lease_seconds.) The
     reason is a kind here (LEGACY, IDLE or HELD), worded at eviction."""
     policy = state.policy
-    if not policies(state):
+    if not decides_by_policies(state):
         return [(job, e.last_seen + policy.lease_seconds, LEGACY) for job, e in state.jobs.items()]
     turn = state.turn
     idle = policy.idle_lease
@@ -168,7 +173,7 @@ def _yield_times(state: GroupState, now: float) -> tuple[float | None, float | N
         preempt.append(limit_due + policy.preempt_grace_seconds)
     if turn.kept_past_others_at:
         asked.append(turn.kept_past_others_at)
-    if policies(state) and policy.preempt_lower_after_seconds > 0:
+    if decides_by_policies(state) and policy.preempt_lower_after_seconds > 0:
         outranked = _outranked_from(state, turn, now)
         if outranked is not None:
             asked.append(outranked)
@@ -212,7 +217,9 @@ def _yield_due_reached(state: GroupState, now: float) -> bool:
     return due is not None and now >= due
 
 
-def _preempt(group: Group, turn: StoredGrant, now: float) -> None:
+def preempt(group: Group, turn: StoredGrant, now: float) -> None:
+    """Take the turn back from its holder, transparently to it: it waits
+    to resume the turn it was told (its epoch kept)."""
     state = group.state
     entry = state.jobs[turn.job]
     turns.charge(state, turn.job, turn, now)
@@ -248,7 +255,7 @@ def heartbeat(state: GroupState, job: str, now: float) -> HeartbeatOutput:
         epoch=turns.epoch_known_to(state, job),
         waiting=len(state.queue),
         should_yield=(asked != 0 and turn is not None and turn.job == job)
-        if policies(state)
+        if decides_by_policies(state)
         else _yield_due_reached(state, now),
         preempted=entry.preempted,
         lease_seconds=state.policy.lease_seconds,

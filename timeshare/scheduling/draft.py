@@ -1,5 +1,6 @@
 """A working copy of a group's state, for a handler to change and the core
-to keep only once the handler has returned (GroupCore.handle).
+to keep only once the handler has returned (GroupCore.handle; NodeCore's
+record too, through draft_model).
 
 Copied by what each field's type says, once worked out per model: a value
 no handler can change in place (a number, a string) is shared, a container
@@ -38,6 +39,12 @@ def draft(state: GroupState) -> GroupState:
     if turns:
         turns[-1] = turns[-1].model_copy()
     return copied
+
+
+def draft_model(model: Model) -> Model:
+    """A copy of any record of plain fields (no extra fields or private
+    attributes) that can be changed without changing it."""
+    return _copy_model(model, _fields_of(type(model)))
 
 
 @cache
@@ -84,6 +91,9 @@ def _copier(kind: Any) -> Copier | None:
         inner = [_copier(arg) for arg in args if arg is not type(None)]
         if len(inner) == 1:
             return None if inner[0] is None else _unless_none(inner[0])
+    elif origin is tuple:
+        immutable = all(_copier(arg) is None for arg in args if arg is not Ellipsis)
+        return None if immutable else copy.deepcopy
     elif origin is list and args:
         item = _copier(args[0])
         return list if item is None else _each_item(item)

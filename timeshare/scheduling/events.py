@@ -1,35 +1,61 @@
 """What the scheduling core is told: one typed event per message a job or an
 operator sends, per timer, and per outcome of a switch or a release
-(GroupCore.handle). Each names what the core needs, nothing of Temporal."""
+(GroupCore.handle). Each names what the core needs, nothing of Temporal.
+
+A message is one shape from the gateway to the core: the group workflow's
+updates take these events as their arguments (validated where they are
+made, and where Temporal decodes them), and hand them to the core as they
+are. Their fields keep the names the updates' arguments had before they were
+the events, so that every recorded history's payloads still decode."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass as message
+
+from timeshare.models import PRIORITY_LIMIT, FailureKind
 from timeshare.scheduling.state import StoredSwitch
 
+if TYPE_CHECKING:
+    # Its facts are these events: imported for the annotation alone.
+    from timeshare.scheduling.healing import HealInput
 
-@dataclass(frozen=True)
+# Unknown fields (a newer sender's) are ignored, never refused.
+_MESSAGE = ConfigDict(extra="ignore")
+
+
+@message(frozen=True, config=_MESSAGE)
 class Join:
     job: str
     nodes: list[str]
     token_hash: str
-    weight: float = 1.0
-    priority: int = 0
+    # Fair share counts GPU time divided by weight; priority goes first.
+    weight: float = Field(default=1.0, gt=0.0, le=1000.0)
+    priority: int = Field(default=0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)
+    # A backfill job runs only while no regular job holds or waits for the GPU.
     backfill: bool = False
 
 
-@dataclass(frozen=True)
+@message(frozen=True, config=_MESSAGE)
 class Acquire:
     job: str
     token_hash: str
     request_id: str
     # The call now waiting for the request (a retry of it takes over).
     call_id: str = ""
+    # W3C trace context of the caller (traceparent, tracestate), if traced.
     trace_context: dict[str, str] = field(default_factory=dict)
+    # What the job will do with the turn ("rollout", "train"): recorded, and
+    # weighed by the group's phase_priority.
     phase: str = ""
     # The epoch of the turn this same message gives back first (0: none).
     yield_epoch: int = 0
+    # How long the workflow keeps the request waiting (0: until granted);
+    # the core never reads it.
+    timeout_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -41,7 +67,7 @@ class AcquireTimedOut:
     call_id: str = ""
 
 
-@dataclass(frozen=True)
+@message(frozen=True, config=_MESSAGE)
 class CancelAcquire:
     job: str
     token_hash: str
@@ -49,14 +75,14 @@ class CancelAcquire:
     call_id: str = ""
 
 
-@dataclass(frozen=True)
+@message(frozen=True, config=_MESSAGE)
 class Yield:
     job: str
     token_hash: str
     epoch: int
 
 
-@dataclass(frozen=True)
+@message(frozen=True, config=_MESSAGE)
 class KeepTurn:
     job: str
     token_hash: str
@@ -64,30 +90,30 @@ class KeepTurn:
     phase: str = ""
 
 
-@dataclass(frozen=True)
+@message(frozen=True, config=_MESSAGE)
 class Heartbeat:
     job: str
     token_hash: str
 
 
-@dataclass(frozen=True)
+@message(frozen=True, config=_MESSAGE)
 class Leave:
     job: str
     token_hash: str
 
 
-@dataclass(frozen=True)
+@message(frozen=True, config=_MESSAGE)
 class Evict:
     job: str
     reason: str
 
 
-@dataclass(frozen=True)
+@message(frozen=True, config=_MESSAGE)
 class Pause:
     paused: bool
 
 
-@dataclass(frozen=True)
+@message(frozen=True, config=_MESSAGE)
 class Drain:
     node: str
     drained: bool
@@ -97,6 +123,15 @@ class Drain:
 class RunStarted:
     """A run of the group's workflow begins: a new group, or one continued
     as new (releases it carries are started again)."""
+
+
+@dataclass(frozen=True)
+class Healed:
+    """The run was started by the scheduler's healer after the last one kept
+    failing its workflow task: its state is brought up to what the facts
+    say, before any message reaches it (scheduling/healing.py)."""
+
+    rebuild: HealInput
 
 
 @dataclass(frozen=True)
@@ -121,16 +156,12 @@ class NodeSwitched:
 @dataclass(frozen=True)
 class NodeFailed:
     """A node's part of a switch failed, after the activity's own retries.
-    ``kind`` says what failed: "checkpoint" (``job``'s state could not leave;
-    "" where the node could not say whose), "restore" (the admitted job's
-    state could not come back), "job-failed" (``job``'s CUDA state is FAILED,
-    terminal), "hook" (``job``'s own workload hooks failed its checkpoint),
-    "unreachable" (the agent did not answer: the outcome is unknown),
-    "other" (anything else the agent refused)."""
+    ``kind`` says what failed (models.FailureKind); ``job``, whose state
+    could not leave or failed for good ("" where the node could not say)."""
 
     node: str
     cause: str
-    kind: str
+    kind: FailureKind
     job: str = ""
 
 
@@ -169,6 +200,7 @@ Event = (
     | Pause
     | Drain
     | RunStarted
+    | Healed
     | Tick
     | SwitchAttempted
     | SwitchPaused

@@ -17,6 +17,7 @@ from typing import Any
 from timeshare.history import GroupHistory
 from timeshare.models import (
     AcquireResult,
+    FailureKind,
     Grant,
     GroupStatus,
     JoinOutput,
@@ -28,6 +29,7 @@ from timeshare.models import (
 from timeshare.refusals import Refusal
 from timeshare.scheduling import (
     deadlines,
+    healing,
     membership,
     moves,
     prefetch,
@@ -38,7 +40,7 @@ from timeshare.scheduling import (
     turns,
 )
 from timeshare.scheduling import events as ev
-from timeshare.scheduling.base import Group, QueueError, policies
+from timeshare.scheduling.base import Group, QueueError, decides_by_policies
 from timeshare.scheduling.commands import (
     AttemptSwitch,
     Command,
@@ -55,19 +57,16 @@ from timeshare.scheduling.draft import draft
 from timeshare.scheduling.reporting import GroupSummary
 from timeshare.scheduling.state import GroupState, SwitchPlan
 from timeshare.scheduling.switch_failures import FailedMove
+from timeshare.scheduling.versions import (
+    EVICT_FAILED_JOBS,
+    EVICT_FAILING_HOOKS,
+    PREFETCH,
+    RELEASE_PER_MEMBERSHIP,
+    WHOLE_JOBS,
+)
 
 # A plan failing this many times is set aside and planned afresh.
 SWITCH_PLAN_ATTEMPTS = 5
-# The scheduler changes the core announces (MarkPatch) where its decisions
-# rest on them: the group workflow records each as Temporal's marker of that
-# change, where the change first asked for it.
-WHOLE_JOBS = "timeshare-whole-job-switch"
-EVICT_FAILED_JOBS = "timeshare-evict-failed-jobs"
-EVICT_FAILING_HOOKS = "timeshare-evict-failing-hooks"
-PREFETCH = "timeshare-prefetch"
-# A job that left, joined again and left again while its first release was
-# under way gets a release of its own (before, none).
-RELEASE_PER_MEMBERSHIP = "timeshare-release-per-membership"
 
 
 class GroupCore:
@@ -90,6 +89,7 @@ class GroupCore:
             ev.Pause: self._pause,
             ev.Drain: self._drain,
             ev.RunStarted: self._run_started,
+            ev.Healed: self._healed,
             ev.Tick: self._tick,
             ev.SwitchAttempted: self._switch_attempted,
             ev.SwitchPaused: self._switch_paused,
@@ -101,8 +101,8 @@ class GroupCore:
         return self.group.state
 
     @property
-    def policies(self) -> bool:
-        return policies(self.state)
+    def decides_by_policies(self) -> bool:
+        return decides_by_policies(self.state)
 
     def handle(self, event: ev.Event, now: float) -> list[Command]:
         """Apply the event at time ``now``; what to do about it, in order.
@@ -134,10 +134,10 @@ class GroupCore:
                 membership.authenticate(state, message.job, message.token_hash)
                 if isinstance(message, ev.Acquire):
                     if message.yield_epoch:
-                        turns.check_release(state, message.job, message.yield_epoch)
+                        turns.check_yield(state, message.job, message.yield_epoch)
                     turns.check_acquire(state, message.job, message.request_id, message.yield_epoch)
                 if isinstance(message, ev.KeepTurn | ev.Yield):
-                    turns.check_release(state, message.job, message.epoch)
+                    turns.check_yield(state, message.job, message.epoch)
                 if isinstance(message, ev.Acquire | ev.KeepTurn):
                     _check_phase(message.phase)
 
@@ -160,14 +160,14 @@ class GroupCore:
             nodes=event.nodes,
             lease_seconds=policy.lease_seconds,
             # 0 tells the client to heartbeat as for the older rules.
-            idle_lease_seconds=policy.idle_lease if self.policies else 0.0,
+            idle_lease_seconds=policy.idle_lease if self.decides_by_policies else 0.0,
         )
         return self._answered(output, now)
 
     def _acquire(self, event: ev.Acquire, now: float) -> list[Command]:
         job = event.job
         # Given back by this message, not by an earlier one of the same request.
-        given_back = event.yield_epoch and self.state.released.get(job) != event.yield_epoch
+        given_back = event.yield_epoch and self.state.yielded.get(job) != event.yield_epoch
         yielded = self._give_back(job, event.yield_epoch, now, True) if given_back else None
         grant = turns.request(
             self.group, job, event.request_id, now, event.call_id, event.trace_context, event.phase
@@ -193,7 +193,7 @@ class GroupCore:
         # Only a backfill holder's lag is learned (and only where costs are weighed).
         lag_learned = holding and switch_costs.learns_yield_lag(self.state, job)
         asked = deadlines.yield_asked_at(self.state, now) if lag_learned else None
-        held = turns.release(self.group, job, epoch, now, asks_again)
+        held = turns.yield_turn(self.group, job, epoch, now, asks_again)
         if asked is not None:
             switch_costs.learn_yield_lag(self.state, job, now - asked)
         return YieldOutput(held_seconds=held, phase=phase)
@@ -242,6 +242,9 @@ class GroupCore:
     def _run_started(self, event: ev.RunStarted, now: float) -> list[Command]:
         return self._settled(now)
 
+    def _healed(self, event: ev.Healed, now: float) -> list[Command]:
+        return [Log(healing.heal(self.group, event.rebuild, now), warning=True)]
+
     def _tick(self, event: ev.Tick, now: float) -> list[Command]:
         """Leases and turn limits first; then continue as new, or switch to
         the next waiter, or bring the job expected next in ahead of it."""
@@ -263,18 +266,18 @@ class GroupCore:
         then, if every node went through, grant; else decide what follows."""
         group, commands = self.group, list[Command]()
         switching.record_switches(group.state, event.records)
-        lost = sorted({f.job for f in event.failed if f.kind == "job-failed"})
+        lost = sorted({f.job for f in event.failed if f.kind == FailureKind.JOB_FAILED})
         if lost:
             commands.append(MarkPatch(EVICT_FAILED_JOBS))
             for job in lost:
-                cause = _causes(event.failed, job, "job-failed", nodes=False)
+                cause = _causes(event.failed, job, FailureKind.JOB_FAILED, nodes=False)
                 membership.evict_failed(group, job, cause, now)
             commands += self._start_releases()
-        hooks = sorted({f.job for f in event.failed if f.kind == "hook"})
+        hooks = sorted({f.job for f in event.failed if f.kind == FailureKind.HOOK})
         if hooks:
             commands.append(MarkPatch(EVICT_FAILING_HOOKS))
             for job in hooks:
-                cause = _causes(event.failed, job, "hook", nodes=True)
+                cause = _causes(event.failed, job, FailureKind.HOOK, nodes=True)
                 commands.append(Log(f"evicting job {job}, whose workload hooks failed: {cause}"))
                 membership.evict_failed(group, job, f"its workload hooks failed: {cause}", now)
             commands += self._start_releases()
@@ -429,7 +432,7 @@ class GroupCore:
         return self.state.switching
 
 
-def _causes(failed: list[ev.NodeFailed], job: str, kind: str, nodes: bool) -> str:
+def _causes(failed: list[ev.NodeFailed], job: str, kind: FailureKind, nodes: bool) -> str:
     return "; ".join(
         f"node {f.node}: {f.cause}" if nodes else f.cause
         for f in failed
@@ -441,8 +444,8 @@ def _failed_move(failure: ev.NodeFailed) -> FailedMove:
     return FailedMove(
         node=failure.node,
         cause=failure.cause,
-        stuck=failure.job if failure.kind == "checkpoint" else "",
-        restore_failed=failure.kind == "restore",
+        stuck=failure.job if failure.kind == FailureKind.CHECKPOINT else "",
+        restore_failed=failure.kind == FailureKind.RESTORE,
     )
 
 

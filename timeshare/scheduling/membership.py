@@ -11,14 +11,15 @@ from timeshare.scheduling.base import (
     MAX_NODES_PER_JOB,
     Group,
     QueueError,
-    policies,
+    decides_by_policies,
     remember,
+    rules_of,
 )
 from timeshare.scheduling.state import GroupState, JobEntry
 
 
 def check_join(state: GroupState, job: str, nodes: list[str], backfill: bool = False) -> None:
-    if backfill and not policies(state):
+    if backfill and not decides_by_policies(state):
         raise QueueError(
             Refusal.FAILED_PRECONDITION,
             f"group {state.group!r} was created before scheduling policies: "
@@ -81,6 +82,11 @@ def join(
             share_seconds=ordering.level_share(e.share_seconds for e in state.jobs.values()),
         )
         return True
+    if entry.backfill and not backfill and rules_of(state).steady_deadlines:
+        # Its share counted turns no regular job contended for: it starts
+        # level, as a newcomer does.
+        regular = (e.share_seconds for j, e in state.jobs.items() if j != job and not e.backfill)
+        entry.share_seconds = ordering.level_share(regular)
     entry.nodes = list(nodes)
     entry.token_hash = token_hash
     entry.last_seen = now
@@ -175,7 +181,7 @@ def _remove(group: Group, job: str, now: float, reason: str) -> None:
                 remember(state.aborted_requests, waiter.request_id, reason)
         remember(state.evicted_jobs, job, reason)
     state.queue = [w for w in state.queue if w.job != job]
-    state.released.pop(job, None)
+    state.yielded.pop(job, None)
     state.served_requests.pop(job, None)
     where = set(state.jobs[job].nodes)
     where |= {node for node, resident in state.resident.items() if resident == job}

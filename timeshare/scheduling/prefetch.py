@@ -10,20 +10,16 @@ from timeshare.scheduling.base import (
     MAX_PHASES_REMEMBERED,
     Group,
     QueueError,
-    policies,
+    decides_by_policies,
 )
 from timeshare.scheduling.state import GroupState, JobEntry, SwitchPlan, Waiter
+from timeshare.scheduling.versions import PREFETCH_GUESS, PREFETCH_PAST_DEPARTED
 
 # A request later than expected by more than this share of its usual gap,
 # plus this many seconds, is no longer expected: a job that stopped asking
 # is not brought in again and again ahead of the job that does ask.
 PREFETCH_LATE_SHARE = 0.25
 PREFETCH_LATE_SECONDS = 0.05
-
-# The scheduler changes a prefetch may rest on (GroupCore announces them:
-# see commands.MarkPatch).
-PREFETCH_GUESS = "timeshare-prefetch-the-job-away-longest"
-PREFETCH_PAST_DEPARTED = "timeshare-prefetch-past-departed-jobs"
 
 
 @dataclass(frozen=True)
@@ -69,7 +65,7 @@ def prefetch_choice(state: GroupState, now: float) -> PrefetchChoice | None:
     request can be told yet (each job's first iteration), the guess is
     the job away the longest (see ``_longest_away``)."""
     s = state
-    if not policies(state) or s.policy.prefetch != "auto" or not _idle(state, now):
+    if not decides_by_policies(state) or s.policy.prefetch != "auto" or not _idle(state, now):
         return None
     if s.failing is not None:
         return None  # switches fail here: move nothing on a guess

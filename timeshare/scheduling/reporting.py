@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from timeshare.history import GroupHistory
 from timeshare.models import GroupStateName, GroupStatus, JobStatus
 from timeshare.scheduling import deadlines, moves, ordering
-from timeshare.scheduling.base import policies
+from timeshare.scheduling.base import decides_by_policies
 from timeshare.scheduling.state import GroupState
+from timeshare.scheduling.watch import NOT_ASKED, WatchRecord, poll_seconds
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class GroupSummary:
     backfill_yield_due: tuple[int, float] = (0, 0.0)
     # The epoch of the turn held (0: none held).
     holder_epoch: int = 0
+    # What the holder must hear (scheduling/watch.py), published as one record.
+    watch: WatchRecord = field(default_factory=WatchRecord)
 
 
 def history(state: GroupState, now: float) -> GroupHistory:
@@ -62,33 +65,42 @@ def summary(state: GroupState, now: float) -> GroupSummary:
     # A turn held open for its last holder shows as still held by it:
     # nothing changes outside for a hold its job ends by asking again.
     holder = s.anticipation.job if s.anticipation is not None else ""
+    queue = tuple(_queue_in_grant_order(state, now))
+    backfill = tuple(sorted(job for job, entry in s.jobs.items() if entry.backfill))
+    yield_epoch = deadlines.yield_requested_epoch(state, now) if decides_by_policies(state) else 0
+    backfill_yield_due = deadlines.backfill_yield_due(state, now) or NOT_ASKED
     return GroupSummary(
         group=s.group,
         state=_state_name(state, now),
         holder=s.turn.job if s.turn is not None else holder,
         holder_phase=s.turn.phase if s.turn is not None else "",
-        yield_epoch=deadlines.yield_requested_epoch(state, now) if policies(state) else 0,
+        yield_epoch=yield_epoch,
         epoch=s.epoch,
         switches=s.switches,
         degraded_cause=s.degraded_cause,
-        queue=tuple(_queue_in_grant_order(state, now)),
+        queue=queue,
         ordering=s.policy.ordering,
         phase_priority=tuple(sorted(s.policy.phase_priority.items())),
         resident=tuple(sorted(s.resident.items())),
         failing_attempts=s.failing.attempts if s.failing and s.degraded_cause else 0,
         failing_cause=s.failing.cause if s.failing and s.degraded_cause else "",
-        backfill=tuple(sorted(job for job, entry in s.jobs.items() if entry.backfill)),
+        backfill=backfill,
         backfill_busy_seconds=s.backfill_busy_seconds,
         backfill_preemptions=s.backfill_preemptions,
         backfill_delay_seconds=s.backfill_delay_seconds,
-        backfill_yield_due=deadlines.backfill_yield_due(state, now) or (0, 0.0),
+        backfill_yield_due=backfill_yield_due,
         holder_epoch=s.turn.told_epoch if s.turn is not None else 0,
+        watch=WatchRecord(
+            yield_asked=(yield_epoch, 0.0) if yield_epoch else backfill_yield_due,
+            backfill_waiting=sum(job in backfill for job in queue),
+            poll_seconds=poll_seconds(s.policy),
+        ),
     )
 
 
 def _queue_in_grant_order(state: GroupState, now: float) -> list[str]:
     s = state
-    if not policies(state):
+    if not decides_by_policies(state):
         return [w.job for w in s.queue]
     return [w.job for w in ordering.in_grant_order(s.queue, s.jobs, s.policy, now)]
 
@@ -139,8 +151,10 @@ def status(state: GroupState, now: float) -> GroupStatus:
         preemptions=s.preemptions,
         evictions=s.evictions,
         runs=s.runs,
+        heals=s.heals,
         state_since=s.since,
         switching_to=s.switching.waiter.job if s.switching is not None else "",
         holder_phase=s.turn.phase if s.turn is not None else "",
-        yield_requested=policies(state) and deadlines.yield_requested_epoch(state, now) != 0,
+        yield_requested=decides_by_policies(state)
+        and deadlines.yield_requested_epoch(state, now) != 0,
     )

@@ -15,7 +15,7 @@ still decode.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Literal, TypeVar
+from typing import ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -84,7 +84,10 @@ LEGACY_DEFAULTS = {"idle_lease_seconds", "ordering", "prefetch"}
 
 
 class StoredGrant(StoredModel):
-    """One turn, as Grant reports it."""
+    """One turn, as Grant reports it (with ``told_epoch``, which it derives)."""
+
+    # Public fields this model derives instead of storing.
+    DERIVED: ClassVar[frozenset[str]] = frozenset({"told_epoch"})
 
     job: str
     request_id: str
@@ -105,8 +108,13 @@ class StoredGrant(StoredModel):
         """The epoch its job was told: a resumed turn keeps its first epoch."""
         return self.resumes_epoch or self.epoch
 
+    @classmethod
+    def of_grant(cls, grant: Grant) -> StoredGrant:
+        """The turn a job was told (the scheduler's healer reads it back)."""
+        return cls.model_validate(grant.model_dump(exclude=set(cls.DERIVED)))
+
     def as_grant(self) -> Grant:
-        return self.public(Grant)
+        return Grant.model_validate({**self.model_dump(), "told_epoch": self.told_epoch})
 
 
 class StoredMove(StoredModel):
@@ -274,6 +282,11 @@ class SwitchAbort(StoredModel):
 class GroupState(StoredModel):
     """Everything the scheduler knows about a group; carried across continue-as-new."""
 
+    # A field renamed in code keeps its stored name (its alias).
+    model_config = ConfigDict(
+        extra="forbid", validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
+
     # Histories from before the schema had a number decode as version 1.
     schema_version: int = SCHEMA_VERSION
     group: str
@@ -294,7 +307,9 @@ class GroupState(StoredModel):
     evicted_jobs: dict[str, str] = Field(default_factory=dict)
     # The epoch each job last yielded, so a retried yield is answered again,
     # and the request that turn served, so a late duplicate is not queued again.
-    released: dict[str, int] = Field(default_factory=dict)
+    # Stored as "released", its name before "release" came to mean only
+    # letting a departed job's processes go (docs/architecture.md, "Words").
+    yielded: dict[str, int] = Field(default_factory=dict, alias="released")
     served_requests: dict[str, str] = Field(default_factory=dict)
     # The call that was told (or is about to be told) of the current turn.
     turn_call_id: str = ""
@@ -311,6 +326,10 @@ class GroupState(StoredModel):
     backfill_delay_seconds: float = 0.0
     # How many times the workflow has continued as new with this state.
     runs: int = 1
+    # How often, and when lately, the group was rebuilt after its workflow
+    # task kept failing (scheduling/healing.py).
+    heals: int = 0
+    heal_times: list[float] = Field(default_factory=list)
     # When the turn, a switch or an outage last began or ended.
     since: float = 0.0
     # Recent turns and per-node switches, bounded, for `timeshare report`.

@@ -178,9 +178,19 @@ def may_go(state: GroupState, waiters: list[Waiter], now: float) -> list[Waiter]
 
 
 def recheck_at(state: GroupState, now: float) -> float | None:
-    """When a backfill waiter held back may go: its gap's prediction runs out."""
+    """When a backfill waiter held back may go: its gap's prediction runs out
+    (Rules 4 and 5: asked only while nobody holds the turn)."""
     idle = state.turn is None and state.switching is None and not state.paused
-    if not weighed(state) or not idle:
+    if not idle:
+        return None
+    return next_release(state, now)
+
+
+def next_release(state: GroupState, now: float) -> float | None:
+    """When the first waiter held back by switch costs may go: a grant may
+    follow, and so may a holder's turn limit, which counts only while
+    someone who may go waits."""
+    if not weighed(state):
         return None
     times = [held_back_until(state, w.job, now) for w in state.queue]
     return min((t for t in times if t is not None), default=None)

@@ -8,7 +8,7 @@ from timeshare.scheduling import anticipation, backfill, base, moves, ordering, 
 from timeshare.scheduling.base import (
     Group,
     QueueError,
-    policies,
+    decides_by_policies,
 )
 from timeshare.scheduling.draft import draft
 from timeshare.scheduling.state import GroupState, StoredGrant, StoredTurn, Waiter
@@ -71,21 +71,19 @@ def request(
                 waiter.call_id = call_id
     else:
         prefetch.note_ask(state.jobs[job], now)
-        state.queue.append(
-            Waiter(
-                job=job,
-                request_id=request_id,
-                ticket=state.next_ticket,
-                since=now,
-                call_id=call_id,
-                trace_context=dict(trace_context or {}),
-                phase=phase,
-            )
-        )
-        state.next_ticket += 1
+        enqueue(state, Waiter(job=job, request_id=request_id, ticket=0, since=now,
+                              call_id=call_id, trace_context=dict(trace_context or {}),
+                              phase=phase))  # fmt: skip
         _limit_banked_share(state, job)
         grant_ready(group, now)
     return grant_for(state, job, request_id)
+
+
+def enqueue(state: GroupState, waiter: Waiter) -> None:
+    """The waiter joins the queue with the next ticket (arrival order)."""
+    waiter.ticket = state.next_ticket
+    state.next_ticket += 1
+    state.queue.append(waiter)
 
 
 def _limit_banked_share(state: GroupState, job: str) -> None:
@@ -93,7 +91,7 @@ def _limit_banked_share(state: GroupState, job: str) -> None:
     holding) keeps at most fair_credit_seconds of the share it did not
     use, so it cannot take the GPU for as long as it was away."""
     policy = state.policy
-    if not policies(state) or policy.ordering != "fair":
+    if not decides_by_policies(state) or policy.ordering != "fair":
         return
     turn = state.turn
     active = {w.job for w in state.queue} | ({turn.job} if turn is not None else set())
@@ -133,7 +131,7 @@ def cancel(group: Group, job: str, request_id: str, now: float, call_id: str = "
     if turn is not None:
         if call_id and state.turn_call_id != call_id:
             return False
-        release(group, job, turn.told_epoch, now)
+        yield_turn(group, job, turn.told_epoch, now)
         return True
     for waiter in state.queue:
         if waiter.job == job and waiter.request_id == request_id:
@@ -145,8 +143,8 @@ def cancel(group: Group, job: str, request_id: str, now: float, call_id: str = "
     return False
 
 
-def check_release(state: GroupState, job: str, epoch: int) -> None:
-    if state.released.get(job) == epoch:
+def check_yield(state: GroupState, job: str, epoch: int) -> None:
+    if state.yielded.get(job) == epoch:
         return  # a retried yield: answered again, changes nothing
     entry = state.jobs.get(job)
     if entry is not None and entry.preempted and epoch_known_to(state, job) == epoch:
@@ -175,9 +173,9 @@ def keep_turn(group: Group, job: str, epoch: int, phase: str, now: float) -> tup
     drained), in which case the holder is asked to yield at once and they
     go first after this phase; and the seconds the ended phase held."""
     state = group.state
-    check_release(state, job, epoch)
+    check_yield(state, job, epoch)
     turn = state.turn
-    if turn is None or turn.job != job or state.released.get(job) == epoch:
+    if turn is None or turn.job != job or state.yielded.get(job) == epoch:
         raise QueueError(
             Refusal.FAILED_PRECONDITION,
             f"job {job!r} no longer holds the turn of epoch {epoch} (it was given back "
@@ -204,21 +202,21 @@ def _next_turn_keeps(group: Group, job: str, epoch: int, now: float) -> bool:
     nothing moved: the yield and the request tried on a draft of the state
     and the clock, so that the very rules that would grant decide it."""
     probe = Group(draft(group.state), group.clock)
-    release(probe, job, epoch, now, asks_again=True)
+    yield_turn(probe, job, epoch, now, asks_again=True)
     grant = request(probe, job, f"keep-turn-probe-{epoch}", now)
     return grant is not None and grant.switch_seconds == 0.0
 
 
-def release(group: Group, job: str, epoch: int, now: float, asks_again: bool = False) -> float:
+def yield_turn(group: Group, job: str, epoch: int, now: float, asks_again: bool = False) -> float:
     """Record a yield; nothing moves on the nodes. Returns seconds held.
     ``asks_again``: the same message asks for the next turn (next_turn)."""
     state = group.state
-    check_release(state, job, epoch)
+    check_yield(state, job, epoch)
     base.touch(state, job, now)
     entry = state.jobs.get(job)
-    if state.released.get(job) == epoch:
+    if state.yielded.get(job) == epoch:
         return 0.0
-    state.released[job] = epoch
+    state.yielded[job] = epoch
     turn = state.turn
     if turn is not None and turn.job == job:
         state.served_requests[job] = turn.request_id
@@ -303,7 +301,7 @@ def grant_ready(group: Group, now: float, switched: tuple[int, float, bool] | No
             return
         waiter = asks[0]
         state.anticipation = None
-    if switched is not None and policies(state):
+    if switched is not None and decides_by_policies(state):
         planned = [w for w in ordering.eligible(state, now) if w.ticket == switched[0]]
         # A backfill job switched in is not granted past a regular job
         # that asked meanwhile.
@@ -324,7 +322,7 @@ def grant_ready(group: Group, now: float, switched: tuple[int, float, bool] | No
     after_switch = switched is not None and switched[0] == waiter.ticket
     switch_seconds = switched[1] if switched and after_switch else 0.0
     state.since = now
-    state.turn = StoredGrant(
+    state.turn = granted = StoredGrant(
         job=waiter.job,
         request_id=waiter.request_id,
         epoch=state.epoch,
@@ -336,14 +334,19 @@ def grant_ready(group: Group, now: float, switched: tuple[int, float, bool] | No
         context_restored=bool(switched and after_switch and switched[2]) or restored_ahead,
         phase=waiter.phase,
     )
+    remember_turn(state, granted, requested_at=waiter.since)
+
+
+def remember_turn(state: GroupState, grant: StoredGrant, requested_at: float) -> None:
+    """A turn begins in the group's bounded record of recent turns."""
     state.recent_turns.append(
         StoredTurn(
-            job=waiter.job,
-            epoch=state.epoch,
-            requested_at=waiter.since,
-            granted_at=now,
-            switch_seconds=switch_seconds,
-            phase=waiter.phase,
+            job=grant.job,
+            epoch=grant.epoch,
+            requested_at=requested_at,
+            granted_at=grant.granted_at,
+            switch_seconds=grant.switch_seconds,
+            phase=grant.phase,
         )
     )
     del state.recent_turns[:-HISTORY_TURNS]

@@ -14,10 +14,11 @@ backend's record to check that no two jobs ever held a simulated GPU at once.
 
 It needs the server extra (`pip install 'timeshare[server]'`): the parts run
 as `python -m timeshare ...` with this interpreter. The project's own tests and
-benchmarks run on it (docs/user-guide.md, "Testing with a local stack")."""
+benchmarks run on it (docs/guide/testing.md)."""
 
+from timeshare.self_command import timeshare_command
 from timeshare.testing.ports import free_port
 from timeshare.testing.residency import overlaps
-from timeshare.testing.stack import LocalStack, temporal_only, timeshare_command, wait_gone
+from timeshare.testing.stack import LocalStack, temporal_only, wait_gone
 
 __all__ = ["LocalStack", "free_port", "overlaps", "temporal_only", "timeshare_command", "wait_gone"]

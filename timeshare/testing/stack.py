@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,10 +29,17 @@ from timeshare.activities.backends.processes import alive, descendants
 from timeshare.activities.backends.sim_memory import DEVICE_MEMORY_ROOT
 from timeshare.history import GroupHistory
 from timeshare.models import GroupStatus
+from timeshare.self_command import timeshare_command
 from timeshare.testing.ports import free_port
-from timeshare.workers.common.children import spawn, stop_process
+from timeshare.workers.common.children import spawn, stop_processes
 
 READY_SECONDS = 90.0
+# Tries of a part's first start, each on ports drawn again (PortTaken).
+PORT_DRAWS = 3
+
+
+class PortTaken(RuntimeError):
+    """A part exited at start because a port the stack drew for it was taken."""
 
 
 def device_memory_dir(fallback: Path) -> Path:
@@ -49,10 +55,6 @@ def device_memory_dir(fallback: Path) -> Path:
         return fallback
     atexit.register(shutil.rmtree, made, True)
     return made
-
-
-def timeshare_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "timeshare", *args]
 
 
 @dataclass
@@ -100,6 +102,13 @@ class LocalStack:
     device_dir: Path | None = None
     # Passed to `timeshare temporal` after the others (--dynamic-config=..., say).
     temporal_options: list[str] = field(default_factory=list)
+    # By part name, for a part changed for a while (bench chaos's faults): the
+    # Temporal address it reaches (a proxy, say), options after its others,
+    # variables on top of its environment, or another command altogether.
+    part_temporal: dict[str, str] = field(default_factory=dict)
+    part_options: dict[str, list[str]] = field(default_factory=dict)
+    part_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    part_command: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.schedulers < 1 or self.gateways < 1:
@@ -176,26 +185,36 @@ class LocalStack:
         return self._node_file(node, "agent", ".sock")
 
     def commands(self) -> dict[str, list[str]]:
-        common = [f"--temporal={self.temporal}"]
-        return {
+        commands = {
             "temporal": timeshare_command(
                 "temporal", f"--port={self.temporal_port}", f"--ui-port={self.ui_port}",
                 f"--data-dir={self.workdir / 'data'}",
                 f"--metrics-port={self.temporal_metrics_port}", *self.temporal_options,
             ),
-            **{part: timeshare_command("scheduler", *common) for part in self.scheduler_parts},
+            **{
+                part: timeshare_command("scheduler", self._reaching(part))
+                for part in self.scheduler_parts
+            },
             **{
                 part: timeshare_command(
-                    "gateway", *common, f"--listen={address}", *self.gateway_options
+                    "gateway", self._reaching(part), f"--listen={address}",
+                    *self.gateway_options,
                 )
                 for part, address in zip(self.gateway_parts, self.addresses, strict=True)
             },
             **{self.agent(node): self._agent_command(node) for node in self.nodes},
         }  # fmt: skip
+        for part, command in commands.items():
+            command += self.part_options.get(part, [])
+        return {**commands, **self.part_command}
+
+    def _reaching(self, part: str) -> str:
+        return f"--temporal={self.part_temporal.get(part, self.temporal)}"
 
     def _agent_command(self, node: str) -> list[str]:
         return timeshare_command(
-            "agent", f"--temporal={self.temporal}", f"--node={node}", f"--backend={self.backend}",
+            "agent", self._reaching(self.agent(node)), f"--node={node}",
+            f"--backend={self.backend}",
             f"--sim-state-gib={self.state_gib}", f"--sim-bandwidth-gbps={self.bandwidth_gbps}",
             *([f"--sim-capacity-gib={self.capacity_gib}"] if self.capacity_gib else []),
             *([f"--sim-restore-bandwidth-gbps={self.restore_bandwidth_gbps}"]
@@ -210,6 +229,10 @@ class LocalStack:
 
     def start(self, name: str) -> None:
         """Start one part (again) and wait until it says it is ready."""
+        self.wait_ready(name, self.spawn(name))
+
+    def spawn(self, name: str) -> int:
+        """Start one part (again) without waiting for it; where its log begins."""
         log_path = self.workdir / f"{name}.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
         env = (
@@ -219,26 +242,67 @@ class LocalStack:
             if name in self.gateway_parts
             else None
         )
+        if name in self.part_env:
+            env = {**(env or {}), **self.part_env[name]}
         if name in self.agents and self.device_dir is not None:
             self.device_dir.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as log:
             self.processes[name] = spawn(
                 self.commands()[name], stdout=log, timeshare_child=True, env=env
             )
+        return offset
+
+    def log_since(self, name: str, offset: int = 0) -> str:
+        return (self.workdir / f"{name}.log").read_bytes()[offset:].decode(errors="replace")
+
+    def wait_ready(self, name: str, offset: int = 0) -> None:
+        """Until the part, started with its log at ``offset``, says it is ready."""
         deadline = time.monotonic() + READY_SECONDS
         while time.monotonic() < deadline:
-            text = log_path.read_bytes()[offset:].decode(errors="replace")
+            text = self.log_since(name, offset)
             if f"timeshare {name.split('-')[0]}: ready" in text:
                 return
             if self.processes[name].poll() is not None:
-                raise RuntimeError(f"{name} exited at start: {text.strip()[-500:]}")
+                taken = "in use" in text and name in ("temporal", *self.gateway_parts)
+                error = PortTaken if taken else RuntimeError
+                raise error(f"{name} exited at start: {text.strip()[-500:]}")
             time.sleep(0.1)
         raise RuntimeError(f"{name} was not ready within {READY_SECONDS:g} s")
 
     def start_all(self) -> None:
+        """Temporal, then the others together (each waits for Temporal itself)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        for name in ("temporal", *self.scheduler_parts, *self.gateway_parts, *self.agents):
-            self.start(name)
+        self._on_drawn_ports("temporal", self.spawn("temporal"))
+        parts = (*self.scheduler_parts, *self.gateway_parts, *self.agents)
+        offsets = {name: self.spawn(name) for name in parts}
+        for name in parts:
+            self._on_drawn_ports(name, offsets[name])
+
+    def _on_drawn_ports(self, name: str, offset: int) -> None:
+        """Until the part, spawned with its log at ``offset``, is ready. A port
+        the stack drew was free when drawn, but another stack starting at the
+        same moment (the suite's workers) may take it first: the part then
+        starts again on ports drawn again, up to PORT_DRAWS in all."""
+        for draw in range(1, PORT_DRAWS + 1):
+            try:
+                self.wait_ready(name, offset)
+                return
+            except PortTaken:
+                if draw == PORT_DRAWS:
+                    raise
+                self._draw_ports(name)
+                offset = self.spawn(name)
+
+    def _draw_ports(self, name: str) -> None:
+        if name == "temporal":
+            self.temporal_port, self.ui_port = free_port(), free_port()
+            self.temporal_metrics_port = free_port()
+        elif name in self.gateway_parts:
+            index = self.gateway_parts.index(name)
+            if index == 0:
+                self.gateway_port = free_port()
+            else:
+                self.more_gateway_ports[index - 1] = free_port()
 
     def kill(self, name: str, signum: int = signal.SIGKILL) -> None:
         """Signal one part. SIGKILL takes its own children too, as a crash of
@@ -253,16 +317,28 @@ class LocalStack:
         process.wait(60)
         wait_gone(family)
 
+    def kill_all_at_once(self) -> None:
+        """SIGKILL every part and what each started in the same instant, as
+        a machine that loses power; returns once all are gone."""
+        running = {name: p for name, p in self.processes.items() if p.poll() is None}
+        families = [pid for p in running.values() for pid in processes_below(p.pid)]
+        for pid in [*families, *(p.pid for p in running.values())]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for process in running.values():
+            process.wait(60)
+        wait_gone(families)
+
     def restart(self, name: str, signum: int = signal.SIGKILL, downtime: float = 0.0) -> None:
         self.kill(name, signum)
         time.sleep(downtime)
         self.start(name)
 
     def stop_all(self) -> None:
-        parts = (*self.scheduler_parts, *self.gateway_parts, *self.agents)
-        for name in (*reversed(parts), "temporal"):
-            if name in self.processes:
-                stop_process(self.processes[name], grace=30)
+        # Tier by tier, the agents first and Temporal last; each tier's parts at once.
+        tiers = (self.agents, self.gateway_parts, self.scheduler_parts, ["temporal"])
+        for tier in tiers:
+            stop_processes([self.processes[name] for name in tier if name in self.processes], 30)
         if self.device_dir is not None and self.device_dir != self.workdir:
             shutil.rmtree(self.device_dir, ignore_errors=True)
 
@@ -287,7 +363,7 @@ class LocalStack:
             timeshare_command(
                 "synthetic-job", f"--group={group}", f"--job={job}", f"--address={self.address}",
                 f"--nodes={','.join(nodes or [self.node])}", f"--report={report}",
-                f"--agent-socket={self.socket_for((nodes or [self.node])[0])}", *options,
+                f"--socket={self.socket_for((nodes or [self.node])[0])}", *options,
             ),
         )  # fmt: skip
 

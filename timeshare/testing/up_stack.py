@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from timeshare.self_command import timeshare_command
 from timeshare.testing.ports import free_port
-from timeshare.testing.stack import timeshare_command
 from timeshare.workers.common.children import spawn
 
 UP_READY = "timeshare up: ready"
@@ -40,12 +40,14 @@ class UpStack:
             f"--listen={self.address}", f"--data-dir={self.workdir / 'data'}",
             "--node=up", *self.options,
         )  # fmt: skip
+        # Started again, it says it is ready afresh after what is in the log.
+        offset = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as log:
             # Dies with this process, however it ends.
             self.process = spawn(command, stdout=log, timeshare_child=True)
         deadline = time.monotonic() + UP_READY_SECONDS
         while time.monotonic() < deadline:
-            if UP_READY in self.log.read_text(errors="replace"):
+            if UP_READY in self.log.read_bytes()[offset:].decode(errors="replace"):
                 return
             if self.process.poll() is not None:
                 break

@@ -22,7 +22,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from timeshare.activities.backends.processes import NotPermitted, RegistrationRefused
 from timeshare.credentials import JOB_TOKEN_ENV, token_hash
-from timeshare.models import JobInput, TokenCheck
+from timeshare.models import JobToken, TokenCheck
 from timeshare.names import group_workflow_id
 from timeshare.workflows.group import GroupWorkflow
 
@@ -129,7 +129,7 @@ def group_lookup(client: Client) -> Lookup:
         handle = client.get_workflow_handle_for(GroupWorkflow.run, group_workflow_id(group))
         try:
             return await handle.query(
-                GroupWorkflow.token_matches, JobInput(job=job, token_hash=digest)
+                GroupWorkflow.token_matches, JobToken(job=job, token_hash=digest)
             )
         except RPCError as error:
             if error.status == RPCStatusCode.NOT_FOUND:

@@ -32,6 +32,13 @@ EVICT_TRIES = 10
 
 # (group, job, reason) -> whether the job was in its group.
 Evict = Callable[[str, str, str], Awaitable[bool]]
+# (group, job) whose processes all exited -> whether it is a member here, to
+# be evicted (the node's core says: SwitchActivities.processes_exited).
+StillMember = Callable[[str, str], bool]
+
+
+def always(group: str, job: str) -> bool:
+    return True
 
 
 @dataclass
@@ -39,6 +46,7 @@ class ExitWatch:
     node: str
     processes: ProcessTable
     evict: Evict
+    still_member: StillMember = always
     grace_seconds: float = GRACE_SECONDS
     clock: Callable[[], float] = time.monotonic
     # Jobs seen gone, with when they were first seen and the failed tries so far.
@@ -48,7 +56,8 @@ class ExitWatch:
         """One look: evict the jobs gone for longer than the grace; returns them."""
         now = self.clock()
         for key in self.processes.take_exited():
-            self._pending.setdefault(key, (now, 0))
+            if self.still_member(*key):
+                self._pending.setdefault(key, (now, 0))
         evicted = []
         for key, (since, tries) in sorted(self._pending.items()):
             if not self.processes.gone(*key):

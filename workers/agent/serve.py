@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine
 from functools import partial
 from pathlib import Path
 
@@ -25,19 +24,21 @@ from timeshare.activities.backends.hook_registry import HookRegistry
 from timeshare.activities.backends.loading import load_backend
 from timeshare.activities.backends.processes import ProcessTable
 from timeshare.activities.switch import SwitchActivities
+from timeshare.background import background
 from timeshare.instruments import GpuSample, observe_gpus
-from timeshare.models import EvictInput, NodeInfo
+from timeshare.models import NodeInfo
 from timeshare.names import (
     NODE_REGISTRY_WORKFLOW_ID,
     SCHEDULER_TASK_QUEUE,
     group_workflow_id,
     node_task_queue,
 )
+from timeshare.scheduling import events as ev
 from timeshare.workers.agent.claim_narrowing import ClaimNarrowing
 from timeshare.workers.agent.credentials import JobCredentials, group_lookup
 from timeshare.workers.agent.exit_watch import ExitWatch
 from timeshare.workers.agent.registration_socket import remove_socket, serve_agent_socket
-from timeshare.workers.common.service import StartupError, connect_temporal, ready
+from timeshare.workers.common.service import StartupError, ready, wait_for_temporal
 from timeshare.workers.common.telemetry import Telemetry
 from timeshare.workers.common.temporal_settings import TemporalSettings
 from timeshare.workflows.group import GroupWorkflow
@@ -75,11 +76,11 @@ async def serve_agent(
     backend.attach(processes)
     backend.attach_hooks(hooks)
     telemetry = telemetry or Telemetry()
-    client = await connect_temporal(temporal, telemetry=telemetry)
+    client = await wait_for_temporal(temporal, "agent", stop, telemetry)
     telemetry.start()
     if not backend.simulated and backend.gpus():  # else the GPU series are absent, not 0
         observe_gpus(config.node, gpu_samples)
-    activities = SwitchActivities(config.node, backend, processes)
+    activities = SwitchActivities(config.node, backend, processes, node_state_path(socket_path))
     activities.on_release.append(partial(drop_claim, client, config.node))
     registrations = await serve_agent_socket(
         socket_path,
@@ -96,7 +97,9 @@ async def serve_agent(
     worker = Worker(
         client, task_queue=task_queue, activities=[activities.switch, activities.release]
     )
-    exits = ExitWatch(config.node, processes, partial(evict_from_group, client))
+    exits = ExitWatch(
+        config.node, processes, partial(evict_from_group, client), activities.processes_exited
+    )
     # NVML shows which GPUs the groups' processes use (never on the sim backend).
     narrowing = (
         None
@@ -129,24 +132,11 @@ async def serve_agent(
     await telemetry.close()
 
 
-@contextlib.asynccontextmanager
-async def background(work: Coroutine[None, None, None] | None) -> AsyncIterator[None]:
-    """Run ``work`` (if any) while the block runs; cancelled at its end."""
-    task = asyncio.create_task(work) if work is not None else None
-    try:
-        yield
-    finally:
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
 async def evict_from_group(client: Client, group: str, job: str, reason: str) -> bool:
     """Evict the job; False where it is not in its group (left, or the group is gone)."""
     handle = client.get_workflow_handle(group_workflow_id(group))
     try:
-        return await handle.execute_update(GroupWorkflow.evict, EvictInput(job=job, reason=reason))
+        return await handle.execute_update(GroupWorkflow.evict, ev.Evict(job=job, reason=reason))
     except RPCError as error:
         if error.status == RPCStatusCode.NOT_FOUND:
             return False
@@ -172,6 +162,11 @@ async def narrow_claim(client: Client, narrowing: NarrowInput) -> None:
 def registrations_path(socket_path: str) -> Path:
     """Beside the socket: gone with it at reboot, when the processes are gone too."""
     return Path(socket_path).with_suffix(".registrations.json")
+
+
+def node_state_path(socket_path: str) -> Path:
+    """The node's record (timeshare/node/state.py), beside the registrations."""
+    return Path(socket_path).with_suffix(".node.json")
 
 
 def gpu_samples() -> list[GpuSample]:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from typing import IO, Any
 
@@ -64,10 +65,18 @@ def spawn(
 
 
 def stop_process(process: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    if process.poll() is None:
+    stop_processes([process], grace)
+
+
+def stop_processes(processes: Sequence[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
+    """Asked to stop all at once, each given ``grace`` seconds from then, then killed."""
+    running = [process for process in processes if process.poll() is None]
+    for process in running:
         process.terminate()
+    deadline = time.monotonic() + grace
+    for process in running:
         try:
-            process.wait(grace)
+            process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()

@@ -4,6 +4,7 @@ one clear line on a failed start, and an explicit exit."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -65,6 +66,57 @@ async def connect_temporal(
             "Start it with `timeshare temporal` (or `timeshare up`), "
             "or point --temporal / TEMPORAL_ADDRESS at a running server"
         ) from None
+
+
+# Between attempts to reach a Temporal that is starting or restarting: the
+# first soon, then less often.
+WAIT_FIRST_PAUSE_SECONDS = 0.25
+WAIT_LONGEST_PAUSE_SECONDS = 5.0
+
+
+async def wait_for_temporal(
+    settings: TemporalSettings,
+    name: str,
+    stop: asyncio.Event,
+    telemetry: Telemetry | None = None,
+) -> Client:
+    """Connect, and while Temporal cannot be reached (not started yet, or
+    restarting) try again with back-off, saying on stderr why each time the
+    reason changes, for up to ``settings.wait_seconds`` (0: for ever). A
+    service says it is ready only after this returns. Raises StartupError
+    once the wait is over, or when ``stop`` is set meanwhile."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    pause = WAIT_FIRST_PAUSE_SECONDS
+    said = ""
+    while True:
+        try:
+            client = await connect_temporal(settings, telemetry=telemetry)
+        except StartupError as error:
+            cause = str(error).split(". Start it with", 1)[0]
+            waited = loop.time() - started
+            patience = settings.wait_seconds
+            if patience and waited + pause > patience:
+                raise StartupError(f"{error} (waited {waited:.0f} s for it)") from None
+            if cause != said:
+                limit = f"up to {patience:g} s" if patience else "for as long as it takes"
+                print(
+                    f"timeshare {name}: waiting for Temporal ({cause}); trying again "
+                    f"every {WAIT_LONGEST_PAUSE_SECONDS:g} s at most, {limit} "
+                    "(--temporal-wait)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                said = cause
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), pause)
+            if stop.is_set():
+                raise StartupError("stopped while waiting for Temporal") from None
+            pause = min(WAIT_LONGEST_PAUSE_SECONDS, pause * 2)
+            continue
+        if said:
+            print(f"timeshare {name}: Temporal answers now", file=sys.stderr, flush=True)
+        return client
 
 
 def run_service(

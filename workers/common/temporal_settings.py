@@ -48,7 +48,15 @@ FLAG_VARIABLES = {
     "tls_server_name": "TEMPORAL_TLS_SERVER_NAME",
 }
 # Settings envconfig does not know: the flag's setting name -> timeshare's variable.
-OWN_VARIABLES = {"compression": "TIMESHARE_TEMPORAL_COMPRESSION"}
+OWN_VARIABLES = {
+    "compression": "TIMESHARE_TEMPORAL_COMPRESSION",
+    "wait_seconds": "TIMESHARE_TEMPORAL_WAIT",
+}
+# How long a service started before Temporal (or during its restart) waits
+# for it before it exits with the reason: long enough for a Temporal
+# cluster's own start, and what the Kubernetes startup probes allow
+# (deploy/kubernetes/base). 0: for ever.
+DEFAULT_WAIT_SECONDS = 300.0
 Compression = Literal["none", "gzip"]
 COMPRESSIONS: tuple[str, ...] = get_args(Compression)
 # Variables of earlier releases -> the standard variable that replaces each.
@@ -87,6 +95,7 @@ class TemporalSettings(BaseModel):
     rpc_metadata: dict[str, str] = Field(default_factory=dict, repr=False)
     profile: str = "default"
     compression: Compression = "none"
+    wait_seconds: float = Field(default=DEFAULT_WAIT_SECONDS, ge=0.0)
 
     @property
     def uses_tls(self) -> bool:
@@ -152,6 +161,7 @@ def load_temporal_settings(
             rpc_metadata=dict(connect.get("rpc_metadata", {})),
             profile=variables.get("TEMPORAL_PROFILE") or "default",
             compression=compression,
+            wait_seconds=_wait_seconds(variables),
         )
     except ValidationError as error:
         raise SettingsError(_problems(error)) from None
@@ -165,6 +175,19 @@ def _compression(variables: Mapping[str, str]) -> Compression:
             f"one of {', '.join(COMPRESSIONS)}"
         )
     return cast(Compression, value)
+
+
+def _wait_seconds(variables: Mapping[str, str]) -> float:
+    value = variables.get(OWN_VARIABLES["wait_seconds"])
+    if not value:
+        return DEFAULT_WAIT_SECONDS
+    try:
+        return float(value)
+    except ValueError:
+        raise SettingsError(
+            f"--temporal-wait / {OWN_VARIABLES['wait_seconds']}: {value!r} is not a number "
+            "of seconds"
+        ) from None
 
 
 def _with_deprecated_variables(variables: dict[str, str]) -> dict[str, str]:

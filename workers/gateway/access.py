@@ -120,7 +120,8 @@ class GatewaySecurity(BaseModel):
         if self.insecure and not self.loopback_only:
             print(
                 f"timeshare gateway: WARNING: --insecure: {self.listen} serves plain-text gRPC "
-                "to anyone who can reach it, with no caller checks. For tests only.",
+                "to anyone who can reach it, with no caller checks: for tests, or llm-d "
+                "clients on a network you trust (limit them with --llmd-compat-allow).",
                 file=sys.stderr,
                 flush=True,
             )

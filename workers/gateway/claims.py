@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 
 import grpc
 from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
 
-from timeshare.models import GroupPolicy, GroupStatus, JoinInput, JoinOutput
+from timeshare.models import GroupPolicy, GroupStatus, JoinOutput
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE
+from timeshare.scheduling import events as ev
 from timeshare.workers.gateway.errors import MESSAGE_SECONDS, AccessDenied, within
 from timeshare.workers.gateway.group_client import group_handle, group_running, join_group
 from timeshare.workflows.group import GroupWorkflow
@@ -53,15 +55,18 @@ async def group_gpus(client: Client, group: str, requested: GroupPolicy | None) 
 async def join_claiming_gpus(
     client: Client,
     group: str,
-    message: JoinInput,
+    message: ev.Join,
     policy: GroupPolicy | None,
     remedy: str = "",
+    clock: Callable[[], float] = time.time,
 ) -> JoinOutput:
     """Claim the GPUs the job's group uses on its nodes, then join it; a
-    join that fails drops the claim. Refused as claim_gpus says."""
+    join that fails drops the claim. Refused as claim_gpus says. ``clock``:
+    the registry's time as the gateway reads it (server_clock.py): claims
+    lapse by it."""
     gpus = await within(MESSAGE_SECONDS, group_gpus(client, group, policy))
     claim = ClaimInput(group=group, job=message.job, nodes=message.nodes, gpus=gpus)
-    await within(MESSAGE_SECONDS, claim_gpus(client, claim, time.time(), remedy))
+    await within(MESSAGE_SECONDS, claim_gpus(client, claim, clock(), remedy))
     try:
         return await within(MESSAGE_SECONDS, join_group(client, group, message, policy))
     except BaseException:

@@ -1,16 +1,15 @@
-"""Conversions between the gRPC messages and the shared pydantic models."""
+"""The checks a request's fields pass on their way in (InvalidRequest where
+one fails); messages.py applies them, field by field of each event."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
-from google.protobuf import json_format
 from pydantic import ValidationError
 
 from timeshare._protocol import policy_fields
-from timeshare.history import GroupHistory
-from timeshare.models import PRIORITY_LIMIT, GroupPolicy, GroupStatus, NodeRecord, check_phase
+from timeshare.models import PRIORITY_LIMIT, GroupPolicy, check_phase
 from timeshare.names import check_name
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.workers.gateway.errors import InvalidRequest
@@ -96,58 +95,3 @@ def acquire_timeout(requested: float, time_remaining: float | None) -> float:
     # Leave the waiter's own deadline a moment to report DEADLINE_EXCEEDED.
     by_deadline = max(0.001, time_remaining - 0.2)
     return min(requested, by_deadline) if requested > 0 else by_deadline
-
-
-def group_history(history: GroupHistory) -> pb.GroupHistory:
-    return json_format.ParseDict(history.model_dump(), pb.GroupHistory())
-
-
-def group_status(status: GroupStatus) -> pb.GroupStatus:
-    return pb.GroupStatus(
-        group=status.group,
-        state=status.state,
-        holder=status.holder,
-        epoch=status.epoch,
-        queue=status.queue,
-        jobs=[
-            pb.JobStatus(
-                job=job.job,
-                nodes=job.nodes,
-                turns=job.turns,
-                waited_seconds=job.waited_seconds,
-                held_seconds=job.held_seconds,
-                preempted=job.preempted,
-                last_seen=job.last_seen,
-                weight=job.weight,
-                priority=job.priority,
-                share_seconds=job.share_seconds,
-                backfill=job.backfill,
-            )
-            for job in status.jobs
-        ],
-        residency=[pb.Residency(node=node, job=job) for node, job in status.resident.items()],
-        switches=status.switches,
-        grants=status.grants,
-        switch_seconds_total=status.switch_seconds_total,
-        degraded_cause=status.degraded_cause,
-        paused=status.paused,
-        drained=status.drained,
-        policy=pb.GroupPolicy(**status.policy.model_dump()),
-        preemptions=status.preemptions,
-        evictions=status.evictions,
-        holder_phase=status.holder_phase,
-        yield_requested=status.yield_requested,
-    )
-
-
-def node_status(record: NodeRecord) -> pb.NodeStatus:
-    return pb.NodeStatus(
-        node=record.node,
-        backend=record.backend,
-        simulated=record.simulated,
-        alive=record.alive,
-        last_seen=record.last_seen,
-        gpus=record.gpus,
-        drained=record.drained,
-        notes=record.notes,
-    )

@@ -19,7 +19,6 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from timeshare.errors import SWITCH_FAILED_METADATA
-from timeshare.names import group_workflow_id
 from timeshare.refusals import Refusal
 
 log = logging.getLogger("timeshare.gateway")
@@ -35,6 +34,19 @@ STUCK_WORKFLOW = "Workflow Task in failed state"
 # for a few seconds after a Temporal restart, when a task that completed an
 # update before the restart is completed again and refused.
 RETRIED_WORKFLOW_TASK = "unexpected workflow task failure"
+
+
+# How Temporal answers an update that was waiting for a workflow task when
+# the run ended (continued as new, or replaced by a healed run): the message
+# was never handled, and the group's current run takes it.
+# (or, for one sent as the run ended, that it is "already completed").
+RUN_CLOSED_UNDER_UPDATE = ("update was aborted by closing workflow", "execution already completed")
+
+
+def run_closed_under_update(error: BaseException) -> bool:
+    if not isinstance(error, RPCError):
+        return False
+    return any(sign in error.message.lower() for sign in RUN_CLOSED_UNDER_UPDATE)
 
 
 def workflow_task_failed(error: BaseException) -> bool:
@@ -111,6 +123,12 @@ def status_for(error: BaseException, group: str) -> tuple[grpc.StatusCode, str] 
     if isinstance(error, RPCError):
         if error.status in (RPCStatusCode.INVALID_ARGUMENT, RPCStatusCode.RESOURCE_EXHAUSTED):
             return REPORTABLE[error.status.name], f"Temporal refused the call: {error.message}"
+        if run_closed_under_update(error):
+            return (
+                grpc.StatusCode.UNAVAILABLE,
+                f"group {group!r}'s run ended while the call waited (it continued as new, or "
+                "its scheduler healed it in a new run); retry: the new run takes it",
+            )
         if error.status == RPCStatusCode.NOT_FOUND:
             return (
                 grpc.StatusCode.NOT_FOUND,
@@ -141,10 +159,10 @@ def trailing_metadata_for(error: BaseException) -> tuple[tuple[str, str], ...]:
 
 def stuck_group_message(group: str) -> str:
     return (
-        f"group {group!r} is stuck: the scheduler fails its workflow task (see the "
-        "`timeshare scheduler` log). If an upgrade cannot replay the group's history, "
-        f"end the group with `temporal workflow terminate --workflow-id "
-        f"{group_workflow_id(group)}` and let its jobs join again"
+        f"group {group!r} is stuck for now: the scheduler fails its workflow task. It heals "
+        "such a group by itself, in a new run that keeps its queue, holder and parked state, "
+        "within about 30 s, and the client sends the call again meanwhile; if this lasts, "
+        "see the `timeshare scheduler` log (a line 'group ... heals again in' says why)"
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import Callable
 
@@ -21,19 +22,16 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from timeshare.models import (
-    AcquireInput,
-    Grant,
-    GroupPolicy,
-    JoinInput,
-    JoinOutput,
-    NodeRecord,
-    YieldOutput,
-)
+from timeshare.models import Grant, GroupPolicy, JoinOutput, NodeRecord, YieldOutput
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE, group_workflow_id
-from timeshare.workers.gateway.errors import caller_gone, workflow_task_failed
-from timeshare.workers.gateway.turn_watch import WATCH_POLL_MEMO, poll_seconds
-from timeshare.workflows.group import CancelAcquireInput, GroupInput, GroupWorkflow
+from timeshare.scheduling import events as ev
+from timeshare.scheduling.watch import MEMO_KEY, WatchRecord
+from timeshare.workers.gateway.errors import (
+    caller_gone,
+    run_closed_under_update,
+    workflow_task_failed,
+)
+from timeshare.workflows.group import GroupInput, GroupWorkflow
 from timeshare.workflows.registry import NodeRegistryWorkflow
 from timeshare.workflows.ui_text import group_details, group_summary
 
@@ -98,7 +96,7 @@ def group_handle(client: Client, group: str) -> GroupHandle:
 
 
 async def join_group(
-    client: Client, group: str, message: JoinInput, policy: GroupPolicy | None = None
+    client: Client, group: str, message: ev.Join, policy: GroupPolicy | None = None
 ) -> JoinOutput:
     """Join a job to its group's workflow, starting the workflow on first use."""
     clock = asyncio.get_running_loop().time
@@ -113,8 +111,10 @@ async def join_group(
             id=group_workflow_id(group),
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             task_queue=SCHEDULER_TASK_QUEUE,
-            # Read by turn watches instead of a query (the policy is fixed here).
-            memo={WATCH_POLL_MEMO: poll_seconds(policy or GroupPolicy())},
+            # What the group's watches hear first, its pace included (the
+            # policy is fixed here): the group writes its record only once
+            # it says something else.
+            memo={MEMO_KEY: WatchRecord.for_policy(policy or GroupPolicy())},
             static_summary=summary,
             static_details=details,
         )
@@ -124,20 +124,21 @@ async def join_group(
             )
         except RPCError as error:
             # A join refreshes the job's entry, so sending it again is safe.
-            if not workflow_task_failed(error) or clock() >= give_up:
+            retried = workflow_task_failed(error) or run_closed_under_update(error)
+            if not retried or clock() >= give_up:
                 raise
         await asyncio.sleep(JOIN_RETRY_PAUSE_SECONDS)
 
 
 async def acquire_or_withdraw(
     handle: GroupHandle,
-    message: AcquireInput,
+    message: ev.Acquire,
     background: set[asyncio.Task[None]],
     on_yielded: Callable[[YieldOutput], None] | None = None,
 ) -> Grant:
     """acquire_turn for a gRPC caller: if the caller goes away, its place in
     the queue is given back (in a task kept in ``background``)."""
-    message = message.model_copy(update={"call_id": uuid.uuid4().hex})
+    message = dataclasses.replace(message, call_id=uuid.uuid4().hex)
     try:
         return await acquire_turn(handle, message, on_yielded)
     except (asyncio.CancelledError, WorkflowUpdateRPCTimeoutOrCancelledError):
@@ -147,8 +148,8 @@ async def acquire_or_withdraw(
         raise asyncio.CancelledError() from None
 
 
-async def withdraw(handle: GroupHandle, message: AcquireInput) -> None:
-    withdrawal = CancelAcquireInput(
+async def withdraw(handle: GroupHandle, message: ev.Acquire) -> None:
+    withdrawal = ev.CancelAcquire(
         job=message.job,
         token_hash=message.token_hash,
         request_id=message.request_id,
@@ -163,7 +164,7 @@ async def withdraw(handle: GroupHandle, message: AcquireInput) -> None:
 
 async def acquire_turn(
     handle: GroupHandle,
-    message: AcquireInput,
+    message: ev.Acquire,
     on_yielded: Callable[[YieldOutput], None] | None = None,
 ) -> Grant:
     """Wait for the turn, sending the same request again after every bounded
@@ -176,7 +177,7 @@ async def acquire_turn(
         try:
             result = await handle.execute_update(
                 GroupWorkflow.acquire,
-                message.model_copy(update={"timeout_seconds": remaining}),
+                dataclasses.replace(message, timeout_seconds=remaining),
                 # Temporal answers an update id it has seen with the answer it
                 # kept: a request sent again (its answer lost in an outage) by
                 # a new call must be answered afresh, e.g. "evicted" rather
@@ -188,6 +189,12 @@ async def acquire_turn(
             if not (isinstance(cause, ApplicationError) and cause.type == RUN_ENDED_FAILURE):
                 raise
             result = None
+        except RPCError as error:
+            # Admitted, never handled: the run that was to handle it ended.
+            if not run_closed_under_update(error):
+                raise
+            await asyncio.sleep(RESEND_PAUSE_SECONDS)
+            continue
         except WorkflowUpdateRPCTimeoutOrCancelledError:
             if caller_gone():
                 raise

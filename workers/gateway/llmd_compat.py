@@ -12,6 +12,7 @@ its state cannot be restored beside the other's.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import secrets
@@ -26,9 +27,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from timeshare.credentials import llmd_job_token, token_hash
-from timeshare.models import AcquireInput, Grant, GroupPolicy, JobInput, JoinInput, YieldInput
+from timeshare.models import Grant, GroupPolicy
 from timeshare.names import check_name
 from timeshare.refusals import Refusal
+from timeshare.scheduling import events as ev
 from timeshare.v1 import llmd_compat_pb2 as llmd
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
 from timeshare.workers.gateway import convert
@@ -44,6 +46,7 @@ from timeshare.workers.gateway.group_client import (
 from timeshare.workers.gateway.llmd_placement import FLAG as PLACEMENT_FLAG
 from timeshare.workers.gateway.llmd_placement import LlmdPlacement, parse_placements, placement_for
 from timeshare.workers.gateway.llmd_status import group_status_response
+from timeshare.workers.gateway.server_clock import ServerClock
 from timeshare.workflows.group import GroupWorkflow
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -136,9 +139,13 @@ def peer_address(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | N
 
 
 class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer):
-    def __init__(self, client: Client, settings: CompatSettings) -> None:
+    def __init__(
+        self, client: Client, settings: CompatSettings, clock: ServerClock | None = None
+    ) -> None:
         self._client = client
         self._settings = settings
+        # Shared with the gateway's own service, which learns it (server_clock.py).
+        self._clock = clock or ServerClock()
         self._background: set[Any] = set()
 
     def _token_hash(self, group: str, job: str) -> str:
@@ -172,7 +179,7 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
         group = await self._served(context, request.group_id)
         job = convert.name("job", request.job_id)
         handle = group_handle(self._client, group)
-        message = AcquireInput(
+        message = ev.Acquire(
             job=job,
             token_hash=self._token_hash(group, job),
             request_id=uuid.uuid4().hex,
@@ -185,7 +192,7 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
                 raise
             await self._join(group, job, message.token_hash)
             # A new request: the refused one may be on record as aborted.
-            retry = message.model_copy(update={"request_id": uuid.uuid4().hex})
+            retry = dataclasses.replace(message, request_id=uuid.uuid4().hex)
             grant = await acquire_or_withdraw(handle, retry, self._background)
         return acquire_response(grant)
 
@@ -222,9 +229,11 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
             f"place the groups on GPUs of their own with the gateway's {PLACEMENT_FLAG} "
             "PATTERN=NODE:GPU[,GPU...], or call again once that claim has lapsed"
         )
-        message = JoinInput(job=job, nodes=nodes, token_hash=token_hash)
+        message = ev.Join(job=job, nodes=nodes, token_hash=token_hash)
         # A group that runs keeps the GPUs it was created with.
-        await join_claiming_gpus(self._client, group, message, policy, remedy)
+        await join_claiming_gpus(
+            self._client, group, message, policy, remedy, clock=self._clock.now
+        )
 
     async def _nodes_for(self, group: str, placement: LlmdPlacement | None) -> list[str]:
         """The group's nodes if its jobs agree on them, else the node
@@ -257,7 +266,7 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
         job = convert.name("job", request.job_id)
         handle: GroupHandle = group_handle(self._client, group)
         digest = self._token_hash(group, job)
-        beat_message = JobInput(job=job, token_hash=digest)
+        beat_message = ev.Heartbeat(job=job, token_hash=digest)
         try:
             beat = await within(
                 MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.heartbeat, beat_message)
@@ -274,7 +283,7 @@ class TimeSliceOrchestratorCompat(llmd_grpc.TimeSliceOrchestratorServiceServicer
                 grpc.StatusCode.FAILED_PRECONDITION, f"job {job!r} does not hold group {group!r}"
             )
         # The epoch the job was granted, also while it is preempted.
-        message = YieldInput(job=job, token_hash=digest, epoch=beat.epoch)
+        message = ev.Yield(job=job, token_hash=digest, epoch=beat.epoch)
         await within(MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.yield_turn, message))
         waiting = beat.waiting
         return llmd.YieldResponse(

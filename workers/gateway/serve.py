@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import secrets
 import uuid
 from collections.abc import AsyncIterator
@@ -21,26 +22,16 @@ from temporalio.service import RPCError
 
 from timeshare.credentials import token_hash
 from timeshare.instruments import record_grant, record_turn
-from timeshare.models import (
-    AcquireInput,
-    DrainInput,
-    EvictInput,
-    JobInput,
-    JoinInput,
-    KeepTurnInput,
-    NodeRecord,
-    PauseInput,
-    YieldInput,
-    YieldOutput,
-)
+from timeshare.models import NodeRecord, YieldOutput
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID
+from timeshare.scheduling import events as ev
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
-from timeshare.workers.common.service import StartupError, connect_temporal, ready
+from timeshare.workers.common.service import StartupError, ready, wait_for_temporal
 from timeshare.workers.common.telemetry import Telemetry
 from timeshare.workers.common.temporal_settings import TemporalSettings
-from timeshare.workers.gateway import convert
+from timeshare.workers.gateway import convert, messages
 from timeshare.workers.gateway.access import Access, GatewaySecurity
 from timeshare.workers.gateway.claims import join_claiming_gpus, unclaim
 from timeshare.workers.gateway.errors import (
@@ -61,12 +52,14 @@ from timeshare.workers.gateway.group_client import (
     registered_nodes,
     running_groups,
 )
+from timeshare.workers.gateway.group_list import listed_statuses
 from timeshare.workers.gateway.llmd_compat import SERVICE_NAME as LLMD_SERVICE_NAME
 from timeshare.workers.gateway.llmd_compat import (
     CompatSettings,
     TimeSliceOrchestratorCompat,
     log_llmd_compat,
 )
+from timeshare.workers.gateway.server_clock import ServerClock
 from timeshare.workers.gateway.turn_watch import GroupNotFound, TurnWatches
 from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.registry import NodeRegistryWorkflow, UnclaimInput
@@ -79,13 +72,19 @@ DEFAULT_MAX_GROUPS = 1000
 
 class TimeSlicerService(pb_grpc.TimeSlicerServicer):
     def __init__(
-        self, client: Client, access: Access | None = None, max_groups: int = DEFAULT_MAX_GROUPS
+        self,
+        client: Client,
+        access: Access | None = None,
+        max_groups: int = DEFAULT_MAX_GROUPS,
+        clock: ServerClock | None = None,
     ) -> None:
         self._client = client
         self._access = access or Access(None)
         self._max_groups = max_groups
         self._background: set[asyncio.Task[None]] = set()
-        self._watches = TurnWatches(client)
+        # The history hosts' clock, learned from the grants relayed here.
+        self._clock = clock or ServerClock()
+        self._watches = TurnWatches(client, self._clock)
 
     def _group(self, group: str) -> GroupHandle:
         return group_handle(self._client, convert.name("group", group))
@@ -96,27 +95,16 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
     async def Join(self, request: pb.JoinRequest, context: Context) -> pb.JoinResponse:
         self._access.require(context, request.group)
         group = convert.name("group", request.group)
-        job = convert.name("job", request.job)
-        nodes = convert.nodes(request.nodes) or await self._only_live_node()
+        token = secrets.token_urlsafe(32)
+        message = messages.event_of(ev.Join, request, token_hash=token_hash(token))
+        if not message.nodes:
+            message = dataclasses.replace(message, nodes=await self._only_live_node())
         policy = convert.policy(request.policy) if request.HasField("policy") else None
         await self._check_room_for(group)
-        token = secrets.token_urlsafe(32)
-        message = JoinInput(
-            job=job,
-            nodes=nodes,
-            token_hash=token_hash(token),
-            weight=convert.weight(request.weight),
-            priority=convert.priority(request.priority),
-            backfill=request.backfill,
+        joined = await join_claiming_gpus(
+            self._client, group, message, policy, clock=self._clock.now
         )
-        joined = await join_claiming_gpus(self._client, group, message, policy)
-        return pb.JoinResponse(
-            job_token=token,
-            nodes=joined.nodes,
-            created=joined.created,
-            lease_seconds=joined.lease_seconds,
-            idle_lease_seconds=joined.idle_lease_seconds,
-        )
+        return messages.reply(pb.JoinResponse, joined, job_token=token)
 
     async def _check_room_for(self, group: str) -> None:
         """Refuse a new group beyond the deployment's limit (visibility lags, so
@@ -147,31 +135,23 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         handle = self._group(request.group)
         trace_context: dict[str, str] = {}
         propagate.inject(trace_context)
-        message = AcquireInput(
+        message = messages.event_of(
+            ev.Acquire,
+            request,
             trace_context=trace_context,
-            job=convert.name("job", request.job),
-            token_hash=token_hash(request.job_token),
             request_id=convert.request_id(request.request_id) or uuid.uuid4().hex,
             timeout_seconds=convert.acquire_timeout(
                 request.timeout_seconds, context.time_remaining()
             ),
-            phase=convert.phase(request.phase),
-            yield_epoch=request.yield_epoch,
         )
 
         def yielded(given_back: YieldOutput) -> None:
             record_turn(request.group, message.job, given_back.held_seconds, given_back.phase)
 
         grant = await acquire_or_withdraw(handle, message, self._background, yielded)
+        self._clock.note(grant.granted_at)
         record_grant(request.group, message.job, grant.waited_seconds, grant.phase)
-        return pb.AcquireResponse(
-            epoch=grant.resumes_epoch or grant.epoch,
-            ticket=grant.ticket,
-            waited_seconds=grant.waited_seconds,
-            switch_seconds=grant.switch_seconds,
-            granted_at=grant.granted_at,
-            phase=grant.phase,
-        )
+        return messages.reply(pb.AcquireResponse, grant, {"epoch": "told_epoch"})
 
     async def WatchTurn(
         self, request: pb.WatchTurnRequest, context: Context
@@ -204,27 +184,18 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
     @rpc
     async def Yield(self, request: pb.YieldRequest, context: Context) -> pb.YieldResponse:
         self._access.require(context, request.group)
-        message = YieldInput(
-            job=convert.name("job", request.job),
-            token_hash=token_hash(request.job_token),
-            epoch=request.epoch,
-        )
+        message = messages.event_of(ev.Yield, request)
         handle = self._group(request.group)
         result = await within(
             MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.yield_turn, message)
         )
         record_turn(request.group, message.job, result.held_seconds, result.phase)
-        return pb.YieldResponse(held_seconds=result.held_seconds)
+        return messages.reply(pb.YieldResponse, result)
 
     @rpc
     async def KeepTurn(self, request: pb.KeepTurnRequest, context: Context) -> pb.KeepTurnResponse:
         self._access.require(context, request.group)
-        message = KeepTurnInput(
-            job=convert.name("job", request.job),
-            token_hash=token_hash(request.job_token),
-            epoch=request.epoch,
-            phase=convert.phase(request.phase),
-        )
+        message = messages.event_of(ev.KeepTurn, request)
         handle = self._group(request.group)
         try:
             kept = await within(
@@ -240,11 +211,10 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
             raise
         record_turn(request.group, message.job, kept.ended.held_seconds, kept.ended.phase)
         grant = kept.grant
+        self._clock.note(grant.granted_at)
         record_grant(request.group, message.job, 0.0, grant.phase)
-        return pb.KeepTurnResponse(
-            epoch=grant.resumes_epoch or grant.epoch,
-            asked_to_yield=kept.asked_to_yield,
-            phase=grant.phase,
+        return messages.reply(
+            pb.KeepTurnResponse, grant, {"epoch": "told_epoch"}, asked_to_yield=kept.asked_to_yield
         )
 
     @rpc
@@ -253,23 +223,15 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
     ) -> pb.HeartbeatResponse:
         self._access.require(context, request.group)
         handle = self._group(request.group)
-        beat = await within(
-            MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.heartbeat, self._job(request))
-        )
-        return pb.HeartbeatResponse(
-            holding=beat.holding,
-            epoch=beat.epoch,
-            waiting=beat.waiting,
-            should_yield=beat.should_yield,
-            preempted=beat.preempted,
-            lease_seconds=beat.lease_seconds,
-        )
+        message = messages.event_of(ev.Heartbeat, request)
+        beat = handle.execute_update(GroupWorkflow.heartbeat, message)
+        return messages.reply(pb.HeartbeatResponse, await within(MESSAGE_SECONDS, beat))
 
     @rpc
     async def Leave(self, request: pb.LeaveRequest, context: Context) -> pb.LeaveResponse:
         self._access.require(context, request.group)
         handle = self._group(request.group)
-        job = self._job(request)
+        job = messages.event_of(ev.Leave, request)
         await within(MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.leave, job))
         # Its GPUs are free for another group (its agents drop the claim too,
         # when they release its processes).
@@ -277,12 +239,6 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
             group = convert.name("group", request.group)
             await unclaim(self._client, UnclaimInput(group=group, job=job.job))
         return pb.LeaveResponse()
-
-    @staticmethod
-    def _job(request: pb.HeartbeatRequest | pb.LeaveRequest) -> JobInput:
-        return JobInput(
-            job=convert.name("job", request.job), token_hash=token_hash(request.job_token)
-        )
 
     # -- status -------------------------------------------------------------------
 
@@ -292,7 +248,7 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         status = await within(
             MESSAGE_SECONDS, self._group(request.group).query(GroupWorkflow.status)
         )
-        return convert.group_status(status)
+        return messages.group_status(status)
 
     @rpc
     async def GetGroupHistory(
@@ -302,25 +258,22 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         history = await within(
             MESSAGE_SECONDS, self._group(request.group).query(GroupWorkflow.history)
         )
-        return convert.group_history(history)
+        return messages.group_history(history)
 
     @rpc
     async def ListGroups(
         self, request: pb.ListGroupsRequest, context: Context
     ) -> pb.ListGroupsResponse:
-        statuses = []
         groups = await within(MESSAGE_SECONDS, running_groups(self._client))
-        for group in self._access.visible(context, groups):
-            query = group_handle(self._client, group).query(GroupWorkflow.status)
-            statuses.append(convert.group_status(await within(MESSAGE_SECONDS, query)))
-        return pb.ListGroupsResponse(groups=statuses)
+        visible = self._access.visible(context, groups)
+        return pb.ListGroupsResponse(groups=await listed_statuses(self._client, visible))
 
     @rpc
     async def ListNodes(
         self, request: pb.ListNodesRequest, context: Context
     ) -> pb.ListNodesResponse:
         self._access.caller(context)
-        return pb.ListNodesResponse(nodes=[convert.node_status(n) for n in await self._nodes()])
+        return pb.ListNodesResponse(nodes=[messages.node_status(n) for n in await self._nodes()])
 
     def _registry(self) -> Any:
         return self._client.get_workflow_handle_for(
@@ -347,9 +300,9 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         self._access.require(context, request.group, operator=True)
         handle = self._group(request.group)
         reason = convert.reason(request.reason) or "evicted by an operator"
-        message = EvictInput(job=convert.name("job", request.job), reason=reason)
+        message = messages.event_of(ev.Evict, request, reason=reason)
         await within(MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.evict, message))
-        return convert.group_status(
+        return messages.group_status(
             await within(MESSAGE_SECONDS, handle.query(GroupWorkflow.status))
         )
 
@@ -357,14 +310,14 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
     async def Pause(self, request: pb.PauseRequest, context: Context) -> pb.GroupStatus:
         self._access.require(context, request.group, operator=True)
         handle = self._group(request.group)
-        message = PauseInput(paused=request.paused)
+        message = messages.event_of(ev.Pause, request)
         status = await within(MESSAGE_SECONDS, handle.execute_update(GroupWorkflow.pause, message))
-        return convert.group_status(status)
+        return messages.group_status(status)
 
     @rpc
     async def Drain(self, request: pb.DrainRequest, context: Context) -> pb.DrainResponse:
         self._access.require(context, None, operator=True)
-        message = DrainInput(node=convert.name("node", request.node), drained=request.drained)
+        message = messages.event_of(ev.Drain, request)
         told = []
         for group in await within(MESSAGE_SECONDS, running_groups(self._client)):
             drain = group_handle(self._client, group).execute_update(GroupWorkflow.drain, message)
@@ -399,7 +352,7 @@ async def serve_gateway(
     credentials = security.server_credentials()
     security.warn_if_insecure()
     telemetry = telemetry or Telemetry()
-    client = await connect_temporal(options.temporal, telemetry=telemetry)
+    client = await wait_for_temporal(options.temporal, "gateway", stop, telemetry)
     telemetry.start()
     server = grpc.aio.server(
         interceptors=[aio_server_interceptor()],  # type: ignore[no-untyped-call]
@@ -408,11 +361,12 @@ async def serve_gateway(
             ("grpc.so_reuseport", 0),
         ],
     )
-    service = TimeSlicerService(client, access, options.max_groups)
+    clock = ServerClock()
+    service = TimeSlicerService(client, access, options.max_groups, clock)
     pb_grpc.add_TimeSlicerServicer_to_server(service, server)
     services = [SERVICE_NAME]
     if options.llmd_compat is not None:
-        compat = TimeSliceOrchestratorCompat(client, options.llmd_compat)
+        compat = TimeSliceOrchestratorCompat(client, options.llmd_compat, clock)
         llmd_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(compat, server)
         services.append(LLMD_SERVICE_NAME)
         log_llmd_compat(options.llmd_compat)

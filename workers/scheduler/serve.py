@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -16,9 +17,11 @@ from temporalio.worker import Worker
 
 from timeshare.names import SCHEDULER_TASK_QUEUE
 from timeshare.workers.common.event_loop import running_event_loop
-from timeshare.workers.common.service import StartupError, connect_temporal, ready
+from timeshare.workers.common.service import StartupError, ready, wait_for_temporal
 from timeshare.workers.common.telemetry import Telemetry
 from timeshare.workers.common.temporal_settings import TemporalSettings
+from timeshare.workers.scheduler.healing.failure_watch import FailureWatch
+from timeshare.workers.scheduler.healing.healer import GroupHealer
 from timeshare.workflows.group import GroupWorkflow
 from timeshare.workflows.registry import NodeRegistryWorkflow
 from timeshare.workflows.sandbox import workflow_runner
@@ -99,21 +102,27 @@ async def serve_scheduler(
     telemetry: Telemetry | None = None,
     sandboxed: bool = False,
     deadlock_detection: bool = False,
+    group_workflows: Sequence[type] = (GroupWorkflow,),
 ) -> None:
-    """Serve the group workflows until ``stop``; outside the SDK's sandbox
+    """``group_workflows``: the class that runs GroupWorkflow (a stand-in of
+    the benchmarks' for one that disagrees with a history, say). Serve the
+    group workflows until ``stop``; outside the SDK's sandbox
     unless ``sandboxed`` (timeshare.workflows.sandbox says why); each
     activation on the event loop unless ``deadlock_detection`` or
     ``sandboxed`` (activations_inline says why)."""
     telemetry = telemetry or Telemetry()
-    client = await connect_temporal(temporal, telemetry=telemetry)
+    client = await wait_for_temporal(temporal, "scheduler", stop, telemetry)
     await check_search_attributes(client)
     telemetry.start()
     inline = activations_inline(sandboxed, deadlock_detection)
+    healer = GroupHealer(client, group_workflows)
     worker = Worker(
         client,
         task_queue=SCHEDULER_TASK_QUEUE,
-        workflows=[GroupWorkflow, NodeRegistryWorkflow],
-        workflow_runner=workflow_runner(sandboxed),
+        workflows=[*group_workflows, NodeRegistryWorkflow],
+        # Every task it fails is heard by the healer (docs/reliability.md,
+        # "A group that cannot be replayed").
+        workflow_runner=FailureWatch(workflow_runner(sandboxed), healer.heard),
         # A group's next task waits this long for a worker that died holding
         # its cached history before any other replica takes it (default 10 s).
         sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
@@ -124,7 +133,7 @@ async def serve_scheduler(
             client.data_converter
         ),
     )
-    async with worker:
+    async with healer.running(), worker:
         where = f"task queue {SCHEDULER_TASK_QUEUE} on {temporal.describe()}"
         if sandboxed:
             where += ", workflows in the SDK's sandbox"

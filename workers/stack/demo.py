@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from timeshare.errors import TimeshareError
 from timeshare.report import write_report
+from timeshare.self_command import timeshare_command
 from timeshare.synthetic import load_report
 from timeshare.timeline import chart, summary, turns_table, utilisation
 from timeshare.workers.common.children import spawn, stop_process
@@ -52,7 +53,7 @@ def start_stack(data_dir: Path) -> subprocess.Popen[bytes]:
     log_path = data_dir / "demo-stack.log"
     say(f"starting the embedded stack (log: {log_path}) ...")
     stack = spawn(
-        [sys.executable, "-m", "timeshare", "up", f"--data-dir={data_dir}", "--node=local"],
+        timeshare_command("up", f"--data-dir={data_dir}", "--node=local"),
         stdout=subprocess.PIPE,
         new_session=True,
         timeshare_child=True,
@@ -115,12 +116,12 @@ def run_jobs(
     paths = [reports_dir / f"{job}.json" for job in DEMO_JOBS]
     jobs = [
         spawn(
-            [
-                sys.executable, "-m", "timeshare", "synthetic-job",
+            timeshare_command(
+                "synthetic-job",
                 f"--group={DEMO_GROUP}", f"--job={job}", f"--address={DEMO_ADDRESS}",
                 f"--iterations={iterations}", f"--report={path}",
                 f"--start-delay-seconds={0.3 * index}",
-            ],
+            ),
             new_session=True,
             timeshare_child=True,
         )

@@ -1,21 +1,23 @@
 """`timeshare up`: the whole stack on one machine, as separate processes.
 
-Temporal first; then the scheduler, gateway and node agent. Each child's
-output is forwarded with its name; one Ctrl-C (or SIGTERM) stops them all,
-the workers before Temporal, and none outlives this process.
+Temporal, the scheduler, the gateway and the node agent start together;
+each of the three waits for Temporal by itself and says it is ready once it
+reaches it (as in production). Each child's output is forwarded with its
+name; one Ctrl-C (or SIGTERM) stops them all, the workers before Temporal,
+and none outlives this process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from timeshare.activities.backends.sim_memory import forget_if_nothing_held
+from timeshare.self_command import timeshare_command
 from timeshare.workers.common.children import die_with_parent
-from timeshare.workers.common.service import StartupError, connect_temporal, ready
+from timeshare.workers.common.service import StartupError, ready
 from timeshare.workers.temporal.dev_server import check_port_free
 
 STARTUP_SECONDS = 90.0
@@ -35,6 +37,8 @@ class StackOptions:
     listen: str
     node: str
     backend: str
+    # The agent's registration socket, for the line that tells jobs where it is.
+    socket: str = ""
     agent_args: list[str] = field(default_factory=list)
     # Where the simulated GPUs keep what they hold, when the stack chose it:
     # removed at a clean stop if they hold nothing.
@@ -51,10 +55,7 @@ class Child:
 
 async def start_child(name: str, args: list[str]) -> Child:
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "timeshare",
-        *args,
+        *timeshare_command(*args),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
@@ -122,6 +123,16 @@ def listen_port(listen: str) -> int:
     return int(port)
 
 
+def jobs_line(options: StackOptions) -> str:
+    """What a job started elsewhere needs to reach this stack; a job on this
+    machine finds both by default (timeshare.agent_socket)."""
+    return (
+        f"timeshare up: for a job: TIMESHARE_ADDRESS={options.listen} "
+        f"TIMESHARE_AGENT_SOCKET={options.socket} (a job on this machine, as this user, "
+        "finds both without them)"
+    )
+
+
 async def serve_stack(stop: asyncio.Event, options: StackOptions) -> None:
     temporal = f"localhost:{options.port}"
     gateway_port = listen_port(options.listen)
@@ -139,20 +150,21 @@ async def serve_stack(stop: asyncio.Event, options: StackOptions) -> None:
     ]  # fmt: skip
     children: list[Child] = []
     try:
+        # All at once: the scheduler, gateway and agent wait for Temporal
+        # themselves, as they do in production while it starts or restarts.
         for name, args in plan:
-            child = await start_child(name, args)
-            children.append(child)
+            children.append(await start_child(name, args))
+        for child in children:
             await wait_ready(child, stop)
             if stop.is_set():
                 return
-            if name == "temporal":
-                await connect_temporal(temporal, "default")  # the frontend answers
         ready(
             "up",
             f"gateway {options.listen}, Temporal {temporal}, "
             f"Web UI http://localhost:{options.ui_port}, node {options.node} "
             f"({options.backend}); Ctrl-C stops everything",
         )
+        print(jobs_line(options), flush=True)
         exits = {asyncio.ensure_future(c.process.wait()): c for c in children}
         stopping = asyncio.ensure_future(stop.wait())
         done, _ = await asyncio.wait([stopping, *exits], return_when=asyncio.FIRST_COMPLETED)

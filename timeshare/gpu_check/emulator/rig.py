@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from types import ModuleType
 from timeshare.activities.backends.gpus import DeviceMemory
 from timeshare.gpu_check import emulator
 from timeshare.gpu_check.emulator import wait_for
+from timeshare.self_command import python_module_command
 from timeshare.testing.processes import detached
 
 ARGUMENTS = {
@@ -167,7 +167,7 @@ def start_worker(
         options += ["--wait-for", str(start_when)]
     command = " ".join(
         [*(f"{k}='{v}'" for k, v in env.items()), "exec",
-         sys.executable, "-m", emulator.CUDA_WORKER, str(nbytes), str(counter), *options]
+         *python_module_command(emulator.CUDA_WORKER), str(nbytes), str(counter), *options]
     )  # fmt: skip
     detached("sh", "-c", command)
     info = wait_for(

@@ -211,8 +211,9 @@ def summary_line(summary: ReportSummary) -> str:
     failed = f" ({summary.failed_switches} failed)" if summary.failed_switches else ""
     return (
         f"{len(summary.jobs)} jobs, {sum(j.turns for j in summary.jobs)} turns over "
-        f"{summary.span_seconds:.1f} s; {summary.switches} switches{failed} moved "
-        f"{human_bytes(summary.bytes_moved)}; GPUs in use {summary.utilisation:.0%}"
+        f"{summary.span_seconds:.1f} s; {summary.switches} switches in all{failed}, those "
+        f"done ahead of a request included, moved {human_bytes(summary.bytes_moved)}; "
+        f"GPUs held by a job {summary.utilisation:.0%} of the time"
     )
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from timeshare.history import GroupHistory
-from timeshare.report_data import ReportSummary, build_timeline, summarise
-from timeshare.report_html import render_html
+from timeshare.report.data import ReportSummary, build_timeline, summarise
+from timeshare.report.html import render_html
 
 FORMATS = (".html", ".png")
 
@@ -31,7 +31,7 @@ def write_report(history: GroupHistory, out: Path) -> Path:
     suffix = check_format(out)
     timeline = build_timeline(history)
     if suffix == ".png":
-        from timeshare.report_png import render_png
+        from timeshare.report.png import render_png
 
         render_png(timeline, out)
     else:

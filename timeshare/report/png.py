@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from timeshare.report_data import (
+from timeshare.report.data import (
     EMPTY,
     FAILED,
     KIND_COLOURS,

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from timeshare.errors import TimeshareError
 from timeshare.history import GroupHistory
 from timeshare.report import check_format, write_report
-from timeshare.report_png import MissingMatplotlib
+from timeshare.report.png import MissingMatplotlib
 
 
 class ReportInputError(Exception):

@@ -8,7 +8,7 @@ import math
 from datetime import UTC, datetime
 from html import escape
 
-from timeshare.report_data import (
+from timeshare.report.data import (
     KIND_COLOURS,
     SWITCH,
     WAIT,
@@ -197,10 +197,12 @@ def _table(timeline: Timeline) -> str:
 def _totals(timeline: Timeline) -> str:
     summary = timeline.summary
     return (
-        f"<p>{summary.switches} switches ({summary.failed_switches} failed) took "
+        f"<p>{summary.switches} switches in all ({summary.failed_switches} failed), those "
+        "done ahead of a request (prefetch) included, took "
         f"{summary.switch_seconds:.3f} node-seconds and moved {human_bytes(summary.bytes_moved)}; "
-        f"GPUs held by a job with no switch running {summary.utilisation:.1%} of "
-        f"{summary.span_seconds:.1f} s.</p>"
+        f"GPUs held by a job with no switch running {summary.utilisation:.0%} of "
+        f"{summary.span_seconds:.1f} s. A job's own count (`timeshare demo`) has only "
+        "the switches it waited for, and its GPU phases for busy.</p>"
     )
 
 
