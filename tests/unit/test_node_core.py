@@ -16,7 +16,7 @@ from timeshare.models import (
 from timeshare.node import commands as cmd
 from timeshare.node import events as ev
 from timeshare.node.core import SUPERSEDED, NodeCore
-from timeshare.node.state import NodeState
+from timeshare.node.state import GroupHere, JobHere, NodeState
 
 
 def switch(admit: str, evict: list[str], plan: int = 1, node: str = "n") -> ev.SwitchAsked:
@@ -103,3 +103,42 @@ def test_a_restart_keeps_what_was_released_and_relearns_the_rest() -> None:
     again = NodeCore(NodeState.restarted("n", saved, frozenset({("g", "old")})))
     assert again.released("g", "a") and again.released("g", "old")
     assert again.admitted("g") == "" and again.state.groups.get("g") is None
+
+
+def _record_with_two_groups() -> NodeState:
+    return NodeState(
+        node="n",
+        groups={"g": GroupHere(admitted="a", gpus=[0], parked_leavers=["x"]), "h": GroupHere()},
+        jobs={"g/a": JobHere(member_incarnation=2), "h/b": JobHere(last_ran=3)},
+    )
+
+
+def test_an_event_changes_a_copy_of_what_it_touches_and_shares_the_rest() -> None:
+    """The draft shares untouched entries with the record: the record an
+    event began from is never changed in place."""
+    core = NodeCore(_record_with_two_groups())
+    record = core.state
+    core.handle(ev.GpusClaimed("g", [1], node="n"))
+    assert record.groups["g"].gpus == [0] and core.state.groups["g"].gpus == [1]
+    assert core.state.groups["h"] is record.groups["h"]  # not copied: nothing changed it
+    assert core.state.jobs["h/b"] is record.jobs["h/b"]
+
+
+def test_a_handler_that_fails_leaves_the_record_exactly_as_it_was() -> None:
+    core = NodeCore(_record_with_two_groups())
+    before = core.state.model_copy(deep=True)
+
+    def changes_then_fails(event: ev.GpusClaimed) -> list[cmd.Command]:
+        core._group("g").admitted = "b"
+        core._group("g").parked_leavers.append("y")
+        core._job("g", "a").released = True
+        core._job("g", "new").last_ran = 9
+        core._group("new")
+        core.state.host_held["g/a"] = 1
+        core.state.clock += 1
+        raise RuntimeError("a handler's bug")
+
+    core._handlers[ev.GpusClaimed] = changes_then_fails
+    with pytest.raises(RuntimeError):
+        core.handle(ev.GpusClaimed("g", [1], node="n"))
+    assert core.state == before

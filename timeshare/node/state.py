@@ -103,16 +103,23 @@ class NodeState(BaseModel):
         entry = self.jobs.get(key_of(group, job))
         return entry is not None and entry.released
 
-    def durable(self) -> NodeState:
+    def durable(self, group: str | None = None) -> NodeState:
         """What a restart keeps: all but what the next switch and the backend
         tell again (admissions, plans, co-residency, run order, holds of
-        checkpoints that a restart ended)."""
+        checkpoints that a restart ended). ``group``: of that group alone."""
+        groups = self.groups.items()
+        jobs = self.jobs.items()
+        if group is not None:
+            here = self.groups.get(group)
+            groups = {group: here}.items() if here is not None else {}.items()
+            prefix = key_of(group, "")
+            jobs = {key: job for key, job in jobs if key.startswith(prefix)}.items()
         return NodeState(
             node=self.node,
             groups={
-                name: GroupHere(gpus=group.gpus, parked_leavers=group.parked_leavers)
-                for name, group in self.groups.items()
-                if group.gpus or group.parked_leavers
+                name: GroupHere(gpus=here.gpus, parked_leavers=here.parked_leavers)
+                for name, here in groups
+                if here.gpus or here.parked_leavers
             },
             jobs={
                 key: JobHere(
@@ -120,7 +127,7 @@ class NodeState(BaseModel):
                     released_incarnation=job.released_incarnation,
                     released=job.released,
                 )
-                for key, job in self.jobs.items()
+                for key, job in jobs
                 if job.released or job.member_incarnation or job.released_incarnation
             },
         )
