@@ -38,6 +38,8 @@ from bench.parts.profiling import Profiler
 from bench.parts.scale_load import LoadResult, run_load
 from bench.parts.scale_report import P99_LIMIT_MS, REFERENCE_GROUPS, reference_result, report
 from bench.parts.stack import running_stack
+from bench.parts.store_costs import CALLS as STORE_CALLS
+from bench.parts.store_costs import measure_store_costs
 from bench.parts.temporal_operations import TemporalOperations
 from bench.parts.watch_cost import measure_watch_cost
 from bench.parts.window_history import count_events, task_worker, window_counts
@@ -73,6 +75,9 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
     print(f"floor: update {cpu['update']:.2f} ms CPU, update+activity "
           f"{cpu['update+activity']:.2f} ms CPU; Temporal's {server['update']:.2f} and "
           f"{server['update+activity']:.2f} ms", flush=True)  # fmt: skip
+    store = await measure_store_costs(
+        temporal, stack.temporal_metrics_port, min(STORE_CALLS, args.floor_iterations)
+    )
     idle = await measure_idle_history(
         temporal, stack.address, stack.node, args.idle_groups, 3, args.idle_seconds,
         args.idle_lease,
@@ -119,7 +124,7 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
     )
     report(
         args, stack, (floor, sandboxed, paced, handovers), idle, watch, results, operations,
-        history, side_by_side,
+        history, side_by_side, store,
     )  # fmt: skip
 
 

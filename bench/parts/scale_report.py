@@ -14,6 +14,7 @@ from bench.parts.procstat import load_average
 from bench.parts.profiling import read_profile
 from bench.parts.scale_load import LoadResult
 from bench.parts.stats import percentile
+from bench.parts.store_costs import HandoverStore, StoreCosts, explained
 from bench.parts.temporal_operations import TemporalOperations
 from bench.parts.watch_cost import WatchCost
 from bench.parts.window_history import WindowCounts
@@ -163,6 +164,26 @@ def print_history(
     print(table(["kind", "what", "per hand-over"], rows))
 
 
+def print_store(
+    store: StoreCosts, history: WindowCounts, operations: TemporalOperations, result: LoadResult
+) -> None:
+    if store.error or operations.error:
+        print(f"\nstore requests by block: not read: {store.error or operations.error}")
+        return
+    per = max(1, result.handovers)
+    handover = HandoverStore(
+        total=operations.total("persistence_requests") / per,
+        describes=operations.count("service_requests", "frontend", DESCRIBE_OPERATIONS[0]) / per,
+        search_attribute_upserts=history.visibility["search attributes"] / per,
+        memo_upserts=history.visibility["memo"] / per,
+    )
+    costs = ", ".join(f"{name} {n:.2f}" for name, n in store.per_call.items())
+    print(f"\nstore requests per hand-over at {result.groups} groups, by block (each block's "
+          f"cost measured on this server before the load, per call: {costs}):")  # fmt: skip
+    print(table(["block", "per hand-over", "store requests", "needed?"],
+                explained(store, handover)))  # fmt: skip
+
+
 def print_operations(operations: TemporalOperations, result: LoadResult) -> None:
     print(f"\nTemporal's requests per hand-over at {result.groups} groups "
           "(a call counts in each service it passes through):")  # fmt: skip
@@ -183,6 +204,7 @@ def report(
     operations: dict[int, TemporalOperations],
     history: WindowCounts,
     side_by_side: LoadResult | None,
+    store: StoreCosts,
 ) -> None:
     floor, sandboxed, paced, handovers = floors
     print_floor(floor, sandboxed, paced, handovers)
@@ -200,6 +222,7 @@ def report(
     at_reference = operations[reference.groups]
     print_operations(at_reference, reference)
     print_history(history, at_reference, reference)
+    print_store(store, history, at_reference, reference)
     if args.profile is not None:
         units = {
             "floor-worker": floor.per_handover_floor_ms,
@@ -264,6 +287,7 @@ def report(
         f"{at_reference.total('service_requests', 'frontend') / handover_count:.2f}"
         f" temporal_store_requests_per_handover="
         f"{at_reference.total('persistence_requests') / handover_count:.2f}"
+        f" temporal_store_requests_floor={store.pair if not store.error else 0:.2f}"
         f" visibility_store_requests_per_handover="
         f"{at_reference.total('visibility_persistence_requests') / handover_count:.2f}"
     )

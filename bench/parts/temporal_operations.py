@@ -79,7 +79,8 @@ class TemporalOperations:
     def count(self, metric: str, service: str, operation: str) -> int:
         return self.counts[(metric, service, operation)]
 
-    def rows(self, per: int, most: int = 14) -> list[list[str]]:
-        """The busiest operations: [metric, service, operation, count per ``per`` events]."""
-        ranked = self.counts.most_common(most)
-        return [[m, s, op, f"{n / max(1, per):.2f}"] for (m, s, op), n in ranked]
+    def rows(self, per: int, least: float = 0.05) -> list[list[str]]:
+        """The operations that ran at least ``least`` times per ``per``
+        events, busiest first: [metric, service, operation, count per event]."""
+        ranked = [(key, n / max(1, per)) for key, n in self.counts.most_common()]
+        return [[m, s, op, f"{rate:.2f}"] for (m, s, op), rate in ranked if rate >= least]

@@ -69,6 +69,10 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
     # another, both inside the window its histories are counted in.
     assert float(figures["workflow_tasks_per_handover"]) >= 2, output
     assert "UpdateWorkflowExecution" in run.stdout and "RespondWorkflowTaskCompleted" in run.stdout
+    # Each building block's store requests measured, and a hand-over's split by them.
+    assert float(figures["temporal_store_requests_floor"]) > 0, output
+    assert "store requests per hand-over at 2 groups, by block" in run.stdout, output
+    assert "the rest: the acquire's own task" in run.stdout, output
 
 
 def test_temporal_request_counters_are_summed_per_service_and_operation() -> None:
