@@ -24,8 +24,9 @@ LONGEST_LINES = 600
 # The benchmarks in proportion to what they measure: a new one reuses bench.parts.
 # (4500 until the chaos run's faults beyond kills: links, machine loss, host
 # memory, clock skew, stuck groups; 5200 until bench scale counted a
-# hand-over's cost to Temporal by kind.)
-BENCH_LINES = 5400
+# hand-over's cost to Temporal by kind; 5400 until it split a hand-over's
+# store requests by building block, each measured on the run's own server.)
+BENCH_LINES = 5500
 # Written by tools, not by hand.
 GENERATED = ("timeshare/v1/",)
 
