@@ -175,7 +175,6 @@ def print_store(
         total=operations.total("persistence_requests") / per,
         describes=operations.count("service_requests", "frontend", DESCRIBE_OPERATIONS[0]) / per,
         search_attribute_upserts=history.visibility["search attributes"] / per,
-        memo_upserts=history.visibility["memo"] / per,
     )
     costs = ", ".join(f"{name} {n:.2f}" for name, n in store.per_call.items())
     print(f"\nstore requests per hand-over at {result.groups} groups, by block (each block's "

@@ -1,8 +1,8 @@
 """What each building block of a hand-over costs Temporal's store, measured
 on the benchmark's own server before its load: a DescribeWorkflowExecution
 (a turn watch's read), a trivial update, one that also upserts a search
-attribute, one that memo, and an update awaiting one activity on another
-task queue. bench.scale splits a hand-over's store requests by these, so
+attribute, and an update awaiting one activity on another task queue.
+bench.scale splits a hand-over's store requests by these, so
 the part no building block explains is left to look at.
 
 Requests to the store are the server's own counters
@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
@@ -39,31 +38,7 @@ STORE = "persistence_requests"
 DESCRIBE = "DescribeWorkflowExecution"
 UPDATE = "trivial update"
 SEARCH_ATTRIBUTES = "update upserting a search attribute"
-MEMO = "update upserting the memo"
 ACTIVITY = "update awaiting one remote activity"
-
-
-@workflow.defn(name="MemoFloorWorkflow")
-class MemoFloorWorkflow:
-    """A trivial update that writes the memo, as a group writes its watch record."""
-
-    @workflow.init
-    def __init__(self) -> None:
-        self._done = False
-        self._writes = 0
-
-    @workflow.run
-    async def run(self) -> None:
-        await workflow.wait_condition(lambda: self._done)
-
-    @workflow.update
-    def write(self) -> None:
-        self._writes += 1
-        workflow.upsert_memo({"record": self._writes})
-
-    @workflow.signal
-    def finish(self) -> None:
-        self._done = True
 
 
 @dataclass(frozen=True)
@@ -79,10 +54,6 @@ class StoreCosts:
         return self.per_call[SEARCH_ATTRIBUTES] - self.per_call[UPDATE]
 
     @property
-    def memo_upsert(self) -> float:
-        return self.per_call[MEMO] - self.per_call[UPDATE]
-
-    @property
     def pair(self) -> float:
         """The floor's pair: a trivial update and one awaiting an activity."""
         return self.per_call[UPDATE] + self.per_call[ACTIVITY]
@@ -91,20 +62,16 @@ class StoreCosts:
 async def measure_store_costs(client: Client, metrics_port: int, calls: int = CALLS) -> StoreCosts:
     queue = f"{PAIR.task_queue}-store-{uuid.uuid4().hex[:6]}"
     async with (
-        Worker(client, task_queue=queue, workflows=[FloorWorkflow, MemoFloorWorkflow],
+        Worker(client, task_queue=queue, workflows=[FloorWorkflow],
                workflow_runner=UnsandboxedWorkflowRunner()),
         Worker(client, task_queue=activity_queue(queue), activities=[floor_noop]),
     ):  # fmt: skip
         plain = await start_floor(client, queue)
         publishing = await start_floor(client, queue, publishes=True)
-        memo = await client.start_workflow(
-            MemoFloorWorkflow.run, id=f"memo-floor-{uuid.uuid4().hex[:8]}", task_queue=queue
-        )
         blocks: dict[str, Callable[[], Awaitable[Any]]] = {
             DESCRIBE: plain.describe,
             UPDATE: lambda: plain.execute_update(FloorWorkflow.ping),
             SEARCH_ATTRIBUTES: lambda: publishing.execute_update(FloorWorkflow.ping),
-            MEMO: lambda: memo.execute_update(MemoFloorWorkflow.write),
             ACTIVITY: lambda: plain.execute_update(FloorWorkflow.via_activity),
         }
         for call in blocks.values():
@@ -122,7 +89,6 @@ async def measure_store_costs(client: Client, metrics_port: int, calls: int = CA
         except (urllib.error.URLError, OSError) as error:
             return StoreCosts({}, f"Temporal's metrics on port {metrics_port}: {error}")
         await _finish(plain, publishing)
-        await memo.signal(MemoFloorWorkflow.finish)
     return StoreCosts(per_call)
 
 
@@ -149,7 +115,6 @@ class HandoverStore:
     total: float
     describes: float
     search_attribute_upserts: float
-    memo_upserts: float
 
 
 def explained(costs: StoreCosts, handover: HandoverStore) -> list[list[str]]:
@@ -164,12 +129,10 @@ def explained(costs: StoreCosts, handover: HandoverStore) -> list[list[str]]:
          c.per_call[DESCRIBE], "no: a holder's watch, once per turn and every few seconds"),
         ("search-attribute upserts", handover.search_attribute_upserts,
          c.search_attribute_upsert, "no: what `temporal workflow list` filters on"),
-        ("memo upserts", handover.memo_upserts, c.memo_upsert,
-         "no: the watch record, when it says something new"),
     ]  # fmt: skip
     rows = [[what, f"{n:.2f}", f"{n * each:.1f}", why] for what, n, each, why in parts]
     rest = handover.total - sum(n * each for _, n, each, _ in parts)
-    rows.append(["the rest: the acquire's own task, timers, lease renewals", "-", f"{rest:.1f}",
+    rows.append(["the rest: the acquire's own task, timers, renewals, memo", "-", f"{rest:.1f}",
                  "partly: an acquire that waits is accepted in a task of its own"])  # fmt: skip
     rows.append(["all", "-", f"{handover.total:.1f}", ""])
     return rows

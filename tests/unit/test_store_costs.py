@@ -7,7 +7,6 @@ import pytest
 from bench.parts.store_costs import (
     ACTIVITY,
     DESCRIBE,
-    MEMO,
     SEARCH_ATTRIBUTES,
     UPDATE,
     HandoverStore,
@@ -15,19 +14,16 @@ from bench.parts.store_costs import (
     explained,
 )
 
-COSTS = StoreCosts({DESCRIBE: 4.0, UPDATE: 4.0, SEARCH_ATTRIBUTES: 10.0, MEMO: 5.5, ACTIVITY: 10.0})
+COSTS = StoreCosts({DESCRIBE: 4.0, UPDATE: 4.0, SEARCH_ATTRIBUTES: 10.0, ACTIVITY: 10.0})
 
 
 def test_each_block_counts_its_calls_times_what_one_costs_beyond_the_update_making_it() -> None:
-    handover = HandoverStore(
-        total=50.0, describes=2.0, search_attribute_upserts=2.0, memo_upserts=0.5
-    )
+    handover = HandoverStore(total=50.0, describes=2.0, search_attribute_upserts=2.0)
     rows = {
         row[0].split(" (")[0].split(":")[0]: float(row[2]) for row in explained(COSTS, handover)
     }
     assert rows["the floor's pair"] == 14.0  # 4 + 10
     assert rows["DescribeWorkflowExecution"] == 8.0
     assert rows["search-attribute upserts"] == 12.0  # 2 x (10 - 4)
-    assert rows["memo upserts"] == 0.8  # 0.5 x 1.5, shown to one place
-    assert rows["the rest"] == pytest.approx(50.0 - 14.0 - 8.0 - 12.0 - 0.75, abs=0.06)
+    assert rows["the rest"] == pytest.approx(50.0 - 14.0 - 8.0 - 12.0, abs=0.06)
     assert rows["all"] == 50.0
