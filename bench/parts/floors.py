@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,14 +82,21 @@ async def time_pair(
     return PairTimes(wall, counted, await history_events(handle))
 
 
-async def time_floors(client: Client, iterations: int) -> PairTimes:
-    """The pair from workers in this process, on a task queue of their own."""
+@contextlib.asynccontextmanager
+async def floor_workers(client: Client) -> AsyncIterator[str]:
+    """The pair's workers in this process, on a task queue of their own (its name)."""
     queue = f"{PAIR.task_queue}-{uuid.uuid4().hex[:6]}"
     async with (
         Worker(client, task_queue=queue, workflows=[FloorWorkflow],
                workflow_runner=UnsandboxedWorkflowRunner()),
         Worker(client, task_queue=activity_queue(queue), activities=[floor_noop]),
     ):  # fmt: skip
+        yield queue
+
+
+async def time_floors(client: Client, iterations: int) -> PairTimes:
+    """The pair from workers in this process."""
+    async with floor_workers(client) as queue:
         return await time_pair(client, queue, iterations)
 
 

@@ -14,22 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import urllib.error
-import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from bench.parts.floor_layers import (
-    PAIR,
-    FloorWorkflow,
-    activity_queue,
-    floor_noop,
-    start_floor,
-)
+from bench.parts.floor_layers import FloorWorkflow, start_floor
+from bench.parts.floors import floor_workers
 from bench.parts.temporal_operations import Key, read
 
 CALLS = 40
@@ -60,12 +53,7 @@ class StoreCosts:
 
 
 async def measure_store_costs(client: Client, metrics_port: int, calls: int = CALLS) -> StoreCosts:
-    queue = f"{PAIR.task_queue}-store-{uuid.uuid4().hex[:6]}"
-    async with (
-        Worker(client, task_queue=queue, workflows=[FloorWorkflow],
-               workflow_runner=UnsandboxedWorkflowRunner()),
-        Worker(client, task_queue=activity_queue(queue), activities=[floor_noop]),
-    ):  # fmt: skip
+    async with floor_workers(client) as queue:
         plain = await start_floor(client, queue)
         publishing = await start_floor(client, queue, publishes=True)
         blocks: dict[str, Callable[[], Awaitable[Any]]] = {
