@@ -7,6 +7,7 @@ clients elsewhere; they live on."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -29,7 +30,9 @@ def lose_the_machine(up: UpStack) -> None:
     assert up.process is not None
     everything = [*processes_below(up.process.pid), up.process.pid]
     for pid in everything:
-        os.kill(pid, signal.SIGKILL)
+        # One that ended since it was listed (a short-lived child) is lost already.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     up.process.wait(60)
     wait_gone(everything)
 

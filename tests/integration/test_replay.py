@@ -37,7 +37,7 @@ from timeshare.workflows.registry import (
 from timeshare.workflows.sandbox import workflow_runner
 
 HISTORIES = Path(__file__).parents[1] / "histories"
-LEARNT_GAP_SECONDS = 0.45  # how long short waits to ask again while it learns
+LEARNT_GAP_SECONDS = 0.6  # how long short waits to ask again while it learns: holds of 1 s
 
 
 def recorded() -> list[Path]:
@@ -173,9 +173,10 @@ async def test_a_fresh_history_of_held_turns_and_a_given_up_switch_replays(
     whose checkpoints keep failing, given up: the stuck job evicted. Costs
     not weighed: weighed (Rules 4), a hold lasts no longer than the sim's
     switch of a few milliseconds, and a short job slowed by a loaded machine
-    missed it (seen in a CI run). Short learns a gap of about half a second,
-    so each hold lasts far longer than its asks take on a loaded machine (a
-    CI run saw short miss a hold learnt from instant asks)."""
+    missed it (seen in a CI run). Short learns a gap that makes its holds 1 s, so
+    each hold lasts far longer than its asks take on a loaded machine, and
+    long holds its turn for 2 s, so short's turns, however slow, stay behind
+    its share (a loaded run saw short miss a hold either way)."""
     policy = GroupPolicy(switch_give_up_seconds=2, fair_anticipation_seconds=1.0, prefetch="off",
                          switch_cost_aware=False)  # fmt: skip
     handle, backend = await group_on_one_node(client, sim_nodes, unique, ("long", "short"), policy)
@@ -186,7 +187,7 @@ async def test_a_fresh_history_of_held_turns_and_a_given_up_switch_replays(
     held = await acquire(handle, "long")
     waiting = asyncio.create_task(acquire(handle, "short"))
     await eventually(handle, lambda s: s.queue == ["short"])
-    await asyncio.sleep(0.3)  # long is well ahead of its share
+    await asyncio.sleep(2.0)  # long is well ahead of its share, however slow short's turns
     await yield_turn(handle, "long", held.epoch)
     turn = await waiting
     long_asks = asyncio.create_task(acquire(handle, "long"))
