@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from timeshare.scheduling.watch import WatchRecord
+
 GroupStateName = Literal["idle", "held", "switching", "degraded", "paused"]
 # auto: a job that yields stays on the device, locked, while the next job's
 # state fits beside it (the node agent decides, from its backend's memory
@@ -160,6 +162,15 @@ class KeepTurnOutput(BaseModel):
     ended: YieldOutput
 
 
+class PublishedTurn(BaseModel):
+    """What the group published outside its workflow as it made a grant (its
+    queue depth and its watch record): where the gateway that delivers the
+    grant serves that turn's watch, its first notice needs no read of the group."""
+
+    waiting: int
+    record: WatchRecord
+
+
 class AcquireResult(BaseModel):
     """An acquire either granted, or still waiting and to be asked again: waits
     are bounded so no update stays open across continue-as-new."""
@@ -168,6 +179,9 @@ class AcquireResult(BaseModel):
     # The turn the same message gave back first (the acquire's yield_epoch),
     # in the answer of the call that gave it back.
     yielded: YieldOutput | None = None
+    # With a grant made before this answer (a waiter's), what the group then
+    # published; None for a grant made in this message's own task.
+    published: PublishedTurn | None = None
 
 
 class JobToken(BaseModel):

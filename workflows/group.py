@@ -25,12 +25,14 @@ with workflow.unsafe.imports_passed_through():
     from timeshare.history import GroupHistory
     from timeshare.models import (
         AcquireResult,
+        Grant,
         GroupPolicy,
         GroupStatus,
         HeartbeatOutput,
         JobToken,
         JoinOutput,
         KeepTurnOutput,
+        PublishedTurn,
         TokenCheck,
         YieldOutput,
     )
@@ -321,7 +323,20 @@ class GroupWorkflow:
                     non_retryable=True,
                 ) from None
         with self._handling("acquire"):
-            return AcquireResult(grant=self._core.answer(job, request_id), yielded=asked.yielded)
+            grant = self._core.answer(job, request_id)
+        return AcquireResult(grant=grant, yielded=asked.yielded, published=self._published(grant))
+
+    def _published(self, grant: Grant | None) -> PublishedTurn | None:
+        """What the group published with ``grant``, where its last publish shows
+        that turn: a waiter's grant was made in a task that ended in a publish
+        before this handler went on. A run of the legacy visibility publishes
+        no record."""
+        shown = self._visibility.shown
+        if grant is None or shown is None or self._visibility.version < versions.VISIBILITY_RECORD:
+            return None
+        if (shown.holder, shown.holder_epoch) != (grant.job, grant.told_epoch):
+            return None
+        return PublishedTurn(waiting=len(shown.queue), record=shown.watch)
 
     async def _wait_slice(self, job: str, request_id: str, seconds: float) -> None:
         """Until the request is no longer waiting (or the run closes); raises

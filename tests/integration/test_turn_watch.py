@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from typing import Any
 
 import grpc
@@ -21,9 +22,11 @@ from temporalio.worker import Worker
 import timeshare
 import timeshare.aio
 from tests.conftest import SimNodes
+from tests.groups import acquire, group_on_one_node, yield_turn
 from tests.polling import wait_until, wait_until_async
-from timeshare.models import GroupPolicy
+from timeshare.models import Grant, GroupPolicy, PublishedTurn
 from timeshare.names import SCHEDULER_TASK_QUEUE, group_workflow_id
+from timeshare.scheduling import events as ev
 from timeshare.scheduling import watch
 from timeshare.scheduling.rules import RULES_POLICIES
 from timeshare.scheduling.state import GroupState, StoredPolicy
@@ -31,6 +34,7 @@ from timeshare.scheduling.watch import MEMO_KEY, WatchRecord
 from timeshare.v1 import timeshare_pb2 as pb
 from timeshare.v1 import timeshare_pb2_grpc as pb_grpc
 from timeshare.workers.gateway import turn_watch
+from timeshare.workers.gateway.group_client import acquire_turn
 from timeshare.workers.gateway.turn_watch import GroupFacts, GroupPoller, TurnWatches
 from timeshare.workflows.group import GroupInput, GroupWorkflow
 from timeshare.workflows.visibility import HOLDER
@@ -227,6 +231,58 @@ async def test_a_watch_that_starts_its_groups_poller_shares_its_first_read(
     await a.yield_()
     await a.leave()
     await b.leave()
+
+
+async def test_a_watch_of_a_turn_granted_here_begins_from_what_its_group_published(
+    client: Client, sim_nodes: SimNodes, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter's grant carries what its group published with it (queue
+    depth, watch record): the watch of that turn on the gateway that
+    delivered it says what a read would say, without reading the group."""
+    handle, _ = await group_on_one_node(client, sim_nodes, unique, ("a", "b", "c"))
+    group = f"g-{unique}"
+    held = await acquire(handle, "a")
+    published: list[tuple[Grant, PublishedTurn]] = []
+
+    def ask(job: str) -> ev.Acquire:
+        return ev.Acquire(job=job, token_hash=f"hash-{job}", request_id=uuid.uuid4().hex)
+
+    b_waits = asyncio.create_task(
+        acquire_turn(handle, ask("b"), on_published=lambda *said: published.append(said))
+    )
+    await wait_until_async(lambda: queue_of(handle, ["b"]), "b waits")
+    c_waits = asyncio.create_task(acquire(handle, "c"))
+    await wait_until_async(lambda: queue_of(handle, ["b", "c"]), "b and c wait")
+    await yield_turn(handle, "a", held.epoch)
+    granted = await b_waits
+    [(grant, facts)] = published
+    assert grant == granted and facts.waiting == 1  # c still waits
+    readers: list[GroupPoller] = []
+    real_read = GroupPoller.read
+
+    async def counted(poller: GroupPoller) -> GroupFacts:
+        readers.append(poller)
+        return await real_read(poller)
+
+    monkeypatch.setattr(GroupPoller, "read", counted)
+    watches = TurnWatches(client)
+    watches._intervals[group] = 60.0
+    watches.granted(group, grant, facts)
+    watch = watches.notices(group, "b", grant.told_epoch)
+    try:
+        first = await anext(watch)
+        assert not readers  # without a read of the group
+        read = await real_read(watches._pollers[group])
+        assert first == read.notice("b", grant.told_epoch, False, time.time())
+        assert first.holding and first.waiting == 1
+    finally:
+        await watch.aclose()
+    await yield_turn(handle, "b", grant.told_epoch)
+    await c_waits
+
+
+async def queue_of(handle: WorkflowHandle[GroupWorkflow, None], jobs: list[str]) -> bool:
+    return (await handle.query(GroupWorkflow.status)).queue == jobs
 
 
 async def test_a_watch_learns_how_often_to_poll_from_its_groups_record(

@@ -22,7 +22,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from timeshare.models import Grant, GroupPolicy, JoinOutput, NodeRecord, YieldOutput
+from timeshare.models import Grant, GroupPolicy, JoinOutput, NodeRecord, PublishedTurn, YieldOutput
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID, SCHEDULER_TASK_QUEUE, group_workflow_id
 from timeshare.scheduling import events as ev
 from timeshare.scheduling.watch import MEMO_KEY, WatchRecord
@@ -135,12 +135,13 @@ async def acquire_or_withdraw(
     message: ev.Acquire,
     background: set[asyncio.Task[None]],
     on_yielded: Callable[[YieldOutput], None] | None = None,
+    on_published: Callable[[Grant, PublishedTurn], None] | None = None,
 ) -> Grant:
     """acquire_turn for a gRPC caller: if the caller goes away, its place in
     the queue is given back (in a task kept in ``background``)."""
     message = dataclasses.replace(message, call_id=uuid.uuid4().hex)
     try:
-        return await acquire_turn(handle, message, on_yielded)
+        return await acquire_turn(handle, message, on_yielded, on_published)
     except (asyncio.CancelledError, WorkflowUpdateRPCTimeoutOrCancelledError):
         withdrawal = asyncio.get_running_loop().create_task(withdraw(handle, message))
         background.add(withdrawal)
@@ -166,9 +167,12 @@ async def acquire_turn(
     handle: GroupHandle,
     message: ev.Acquire,
     on_yielded: Callable[[YieldOutput], None] | None = None,
+    on_published: Callable[[Grant, PublishedTurn], None] | None = None,
 ) -> Grant:
     """Wait for the turn, sending the same request again after every bounded
-    wait. ``on_yielded`` hears of the turn the message gave back first, if any."""
+    wait. ``on_yielded`` hears of the turn the message gave back first, if
+    any; ``on_published``, of what the group published with the grant, if it
+    said."""
     clock = asyncio.get_running_loop().time
     deadline = clock() + message.timeout_seconds if message.timeout_seconds > 0 else None
     attempt = 0
@@ -208,5 +212,7 @@ async def acquire_turn(
         if result is not None and result.yielded is not None and on_yielded is not None:
             on_yielded(result.yielded)
         if result is not None and result.grant is not None:
+            if result.published is not None and on_published is not None:
+                on_published(result.grant, result.published)
             return result.grant
         attempt += 1

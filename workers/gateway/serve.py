@@ -22,7 +22,7 @@ from temporalio.service import RPCError
 
 from timeshare.credentials import token_hash
 from timeshare.instruments import record_grant, record_turn
-from timeshare.models import NodeRecord, YieldOutput
+from timeshare.models import Grant, NodeRecord, PublishedTurn, YieldOutput
 from timeshare.names import NODE_REGISTRY_WORKFLOW_ID
 from timeshare.scheduling import events as ev
 from timeshare.v1 import llmd_compat_pb2_grpc as llmd_grpc
@@ -148,7 +148,10 @@ class TimeSlicerService(pb_grpc.TimeSlicerServicer):
         def yielded(given_back: YieldOutput) -> None:
             record_turn(request.group, message.job, given_back.held_seconds, given_back.phase)
 
-        grant = await acquire_or_withdraw(handle, message, self._background, yielded)
+        def published(grant: Grant, facts: PublishedTurn) -> None:
+            self._watches.granted(request.group, grant, facts)
+
+        grant = await acquire_or_withdraw(handle, message, self._background, yielded, published)
         self._clock.note(grant.granted_at)
         record_grant(request.group, message.job, grant.waited_seconds, grant.phase)
         return messages.reply(pb.AcquireResponse, grant, {"epoch": "told_epoch"})
