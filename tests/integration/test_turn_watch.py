@@ -204,18 +204,10 @@ async def test_a_watch_that_starts_its_groups_poller_shares_its_first_read(
     a = await api.join(group, "a", nodes=[node])
     b = await api.join(group, "b", nodes=[node])
     turn = await a.acquire()
-    readers: list[GroupPoller] = []
-    real_read = GroupPoller.read
-
-    async def counted(poller: GroupPoller) -> GroupFacts:
-        readers.append(poller)
-        return await real_read(poller)
-
-    monkeypatch.setattr(GroupPoller, "read", counted)
+    readers = counted_reads(monkeypatch)
     # This test's own watches (the gateway serving `a` has pollers of its own),
     # with no periodic read within the test: only the ones a watch makes.
-    watches = TurnWatches(client)
-    watches._intervals[group] = 60.0
+    watches = quiet_watches(client, group)
     first = watches.notices(group, "a", turn.epoch)
     second = watches.notices(group, "b", 0)
     try:
@@ -257,16 +249,9 @@ async def test_a_watch_of_a_turn_granted_here_begins_from_what_its_group_publish
     granted = await b_waits
     [(grant, facts)] = published
     assert grant == granted and facts.waiting == 1  # c still waits
-    readers: list[GroupPoller] = []
     real_read = GroupPoller.read
-
-    async def counted(poller: GroupPoller) -> GroupFacts:
-        readers.append(poller)
-        return await real_read(poller)
-
-    monkeypatch.setattr(GroupPoller, "read", counted)
-    watches = TurnWatches(client)
-    watches._intervals[group] = 60.0
+    readers = counted_reads(monkeypatch)
+    watches = quiet_watches(client, group)
     watches.granted(group, grant, facts)
     watch = watches.notices(group, "b", grant.told_epoch)
     try:
@@ -279,6 +264,26 @@ async def test_a_watch_of_a_turn_granted_here_begins_from_what_its_group_publish
         await watch.aclose()
     await yield_turn(handle, "b", grant.told_epoch)
     await c_waits
+
+
+def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[GroupPoller]:
+    """The pollers of each read of a group from now on, one entry per read."""
+    readers: list[GroupPoller] = []
+    real_read = GroupPoller.read
+
+    async def counted(poller: GroupPoller) -> GroupFacts:
+        readers.append(poller)
+        return await real_read(poller)
+
+    monkeypatch.setattr(GroupPoller, "read", counted)
+    return readers
+
+
+def quiet_watches(client: Client, group: str) -> TurnWatches:
+    """Watches whose poller of ``group`` makes no periodic read within a test."""
+    watches = TurnWatches(client)
+    watches._intervals[group] = 60.0
+    return watches
 
 
 async def queue_of(handle: WorkflowHandle[GroupWorkflow, None], jobs: list[str]) -> bool:
