@@ -23,8 +23,15 @@ import time
 from pathlib import Path
 
 import timeshare
-from bench.parts.floors import time_floors
-from bench.parts.handover_segments import SEGMENTS, Event, all_segments, history_events
+from bench.parts.floors import FloorBeside
+from bench.parts.handover_segments import (
+    FLOOR_SEGMENTS,
+    SEGMENTS,
+    Event,
+    all_segments,
+    floor_segments,
+    history_events,
+)
 from bench.parts.stack import running_stack
 from bench.parts.stats import p50_p90_p99, percentile
 from timeshare.activities.backends.base import BackendConfig
@@ -45,6 +52,9 @@ NODES = ["node-a", "node-b"]
 # --two-nodes: 2 x 107 ms of simulated transfer per node and switch (checkpoint, restore).
 STATE_GIB = 2.0
 BANDWIDTH_GBPS = 20.0
+# Re-acquires, hand-overs and the floor's pairs in turn, this many blocks of
+# each: every ratio's two sides meet the same load on a shared machine.
+BLOCKS = 4
 
 
 def measure_reacquire(job: timeshare.Job, iterations: int) -> list[float]:
@@ -105,17 +115,30 @@ def measure_handover(
     return timings
 
 
-def print_segments(found: list[list[float]], handovers: int) -> None:
-    """The p50 of each hop; the hops do not add up to the hand-over's p50
-    (each has its own median, and the few tenths of a millisecond between
-    one hop's end and the next's start are in none)."""
+def print_segments(
+    found: list[list[float]], handovers: int, floor: list[list[float]], floor_ms: float
+) -> None:
+    """The p50 of each hop, beside the same hop of the floor's update awaiting
+    an activity (``floor``: floor_segments; ``floor_ms``: that update's p50);
+    the hops do not add up to the hand-over's p50 (each has its own median,
+    and the few tenths of a millisecond between one hop's end and the next's
+    start are in none)."""
     print(f"\nwhere a hand-over's time goes ({len(found)} of {handovers} hand-overs, "
-          "from the group's history timestamps):")  # fmt: skip
+          "from the group's history timestamps), beside the floor's update awaiting "
+          f"an activity ({len(floor)} of them):")  # fmt: skip
     rows = []
+    floor_p50 = {
+        name: p50_p90_p99([each[index] for each in floor])[0] if floor else float("nan")
+        for index, name in enumerate(FLOOR_SEGMENTS)
+    }
     for index, name in enumerate(SEGMENTS):
         p50, p90, _ = p50_p90_p99([each[index] for each in found])
-        rows.append([name, f"{p50:.1f}", f"{p90:.1f}"])
-    print(table(["hop", "p50 ms", "p90 ms"], rows))
+        beside = f"{floor_p50[name]:.1f}" if name in floor_p50 else "-"
+        rows.append([name, f"{p50:.1f}", f"{p90:.1f}", beside])
+    print(table(["hop", "p50 ms", "p90 ms", "floor p50 ms"], rows))
+    hops = sum(floor_p50.values())
+    print(f"the floor's call and its answer's delivery, the rest of its {floor_ms:.1f} ms: "
+          f"{floor_ms - hops:.1f} ms")  # fmt: skip
 
 
 async def switch_times(directory: Path, switches: int) -> list[float]:
@@ -207,25 +230,38 @@ def main() -> None:
         return
     reads = args.transfer_reads or TRANSFER_QUEUE_READS_PER_SECOND
     dynamic_config = f"--dynamic-config={TRANSFER_READS_SETTING}={reads}"
+    blocks = min(BLOCKS, iterations)
+    per_block = [iterations // blocks + (i < iterations % blocks) for i in range(blocks)]
+    reacquire: list[float] = []
+    handover: list[float] = []
+    floor: dict[str, list[float]] = {}
+    wall_clock: list[tuple[float, float]] = []
+    floor_hops: list[list[float]] = []
     with running_stack(state_gib=0.0, temporal_options=[dynamic_config]) as stack:
-        print(f"stack ready; {iterations} iterations each; transfer queue read at most "
-              f"{reads} times a second", flush=True)  # fmt: skip
-        with timeshare.connect(stack.address) as client:
-            a = client.join(GROUP, "job-a", nodes=[stack.node])
-            b = client.join(GROUP, "job-b", nodes=[stack.node])
-            reacquire = measure_reacquire(a, iterations)
-            print("re-acquire done", flush=True)
-            wall_clock: list[tuple[float, float]] = []
-            handover = measure_handover(client, a, b, iterations, wall_clock=wall_clock)
-            print("hand-over done", flush=True)
+        print(f"stack ready; {iterations} iterations each, in {blocks} blocks beside the "
+              f"floor's; transfer queue read at most {reads} times a second",
+              flush=True)  # fmt: skip
+        beside = FloorBeside(stack.temporal, lambda address: connect_temporal(address, "default"))
+        try:
+            with timeshare.connect(stack.address) as client:
+                a = client.join(GROUP, "job-a", nodes=[stack.node])
+                b = client.join(GROUP, "job-b", nodes=[stack.node])
+                for block, count in enumerate(per_block, 1):
+                    reacquire += measure_reacquire(a, count)
+                    handover += measure_handover(client, a, b, count, wall_clock=wall_clock)
+                    pair = beside.time(count)
+                    for name, times in pair.wall_ms.items():
+                        floor.setdefault(name, []).extend(times)
+                    floor_hops += floor_segments(pair.events)[-count:]  # not its warm-up
+                    print(f"block {block} of {blocks} done", flush=True)
+        finally:
+            beside.close()
 
-        async def floors_and_history() -> tuple[dict[str, list[float]], list[Event]]:
+        async def group_history() -> list[Event]:
             temporal = await connect_temporal(stack.temporal, "default")
-            times = await time_floors(temporal, iterations)
-            group = temporal.get_workflow_handle(group_workflow_id(GROUP))
-            return times.wall_ms, await history_events(group)
+            return await history_events(temporal.get_workflow_handle(group_workflow_id(GROUP)))
 
-        floor, events = asyncio.run(floors_and_history())
+        events = asyncio.run(group_history())
     rows = []
     for name, values in (
         ("re-acquire (no node action)", reacquire),
@@ -236,7 +272,8 @@ def main() -> None:
         p50, p90, p99 = p50_p90_p99(values)
         rows.append([name, f"{p50:.1f}", f"{p90:.1f}", f"{p99:.1f}"])
     print("\n" + table(["measure", "p50 ms", "p90 ms", "p99 ms"], rows))
-    print_segments(all_segments(events, wall_clock), len(wall_clock))
+    floor_ms = percentile(floor["update+activity"], 50)
+    print_segments(all_segments(events, wall_clock), len(wall_clock), floor_hops, floor_ms)
     re50, ho50, ho99 = p50_p90_p99(reacquire)[0], p50_p90_p99(handover)[0], p50_p90_p99(handover)[2]
     up50, act50 = percentile(floor["update"], 50), percentile(floor["update+activity"], 50)
     print(

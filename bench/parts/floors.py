@@ -16,6 +16,7 @@ import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -311,3 +312,32 @@ async def measure_floor_cpu(
         {name: counted[1] for name, counted in times.counted_ms.items()},
         {name: statistics.mean(wall) for name, wall in times.wall_ms.items()},
     )
+
+
+class FloorBeside:
+    """The pair's workers on an event loop of their own thread, so that a
+    synchronous benchmark can time the floor in blocks between its own
+    (``time``), each block beside the load of the moment."""
+
+    def __init__(self, address: str, connect: Callable[[str], Any]) -> None:
+        """``connect(address)``: a coroutine giving a Temporal client."""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._stack = contextlib.AsyncExitStack()
+        self._client, self._queue = self._submit(self._enter(address, connect))
+
+    def _submit(self, work: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+
+    async def _enter(self, address: str, connect: Callable[[str], Any]) -> tuple[Client, str]:
+        client = await connect(address)
+        return client, await self._stack.enter_async_context(floor_workers(client))
+
+    def time(self, iterations: int) -> PairTimes:
+        return self._submit(time_pair(self._client, self._queue, iterations))
+
+    def close(self) -> None:
+        self._submit(self._stack.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()

@@ -92,6 +92,44 @@ def segments(events: Sequence[Event], yielded_at: float, granted_at: float) -> l
     return [(end - start) * 1000 for start, end in spans]
 
 
+# The hops of SEGMENTS an update awaiting an activity has too (the floor):
+# every one but the first and the last, which pass through the gateway.
+FLOOR_SEGMENTS = SEGMENTS[1:-1]
+
+
+def floor_segments(events: Sequence[Event]) -> list[list[float]]:
+    """Milliseconds of each of FLOOR_SEGMENTS in each activity of a floor
+    workflow's history: the task that scheduled it, its dispatch and run, the
+    dispatch of the task its result makes, and that task."""
+    found = []
+    for index, event in enumerate(events):
+        if event.kind != "ACTIVITY_TASK_SCHEDULED":
+            continue
+        before = events[:index]
+        started = next((e for e in reversed(before) if e.kind == "WORKFLOW_TASK_STARTED"), None)
+        completed = next((e for e in reversed(before) if e.kind == "WORKFLOW_TASK_COMPLETED"), None)
+        run, cursor = [], index + 1
+        for kind in _ACTIVITY_RUN:
+            cursor = next((i for i in range(cursor, len(events)) if events[i].kind == kind), -1)
+            if cursor < 0:
+                break
+            run.append(events[cursor].at)
+        if started is None or completed is None or len(run) < len(_ACTIVITY_RUN):
+            continue
+        times = [started.at, completed.at, event.at, *run]
+        spans = [(0, 1), (2, 3), (3, 4), (4, 5), (5, 6)]
+        found.append([(times[end] - times[start]) * 1000 for start, end in spans])
+    return found
+
+
+_ACTIVITY_RUN = (
+    "ACTIVITY_TASK_STARTED",
+    "ACTIVITY_TASK_COMPLETED",
+    "WORKFLOW_TASK_STARTED",
+    "WORKFLOW_TASK_COMPLETED",
+)
+
+
 def all_segments(
     events: Sequence[Event], handovers: Iterable[tuple[float, float]]
 ) -> list[list[float]]:

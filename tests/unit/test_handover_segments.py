@@ -9,6 +9,7 @@ from bench.parts.handover_segments import (
     Event,
     IncompleteHandover,
     all_segments,
+    floor_segments,
     segments,
 )
 
@@ -49,3 +50,29 @@ def test_a_handover_whose_switch_is_not_in_the_history_is_left_out() -> None:
         segments(without_switch, 100.0, 100.050)
     assert all_segments(without_switch, [(100.0, 100.050)]) == []
     assert len(all_segments(events(), [(100.0, 100.050), (100.0, 100.020)])) == 1
+
+
+# A floor workflow's history: a trivial update (a task of its own, no
+# activity), then an update awaiting an activity, then one whose activity
+# never ran (the workflow was finished): only the second is a whole floor.
+FLOOR = [
+    (0.0, "WORKFLOW_TASK_STARTED", ""),
+    (2.0, "WORKFLOW_TASK_COMPLETED", ""),
+    (10.0, "WORKFLOW_TASK_STARTED", ""),
+    (13.0, "WORKFLOW_TASK_COMPLETED", ""),
+    (13.0, "ACTIVITY_TASK_SCHEDULED", "floor_noop"),
+    (15.0, "ACTIVITY_TASK_STARTED", ""),
+    (19.0, "ACTIVITY_TASK_COMPLETED", ""),
+    (19.0, "WORKFLOW_TASK_SCHEDULED", ""),
+    (20.5, "WORKFLOW_TASK_STARTED", ""),
+    (24.0, "WORKFLOW_TASK_COMPLETED", ""),
+    (30.0, "WORKFLOW_TASK_STARTED", ""),
+    (31.0, "WORKFLOW_TASK_COMPLETED", ""),
+    (31.0, "ACTIVITY_TASK_SCHEDULED", "floor_noop"),
+]
+
+
+def test_the_floors_hops_are_the_handovers_middle_hops_in_its_own_history() -> None:
+    floor = [Event(at / 1000, kind, activity) for at, kind, activity in FLOOR]
+    # its task 3, dispatch 2, the activity 4, dispatch back 1.5, the result's task 3.5
+    assert floor_segments(floor) == [pytest.approx([3.0, 2.0, 4.0, 1.5, 3.5])]
