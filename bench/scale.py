@@ -117,13 +117,13 @@ async def run(args: argparse.Namespace, stack: LocalStack, workdir: Path) -> Non
             break
     reference = reference_result(results)
     history = await window_counts(temporal, reference)
-    side_by_side, paced, handovers = (
+    side_by_side, paced, handovers, alone = (
         await load_beside_floor(args, stack, temporal, reference, workdir)
         if args.period > 0
-        else (None, None, None)
+        else (None, None, None, None)
     )
     report(
-        args, stack, (floor, sandboxed, paced, handovers), idle, watch, results, operations,
+        args, stack, (floor, sandboxed, paced, handovers, alone), idle, watch, results, operations,
         history, side_by_side, store,
     )  # fmt: skip
 
@@ -134,11 +134,14 @@ async def load_beside_floor(
     temporal: Client,
     reference: LoadResult,
     workdir: Path,
-) -> tuple[LoadResult, PacedFloorCpu, PacedFloorCpu | None]:
+) -> tuple[LoadResult, PacedFloorCpu, PacedFloorCpu | None, PacedFloorCpu]:
     """The reference load again, with the floor workflow paced the same way
     beside it in the same window: worker_cpu_ratio compares the two. With
     ``--floor-handovers`` a hand-over floor (a layer of bench.parts.floor_layers,
-    ``shape`` unless named) runs in that window too, paced as the groups are."""
+    ``shape`` unless named) runs in that window too, paced as the groups are.
+    Then the floor alone for as long, paced the same way: what it costs the
+    Temporal server, which one window cannot split between load and floor
+    (the last PacedFloorCpu returned)."""
     layers = [replace(PAIR, publishes=args.floor_publishes)]
     layers += [LAYERS[args.floor_handovers]] if args.floor_handovers else []
     async with contextlib.AsyncExitStack() as floors:
@@ -146,6 +149,7 @@ async def load_beside_floor(
             await floors.enter_async_context(PacedFloor(
                 temporal, stack.temporal, reference.groups, args.period, workdir, args.seed + n,
                 inline=args.floor_inline, layer=layer,
+                server_pid=stack.processes["temporal"].pid if n == 0 else None,
             ))
             for n, layer in enumerate(layers)
         ]  # fmt: skip
@@ -154,8 +158,15 @@ async def load_beside_floor(
             stack.node, args.period, args.seconds, args.seed, name="beside",
             during=[floor.window(args.seconds) for floor in paced],
         )  # fmt: skip
-    floor, beside = paced[0], paced[1].result if len(paced) > 1 else None
-    assert floor.result is not None
+        floor, beside = paced[0], paced[1].result if len(paced) > 1 else None
+        assert floor.result is not None
+        result = floor.result
+        await floor.settle()
+        with floor.window(args.seconds):
+            await asyncio.sleep(args.seconds)
+        alone, floor.result = floor.result, result
+    print(f"the floor paced alone: Temporal {alone.server_cpu_ms_per_pair:.2f} ms CPU per pair "
+          f"over {alone.pairs} pairs (load {load_average()})", flush=True)  # fmt: skip
     print(f"beside the paced floor: scheduler "
           f"{load.cpu_ms_per_handover(stack.scheduler_parts):.2f} ms CPU per hand-over, floor "
           f"{floor.result.cpu_ms_per_pair:.2f} ms per pair over {floor.result.pairs} pairs "
@@ -163,7 +174,7 @@ async def load_beside_floor(
     if beside is not None:
         print(f"  and the hand-over floor ({beside.layer}): {beside.cpu_ms_per_pair:.2f} ms per "
               f"hand-over over {beside.pairs}", flush=True)  # fmt: skip
-    return load, floor.result, beside
+    return load, floor.result, beside, alone
 
 
 async def replicas_load(

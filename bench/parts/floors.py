@@ -137,6 +137,8 @@ class PacedFloorCpu:
     # Each hand-over also upserted what a turn watch reads.
     publishes: bool = False
     layer: str = ""
+    # The Temporal server's CPU per pair in the window (0: not read).
+    server_cpu_ms_per_pair: float = 0.0
 
 
 class PacedFloor:
@@ -152,11 +154,12 @@ class PacedFloor:
 
     def __init__(
         self, client: Client, temporal: str, workflows: int, period: float, workdir: Path,
-        seed: int = 1, inline: bool = False, layer: Layer = PAIR,
+        seed: int = 1, inline: bool = False, layer: Layer = PAIR, server_pid: int | None = None,
     ) -> None:  # fmt: skip
         """``inline``: the worker runs activations on its event loop, as the
-        scheduler does, instead of the SDK's default thread pool."""
-        self._client, self._temporal = client, temporal
+        scheduler does, instead of the SDK's default thread pool.
+        ``server_pid``: the Temporal server's, whose CPU each window reads too."""
+        self._client, self._temporal, self._server_pid = client, temporal, server_pid
         self.inline, self.layer = inline, layer
         self._workflows, self._period = workflows, period
         self._log = workdir / f"floor-worker-paced-{layer.name}.log"
@@ -231,6 +234,11 @@ class PacedFloor:
             self._sent[index] += 1
             moment += period
 
+    async def settle(self) -> None:
+        """Until the last window's hand-overs end: the next window's must
+        not overlap them on one workflow."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
     @contextlib.contextmanager
     def window(self, seconds: float) -> Iterator[None]:
         """Pace every workflow for ``seconds`` from entering; on leaving, the
@@ -245,15 +253,18 @@ class PacedFloor:
             )
             for i in range(len(self._handles))
         ]
+        server = self._server_pid
         before = cpu_seconds(self._worker.pid)
+        server_before = tree_cpu_seconds(server) if server is not None else 0.0
         try:
             yield
         finally:
             used = cpu_seconds(self._worker.pid) - before
-            pairs = sum(self._sent)
+            server_used = tree_cpu_seconds(server) - server_before if server is not None else 0.0
+            pairs = max(1, sum(self._sent))
             self.result = PacedFloorCpu(
-                self._workflows, self._period, pairs, used * 1000 / max(1, pairs),
-                self.inline, self.layer.publishes, self.layer.name,
+                self._workflows, self._period, sum(self._sent), used * 1000 / pairs,
+                self.inline, self.layer.publishes, self.layer.name, server_used * 1000 / pairs,
             )  # fmt: skip
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from bench.parts.temporal_operations import parse
 from tests.conftest import REPO
 
@@ -65,6 +67,14 @@ def test_the_scale_benchmark_prints_its_figures() -> None:
     # The server's CPU, in the load and in the floors: each measured, so neither is 0.
     assert float(figures["temporal_cpu_ms_per_handover"]) > 0, output
     assert float(figures["temporal_cpu_ratio"]) > 0, output
+    # Its floor is the pair paced as the load, alone in a window of its own
+    # (the server's CPU in one window cannot be split between load and floor);
+    # the floor sent back to back gives the other ratio.
+    paced_ms = float(figures["temporal_floor_cpu_ms"])
+    assert "the floor paced alone: Temporal" in run.stdout and paced_ms > 0, output
+    ratio = float(figures["temporal_cpu_ms_per_handover"]) / paced_ms
+    assert float(figures["temporal_cpu_ratio"]) == pytest.approx(ratio, rel=0.02), output
+    assert float(figures["temporal_cpu_ratio_back_to_back"]) > 0, output
     # Every hand-over's switch is scheduled by one workflow task and granted by
     # another, both inside the window its histories are counted in.
     assert float(figures["workflow_tasks_per_handover"]) >= 2, output
