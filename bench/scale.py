@@ -5,7 +5,9 @@ floor workflow's worker CPU (bench.parts.floors), the history idle jobs
 write (bench.parts.idle_history), what turn watches cost
 (bench.parts.watch_cost), the load (bench.parts.scale_load) at growing
 sizes, then at 50 groups (or the first size) once more with the floor paced
-the same way beside it in the same window (bench.parts.floors.PacedFloor).
+the same way beside it in the same window (bench.parts.floors.PacedFloor),
+then that floor alone for as long: the Temporal server's CPU per pair, which
+temporal_cpu_ratio sets a hand-over's against.
 
 ``--compare-replicas``: only the paced load (the first of ``--sizes``, or
 100 groups), on one scheduler and gateway, then on two of each: the cores

@@ -3,9 +3,10 @@ workflow worker in a process of its own (``python -m bench floors worker``),
 as the scheduler runs, its CPU read from /proc.
 
 time_pair sends the pair's two updates back to back to one workflow:
-time_floors from workers in the benchmark's process, measure_floor_cpu
-reading the workflow worker's CPU per update. PacedFloor paces a layer's
-workflows as bench.scale's paced load paces its groups.
+time_floors from workers in the benchmark's process, FloorBeside from
+workers on a thread of their own between a synchronous benchmark's blocks,
+measure_floor_cpu reading the workflow worker's CPU per update. PacedFloor
+paces a layer's workflows as bench.scale's paced load paces its groups.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
@@ -45,6 +46,7 @@ from timeshare.workers.common.children import spawn, stop_process
 from timeshare.workflows.visibility import HOLDER
 
 READY_SECONDS = 60.0
+T = TypeVar("T")
 READY_LINE = "floor worker: ready"
 
 
@@ -330,18 +332,20 @@ class FloorBeside:
     synchronous benchmark can time the floor in blocks between its own
     (``time``), each block beside the load of the moment."""
 
-    def __init__(self, address: str, connect: Callable[[str], Any]) -> None:
-        """``connect(address)``: a coroutine giving a Temporal client."""
+    def __init__(self, address: str, connect: Callable[[str], Awaitable[Client]]) -> None:
+        """``connect(address)``: a Temporal client."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self._stack = contextlib.AsyncExitStack()
         self._client, self._queue = self._submit(self._enter(address, connect))
 
-    def _submit(self, work: Any) -> Any:
+    def _submit(self, work: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()
 
-    async def _enter(self, address: str, connect: Callable[[str], Any]) -> tuple[Client, str]:
+    async def _enter(
+        self, address: str, connect: Callable[[str], Awaitable[Client]]
+    ) -> tuple[Client, str]:
         client = await connect(address)
         return client, await self._stack.enter_async_context(floor_workers(client))
 
