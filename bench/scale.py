@@ -163,12 +163,11 @@ async def load_beside_floor(
         floor, beside = paced[0], paced[1].result if len(paced) > 1 else None
         assert floor.result is not None
         result = floor.result
-        await floor.settle()
+        for each in paced:
+            await each.settle()
         with floor.window(args.seconds):
             await asyncio.sleep(args.seconds)
         alone, floor.result = floor.result, result
-    print(f"the floor paced alone: Temporal {alone.server_cpu_ms_per_pair:.2f} ms CPU per pair "
-          f"over {alone.pairs} pairs (load {load_average()})", flush=True)  # fmt: skip
     print(f"beside the paced floor: scheduler "
           f"{load.cpu_ms_per_handover(stack.scheduler_parts):.2f} ms CPU per hand-over, floor "
           f"{floor.result.cpu_ms_per_pair:.2f} ms per pair over {floor.result.pairs} pairs "
@@ -176,6 +175,8 @@ async def load_beside_floor(
     if beside is not None:
         print(f"  and the hand-over floor ({beside.layer}): {beside.cpu_ms_per_pair:.2f} ms per "
               f"hand-over over {beside.pairs}", flush=True)  # fmt: skip
+    print(f"the floor paced alone: Temporal {alone.server_cpu_ms_per_pair:.2f} ms CPU per pair "
+          f"over {alone.pairs} pairs (load {load_average()})", flush=True)  # fmt: skip
     return load, floor.result, beside, alone
 
 
