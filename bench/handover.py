@@ -272,10 +272,9 @@ def main() -> None:
         p50, p90, p99 = p50_p90_p99(values)
         rows.append([name, f"{p50:.1f}", f"{p90:.1f}", f"{p99:.1f}"])
     print("\n" + table(["measure", "p50 ms", "p90 ms", "p99 ms"], rows))
-    floor_ms = percentile(floor["update+activity"], 50)
-    print_segments(all_segments(events, wall_clock), len(wall_clock), floor_hops, floor_ms)
-    re50, ho50, ho99 = p50_p90_p99(reacquire)[0], p50_p90_p99(handover)[0], p50_p90_p99(handover)[2]
     up50, act50 = percentile(floor["update"], 50), percentile(floor["update+activity"], 50)
+    print_segments(all_segments(events, wall_clock), len(wall_clock), floor_hops, act50)
+    re50, ho50, ho99 = p50_p90_p99(reacquire)[0], p50_p90_p99(handover)[0], p50_p90_p99(handover)[2]
     print(
         f"reacquire_p50_ms={re50:.1f} handover_p50_ms={ho50:.1f} handover_p99_ms={ho99:.1f} "
         f"floor_update_ms={up50:.1f} floor_activity_ms={act50:.1f} "

@@ -161,23 +161,24 @@ async def load_beside_floor(
             during=[floor.window(args.seconds) for floor in paced],
         )  # fmt: skip
         floor, beside = paced[0], paced[1].result if len(paced) > 1 else None
-        assert floor.result is not None
-        result = floor.result
+        with_load = floor.result
+        assert with_load is not None
         for each in paced:
             await each.settle()
         with floor.window(args.seconds):
             await asyncio.sleep(args.seconds)
-        alone, floor.result = floor.result, result
+        alone = floor.result
+        assert alone is not None
     print(f"beside the paced floor: scheduler "
           f"{load.cpu_ms_per_handover(stack.scheduler_parts):.2f} ms CPU per hand-over, floor "
-          f"{floor.result.cpu_ms_per_pair:.2f} ms per pair over {floor.result.pairs} pairs "
+          f"{with_load.cpu_ms_per_pair:.2f} ms per pair over {with_load.pairs} pairs "
           f"(load {load_average()})", flush=True)  # fmt: skip
     if beside is not None:
         print(f"  and the hand-over floor ({beside.layer}): {beside.cpu_ms_per_pair:.2f} ms per "
               f"hand-over over {beside.pairs}", flush=True)  # fmt: skip
     print(f"the floor paced alone: Temporal {alone.server_cpu_ms_per_pair:.2f} ms CPU per pair "
           f"over {alone.pairs} pairs (load {load_average()})", flush=True)  # fmt: skip
-    return load, floor.result, beside, alone
+    return load, with_load, beside, alone
 
 
 async def replicas_load(

@@ -46,8 +46,8 @@ from timeshare.workers.common.children import spawn, stop_process
 from timeshare.workflows.visibility import HOLDER
 
 READY_SECONDS = 60.0
-T = TypeVar("T")
 READY_LINE = "floor worker: ready"
+T = TypeVar("T")
 
 
 @dataclass

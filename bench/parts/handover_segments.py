@@ -95,6 +95,13 @@ def segments(events: Sequence[Event], yielded_at: float, granted_at: float) -> l
 # The hops of SEGMENTS an update awaiting an activity has too (the floor):
 # every one but the first and the last, which pass through the gateway.
 FLOOR_SEGMENTS = SEGMENTS[1:-1]
+# What follows an activity's scheduling, in order, to its result's task.
+_ACTIVITY_RUN = (
+    "ACTIVITY_TASK_STARTED",
+    "ACTIVITY_TASK_COMPLETED",
+    "WORKFLOW_TASK_STARTED",
+    "WORKFLOW_TASK_COMPLETED",
+)
 
 
 def floor_segments(events: Sequence[Event]) -> list[list[float]]:
@@ -120,14 +127,6 @@ def floor_segments(events: Sequence[Event]) -> list[list[float]]:
         spans = [(0, 1), (2, 3), (3, 4), (4, 5), (5, 6)]
         found.append([(times[end] - times[start]) * 1000 for start, end in spans])
     return found
-
-
-_ACTIVITY_RUN = (
-    "ACTIVITY_TASK_STARTED",
-    "ACTIVITY_TASK_COMPLETED",
-    "WORKFLOW_TASK_STARTED",
-    "WORKFLOW_TASK_COMPLETED",
-)
 
 
 def all_segments(

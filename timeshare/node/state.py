@@ -107,13 +107,9 @@ class NodeState(BaseModel):
         """What a restart keeps: all but what the next switch and the backend
         tell again (admissions, plans, co-residency, run order, holds of
         checkpoints that a restart ended). ``group``: of that group alone."""
-        groups = self.groups.items()
-        jobs = self.jobs.items()
-        if group is not None:
-            here = self.groups.get(group)
-            groups = {group: here}.items() if here is not None else {}.items()
-            prefix = key_of(group, "")
-            jobs = {key: job for key, job in jobs if key.startswith(prefix)}.items()
+        groups = [(n, g) for n, g in self.groups.items() if group in (None, n)]
+        prefix = "" if group is None else key_of(group, "")
+        jobs = [(key, job) for key, job in self.jobs.items() if key.startswith(prefix)]
         return NodeState(
             node=self.node,
             groups={
