@@ -4,6 +4,7 @@ was refused ("Frontend is not healthy yet") and failed to start."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,8 +14,10 @@ from typing import Any
 import grpc
 import pytest
 
+from timeshare.testing.ports import free_port
+from timeshare.workers.common.children import spawn, stop_process
 from timeshare.workers.common.service import StartupError
-from timeshare.workers.temporal.dev_server import wait_until_serving
+from timeshare.workers.temporal.dev_server import dev_server_command, wait_until_serving
 
 
 class NotHealthyYet(grpc.GenericRpcHandler):
@@ -49,3 +52,31 @@ async def test_a_port_that_listens_but_is_not_healthy_is_not_ready(
             await wait_until_serving(port, running_process, tmp_path / "temporal.log", 2.0)
     finally:
         await server.stop(None)
+
+
+async def test_a_port_the_server_draws_itself_and_finds_taken_is_named_as_in_use(
+    tmp_path: Path,
+) -> None:
+    """The dev server draws its HTTP API port (and its services' ports) on its
+    own; another stack starting at the same moment may take one first. The
+    failure must say "in use", as the test stack's retry on other ports and a
+    person reading one line both need, not only "exited with code 1"."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        port, ui_port = free_port(), free_port()
+        command = [*dev_server_command(port, ui_port, tmp_path), "--http-port", str(taken)]
+        log_path = tmp_path / "temporal.log"
+        log_path.write_bytes(b"an earlier run's last words\nError: not this start's\n")
+        offset = log_path.stat().st_size
+        with log_path.open("ab") as log:
+            process = spawn(command, stdout=log)
+        try:
+            with pytest.raises(StartupError) as failure:
+                await wait_until_serving(port, process, log_path, 60.0, offset)
+        finally:
+            stop_process(process)
+    assert f"{taken}" in str(failure.value)
+    assert "address already in use" in str(failure.value)
+    assert "not this start's" not in str(failure.value)

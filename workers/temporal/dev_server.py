@@ -118,8 +118,26 @@ def check_port_free(port: int, what: str) -> None:
             ) from None
 
 
+def exit_message(process: subprocess.Popen[bytes], log_path: Path, log_offset: int = 0) -> str:
+    """Why the server stopped, in its own last error line where it wrote one.
+    It draws ports of its own (HTTP API, its services' membership) beside the
+    ones given: one that another process took between the draw and the bind
+    ends it with "bind: address already in use", which a caller retrying on
+    other ports needs to read here, not only in the log."""
+    written = log_path.read_bytes()[log_offset:] if log_path.exists() else b""
+    lines = written.decode(errors="replace").splitlines()
+    taken = [line.strip()[-300:] for line in lines if "address already in use" in line]
+    errors = taken or [line.strip() for line in lines if line.startswith("Error:")]
+    said = f" ({errors[-1]})" if errors else ""
+    return f"the Temporal dev server exited with code {process.returncode}{said}; see {log_path}"
+
+
 async def wait_until_serving(
-    port: int, process: subprocess.Popen[bytes], log_path: Path, timeout: float
+    port: int,
+    process: subprocess.Popen[bytes],
+    log_path: Path,
+    timeout: float,
+    log_offset: int = 0,
 ) -> None:
     """Until the server answers a client's first call. Its port opens before
     its frontend is healthy: a client that connects in between is refused
@@ -130,9 +148,7 @@ async def wait_until_serving(
     last = "nothing listened"
     while loop.time() < deadline:
         if process.poll() is not None:
-            raise StartupError(
-                f"the Temporal dev server exited with code {process.returncode}; see {log_path}"
-            )
+            raise StartupError(exit_message(process, log_path, log_offset))
         try:
             await Client.connect(f"127.0.0.1:{port}")
             return
@@ -162,10 +178,11 @@ async def serve_temporal(
     command = dev_server_command(
         port, ui_port, data_dir, metrics_port=metrics_port, dynamic_config=dynamic_config
     )
+    log_offset = log_path.stat().st_size if log_path.exists() else 0
     with log_path.open("ab") as log:
         process = spawn(command, stdout=log)
     try:
-        await wait_until_serving(port, process, log_path, STARTUP_SECONDS)
+        await wait_until_serving(port, process, log_path, STARTUP_SECONDS, log_offset)
         metrics = (
             "" if metrics_port is None else f", metrics http://localhost:{metrics_port}/metrics"
         )
@@ -178,8 +195,6 @@ async def serve_temporal(
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.5)
         if process.poll() is not None and not stop.is_set():
-            raise StartupError(
-                f"the Temporal dev server exited with code {process.returncode}; see {log_path}"
-            )
+            raise StartupError(exit_message(process, log_path, log_offset))
     finally:
         stop_process(process)
