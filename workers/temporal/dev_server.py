@@ -37,7 +37,16 @@ TRANSFER_READS_SETTING = "history.transferProcessorMaxPollRPS"
 # 40.0 at 100 ms and 42.7 at 1 s. A JSON string: values are parsed as JSON.
 TIMER_FLOOR_SETTING = "history.timerProcessorMaxTimeShift"
 TIMER_FLOOR = '"100ms"'
+# The dev server reads the registered search attributes from its store at
+# every use (an upsert's validation, each visibility write) unless this
+# setting is given at all: 13 store reads per hand-over of `bench scale
+# --quick` (GetCurrentClusterMetadata), a third of all. A cluster caches them
+# (Temporal's default, refreshed every minute), and so does this one now: the
+# attributes are registered at start, before any workflow runs, and one an
+# operator adds later is usable within that minute.
+SEARCH_ATTRIBUTE_CACHE_SETTING = "system.forceSearchAttributesCacheRefreshOnRead"
 DYNAMIC_CONFIG = {
+    SEARCH_ATTRIBUTE_CACHE_SETTING: "false",
     "history.maxInFlightUpdates": str(MAX_IN_FLIGHT_UPDATES),
     # One partition per task queue: fewer hops on a single machine.
     "matching.numTaskqueueReadPartitions": "1",
