@@ -129,10 +129,10 @@ def check_port_free(port: int, what: str) -> None:
 
 def exit_message(process: subprocess.Popen[bytes], log_path: Path, log_offset: int = 0) -> str:
     """Why the server stopped, in its own last error line where it wrote one.
-    It draws ports of its own (HTTP API, its services' membership) beside the
-    ones given: one that another process took between the draw and the bind
-    ends it with "bind: address already in use", which a caller retrying on
-    other ports needs to read here, not only in the log."""
+    It draws a port of its own beside the ones given (its HTTP API's): one
+    that another process took between the draw and the bind ends it with
+    "bind: address already in use", which a caller retrying on other ports
+    needs to read here, not only in the log."""
     written = log_path.read_bytes()[log_offset:] if log_path.exists() else b""
     lines = written.decode(errors="replace").splitlines()
     taken = [line.strip()[-300:] for line in lines if "address already in use" in line]
