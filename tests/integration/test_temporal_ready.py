@@ -57,10 +57,10 @@ async def test_a_port_that_listens_but_is_not_healthy_is_not_ready(
 async def test_a_port_the_server_draws_itself_and_finds_taken_is_named_as_in_use(
     tmp_path: Path,
 ) -> None:
-    """The dev server draws its HTTP API port (and its services' ports) on its
-    own; another stack starting at the same moment may take one first. The
-    failure must say "in use", as the test stack's retry on other ports and a
-    person reading one line both need, not only "exited with code 1"."""
+    """The dev server draws its HTTP API port on its own; another stack
+    starting at the same moment may take it first. The failure must say "in
+    use", as the test stack's retry on other ports and a person reading one
+    line both need, not only "exited with code 1"."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
